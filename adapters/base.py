@@ -1,0 +1,311 @@
+"""The one small interface every protocol adapter implements, and the typed values it speaks.
+
+All values are frozen dataclasses. Those the ledger stores and a *different* worker process reads back
+(:class:`RemoteRef`, :class:`InputRequest`) round-trip through plain JSON with ``to_json``/``from_json``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, Protocol, runtime_checkable
+
+__all__ = [
+    "AdapterConfig",
+    "CancelOutcome",
+    "Created",
+    "ErrorInfo",
+    "InputRequest",
+    "Limits",
+    "LookupResult",
+    "RemoteRef",
+    "RemoteResult",
+    "RemoteStatus",
+    "TaskSupport",
+    "TerminalKind",
+    "Timeouts",
+    "ToolAdapter",
+    "ToolCapabilities",
+]
+
+TerminalKind = Literal["completed", "failed", "cancelled"]
+TaskSupport = Literal["forbidden", "optional", "required"]
+JsonObject = Mapping[str, Any]
+
+
+def _require_str(data: Mapping[str, object], key: str) -> str:
+    value = data.get(key)
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{key!r} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _optional_str(data: Mapping[str, object], key: str) -> str | None:
+    value = data.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{key!r} must be a string or null, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class RemoteRef:
+    """Everything another worker process needs to resume an operation on the server.
+
+    ``session_ref`` is the MCP session id a stateful server bound the task to (None when stateless);
+    ``protocol_version`` the version negotiated on that session.
+    """
+
+    remote_id: str
+    session_ref: str | None
+    protocol_version: str
+    protocol: str = "mcp"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "protocol": self.protocol,
+            "protocol_version": self.protocol_version,
+            "remote_id": self.remote_id,
+            "session_ref": self.session_ref,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> RemoteRef:
+        """Rebuild a reference stored by :meth:`to_json`.
+
+        Raises:
+            ValueError: a field is missing or of the wrong type.
+        """
+        return cls(
+            remote_id=_require_str(data, "remote_id"),
+            session_ref=_optional_str(data, "session_ref"),
+            protocol_version=_require_str(data, "protocol_version"),
+            protocol=_require_str(data, "protocol"),
+        )
+
+
+@dataclass(frozen=True)
+class InputRequest:
+    """A server's request for input tied to one task (``elicitation/create``, ``sampling/createMessage``).
+
+    ``params`` are the request params exactly as sent (``_meta`` included); ``request_id`` must be echoed
+    exactly in the reply (it may be a string or a number); ``schema`` is the elicitation's
+    ``requestedSchema`` (None for sampling).
+    """
+
+    request_id: str | int
+    method: str
+    params: JsonObject
+    schema: JsonObject | None
+    task_id: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "params": dict(self.params),
+            "request_id": self.request_id,
+            "schema": None if self.schema is None else dict(self.schema),
+            "task_id": self.task_id,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> InputRequest:
+        """Rebuild a request stored by :meth:`to_json`.
+
+        Raises:
+            ValueError: a field is missing or of the wrong type.
+        """
+        request_id = data.get("request_id")
+        if isinstance(request_id, bool) or not isinstance(request_id, str | int):
+            raise ValueError(f"'request_id' must be a string or an integer, got {request_id!r}")  # noqa: TRY004
+        params = data.get("params")
+        if not isinstance(params, Mapping):
+            raise ValueError(f"'params' must be an object, got {params!r}")  # noqa: TRY004
+        schema = data.get("schema")
+        if schema is not None and not isinstance(schema, Mapping):
+            raise ValueError(f"'schema' must be an object or null, got {schema!r}")
+        return cls(
+            request_id=request_id,
+            method=_require_str(data, "method"),
+            params=dict(params),
+            schema=None if schema is None else dict(schema),
+            task_id=_require_str(data, "task_id"),
+        )
+
+
+@dataclass(frozen=True)
+class RemoteStatus:
+    """One observation of a remote task. ``server_state`` is the server's own word, verbatim."""
+
+    remote_id: str
+    server_state: str
+    terminal: TerminalKind | None
+    status_message: str | None
+    poll_interval_ms: int | None
+    ttl_ms: int | None
+    created_at: datetime | None
+    last_updated_at: datetime | None
+    input_request: InputRequest | None = None
+    raw: JsonObject = field(default_factory=dict, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    """Why a tool call failed: a JSON-RPC error (``code`` set) or the server's status message."""
+
+    message: str
+    code: int | None = None
+    data: Any = None
+
+
+@dataclass(frozen=True)
+class RemoteResult:
+    """The final outcome of a tool call, transport metadata stripped.
+
+    ``outcome`` is what longcall accepts: a tool result with ``isError: true`` is ``failed`` even when the
+    server reported ``completed``. ``server_state`` is the status the server reported (None for a
+    synchronous call). ``payload`` is the ``CallToolResult`` without the related-task ``_meta``.
+    """
+
+    outcome: TerminalKind
+    server_state: str | None
+    payload: JsonObject
+    is_error: bool
+    error: ErrorInfo | None = None
+
+
+@dataclass(frozen=True)
+class Created:
+    """The answer to ``create``: a task to follow (``ref`` + first ``status``), or, when the tool ran
+    without a task, its final ``sync_result``."""
+
+    ref: RemoteRef | None
+    status: RemoteStatus | None
+    sync_result: RemoteResult | None = None
+    immediate_response: str | None = None
+
+    @property
+    def is_task(self) -> bool:
+        return self.ref is not None
+
+
+@dataclass(frozen=True)
+class CancelOutcome:
+    """``cancelled``: the server's success answer is the evidence of the cancelled terminal state.
+
+    ``already_terminal``: the server refused because the task is terminal already (or gone). The caller
+    must read the existing terminal state with ``get`` and never rewrite it to cancelled.
+    """
+
+    kind: Literal["cancelled", "already_terminal"]
+    status: RemoteStatus | None
+    message: str | None = None
+
+
+@dataclass(frozen=True)
+class ToolCapabilities:
+    """What the server and the tool declared, at the adapter's fixed protocol version."""
+
+    server: str
+    tool: str
+    protocol_version: str
+    server_task_calls: bool
+    task_support: TaskSupport
+    can_list: bool
+    can_cancel: bool
+    descriptor_digest: str
+
+    @property
+    def use_task(self) -> bool:
+        """True when a task-augmented call is allowed: declared by the server and by the tool."""
+        return self.server_task_calls and self.task_support != "forbidden"
+
+
+@dataclass(frozen=True)
+class LookupResult:
+    """The answer to "did the server create an operation for this submission key?".
+
+    ``proof`` is ``found`` (``ref`` set), ``never_created`` (the server proved it), or ``unprovable``.
+    Only ``never_created`` allows a resubmission. ``candidates`` are tasks an operator may look at; they
+    are never proof.
+    """
+
+    proof: Literal["found", "never_created", "unprovable"]
+    ref: RemoteRef | None
+    detail: str
+    candidates: tuple[RemoteStatus, ...] = ()
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Per-phase HTTP timeouts in seconds. ``read`` bounds each wait for bytes and the whole answer;
+    ``input_wait`` bounds how long ``get`` listens for a server's input request."""
+
+    connect: float = 5.0
+    read: float = 30.0
+    write: float = 10.0
+    pool: float = 5.0
+    input_wait: float = 5.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    """``max_body_bytes`` caps any one HTTP answer (JSON body or SSE stream); ``max_pages`` caps
+    paginated listings."""
+
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_pages: int = 50
+
+
+@dataclass(frozen=True)
+class AdapterConfig:
+    """Plain values an adapter is built from; the token is a value, never an environment lookup."""
+
+    name: str
+    url: str
+    protocol: str
+    protocol_version: str
+    bearer_token: str | None = field(default=None, repr=False)
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    limits: Limits = field(default_factory=Limits)
+
+
+@runtime_checkable
+class ToolAdapter(Protocol):
+    """One protocol version's client. Every method maps failures to :mod:`adapters.errors`."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def protocol(self) -> str: ...
+
+    @property
+    def protocol_version(self) -> str: ...
+
+    @property
+    def adapter_version(self) -> str: ...
+
+    def capabilities(self, tool: str) -> ToolCapabilities: ...
+
+    def create(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any],
+        *,
+        submission_key: str,
+        ttl_ms: int,
+        sync_upper_bound_s: float | None = None,
+    ) -> Created: ...
+
+    def lookup_by_key(
+        self, submission_key: str, *, tool: str | None = None, submitted_after: datetime | None = None
+    ) -> LookupResult: ...
+
+    def get(self, remote: RemoteRef, *, read_input: bool = True) -> RemoteStatus: ...
+
+    def result(self, remote: RemoteRef, *, status: RemoteStatus | None = None) -> RemoteResult: ...
+
+    def cancel(self, remote: RemoteRef) -> CancelOutcome: ...
+
+    def reply_input(self, remote: RemoteRef, request: InputRequest, response: Mapping[str, Any]) -> None: ...

@@ -1,0 +1,372 @@
+"""The thin I/O half of MCP's Streamable HTTP transport, over an injected ``httpx.Client``.
+
+One POST per JSON-RPC message. The answer may be one JSON body or an SSE stream carrying server requests
+and notifications before the response; the response is matched by request id. Reads are bounded in size
+and in time; every httpx exception is mapped at this edge.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from adapters.base import Limits, Timeouts
+from adapters.errors import (
+    AdapterError,
+    NotFound,
+    OutcomeUnknown,
+    ProtocolViolation,
+    Rejected,
+    Transient,
+)
+from adapters.jsonrpc import (
+    ErrorResponse,
+    Message,
+    Notification,
+    Request,
+    Response,
+    classify_http_status,
+    decode_json,
+    parse_message,
+    parse_messages,
+)
+from adapters.sse import SseDecoder
+
+__all__ = [
+    "ACCEPT",
+    "Exchange",
+    "Session",
+    "SessionGone",
+    "StreamableHttpClient",
+    "map_transport_error",
+    "request_headers",
+]
+
+ACCEPT = "application/json, text/event-stream"
+_ERROR_BODY_LIMIT = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Session:
+    """An MCP session as seen by the client: the server-assigned id (None when stateless) and the
+    negotiated protocol version. Any worker can rebuild it from stored values, without initializing."""
+
+    session_id: str | None
+    protocol_version: str
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """What one POST brought back.
+
+    ``response`` is None only when ``until`` stopped the read first or, for a patient read, when the wait
+    ran out (``waited_out``).
+    """
+
+    response: Response | ErrorResponse | None
+    server_requests: tuple[Request, ...] = ()
+    notifications: tuple[Notification, ...] = ()
+    session_id: str | None = None
+    waited_out: bool = False
+
+
+class SessionGone(NotFound):
+    """HTTP 404 for a request that carried an ``Mcp-Session-Id``: the session ended."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, session_gone=True)
+
+
+def request_headers(
+    session: Session | None, *, bearer_token: str | None, include_version: bool = True
+) -> dict[str, str]:
+    """Headers for a POST: Accept both answer types, the session and negotiated version when known."""
+    headers = {"Accept": ACCEPT, "Content-Type": "application/json"}
+    if session is not None:
+        if include_version:
+            headers["MCP-Protocol-Version"] = session.protocol_version
+        if session.session_id is not None:
+            headers["Mcp-Session-Id"] = session.session_id
+    if bearer_token is not None:
+        headers["Authorization"] = f"Bearer {bearer_token}"
+    return headers
+
+
+def map_transport_error(exc: httpx.HTTPError, *, idempotent: bool, method: str) -> AdapterError:
+    """Map an httpx exception to the most specific adapter error.
+
+    A request that provably never left (connect and pool failures) is always :class:`Transient`. Once
+    bytes may have reached the server, a non-idempotent request becomes :class:`OutcomeUnknown`.
+    """
+    what = f"{method}: {type(exc).__name__}: {exc}"
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
+        return Transient(f"not sent, {what}")
+    if isinstance(exc, httpx.UnsupportedProtocol):
+        return Rejected(f"bad URL, {what}")
+    if isinstance(exc, httpx.DecodingError | httpx.TooManyRedirects):
+        return ProtocolViolation(what)
+    if idempotent:
+        return Transient(what)
+    return OutcomeUnknown(f"may have reached the server, {what}")
+
+
+class _Deadline:
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._end = time.monotonic() + seconds
+
+    def expired(self) -> bool:
+        return time.monotonic() > self._end
+
+
+class _ReadBudgetExceeded(Exception):
+    """The whole answer took longer than its read budget."""
+
+
+class StreamableHttpClient:
+    """Sends JSON-RPC messages to one MCP endpoint; knows nothing of tasks."""
+
+    def __init__(
+        self,
+        http: httpx.Client,
+        url: str,
+        *,
+        bearer_token: str | None,
+        timeouts: Timeouts,
+        limits: Limits,
+        new_id: Callable[[], str] | None = None,
+    ) -> None:
+        self._http = http
+        self._url = url
+        self._token = bearer_token
+        self._timeouts = timeouts
+        self._limits = limits
+        # Random ids: workers sharing one stateful session must never reuse an id the server still maps.
+        self._new_id = new_id or (lambda: f"lc-{uuid.uuid4().hex}")
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    def _timeout(self, read: float) -> httpx.Timeout:
+        t = self._timeouts
+        return httpx.Timeout(connect=t.connect, read=read, write=t.write, pool=t.pool)
+
+    def request(
+        self,
+        method: str,
+        params: Mapping[str, Any],
+        *,
+        session: Session | None,
+        idempotent: bool,
+        read_timeout: float | None = None,
+        until: Callable[[Message], bool] | None = None,
+        patient: bool = False,
+        include_version: bool = True,
+    ) -> Exchange:
+        """POST one request and read its answer.
+
+        ``until`` may stop an SSE read early at a server message it is looking for. ``patient`` turns
+        "no answer within ``read_timeout``" into ``Exchange(waited_out=True)`` instead of an error.
+
+        Raises:
+            SessionGone: HTTP 404 on a request that carried a session id.
+            Transient, RateLimited, Rejected, OutcomeUnknown, ProtocolViolation: see ``adapters.errors``.
+        """
+        request_id = self._new_id()
+        body = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": dict(params)}
+        budget = read_timeout if read_timeout is not None else self._timeouts.read
+        deadline = _Deadline(budget)
+        headers = request_headers(session, bearer_token=self._token, include_version=include_version)
+        try:
+            with self._http.stream(
+                "POST", self._url, json=body, headers=headers, timeout=self._timeout(budget)
+            ) as answer:
+                return self._read_answer(
+                    answer,
+                    request_id=request_id,
+                    method=method,
+                    session=session,
+                    idempotent=idempotent,
+                    deadline=deadline,
+                    until=until,
+                    patient=patient,
+                )
+        except httpx.ReadTimeout as exc:
+            if patient:
+                return Exchange(response=None, waited_out=True)
+            raise map_transport_error(exc, idempotent=idempotent, method=method) from exc
+        except _ReadBudgetExceeded as exc:
+            if patient:
+                return Exchange(response=None, waited_out=True)
+            message = f"{method}: no answer within {budget:g}s"
+            if idempotent:
+                raise Transient(message) from exc
+            raise OutcomeUnknown(f"may have reached the server, {message}") from exc
+        except httpx.HTTPError as exc:
+            raise map_transport_error(exc, idempotent=idempotent, method=method) from exc
+        except UnicodeDecodeError as exc:
+            raise ProtocolViolation(f"{method}: answer is not UTF-8") from exc
+
+    def post_message(self, message: Mapping[str, Any], *, session: Session | None, what: str) -> None:
+        """POST a notification or a response. The server answers 202 ("accepted", nothing more).
+
+        Raises:
+            SessionGone, Transient, RateLimited, Rejected, OutcomeUnknown, ProtocolViolation.
+        """
+        headers = request_headers(session, bearer_token=self._token)
+        try:
+            with self._http.stream(
+                "POST",
+                self._url,
+                json=dict(message),
+                headers=headers,
+                timeout=self._timeout(self._timeouts.read),
+            ) as answer:
+                if answer.status_code in (200, 202, 204):
+                    return
+                body = self._read_bounded(answer, _ERROR_BODY_LIMIT, None)
+                if answer.status_code == 404 and session is not None and session.session_id is not None:
+                    raise SessionGone(f"{what}: session {session.session_id} not found (HTTP 404)")
+                raise classify_http_status(
+                    answer.status_code, headers=answer.headers, body=body, idempotent=False
+                )
+        except httpx.HTTPError as exc:
+            raise map_transport_error(exc, idempotent=False, method=what) from exc
+
+    def _read_bounded(self, answer: httpx.Response, limit: int, deadline: _Deadline | None) -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        for chunk in answer.iter_bytes():
+            size += len(chunk)
+            if size > limit:
+                raise ProtocolViolation(f"answer larger than {limit} bytes")
+            chunks.append(chunk)
+            if deadline is not None and deadline.expired():
+                raise _ReadBudgetExceeded
+        return b"".join(chunks)
+
+    def _read_answer(
+        self,
+        answer: httpx.Response,
+        *,
+        request_id: str,
+        method: str,
+        session: Session | None,
+        idempotent: bool,
+        deadline: _Deadline,
+        until: Callable[[Message], bool] | None,
+        patient: bool,
+    ) -> Exchange:
+        status = answer.status_code
+        session_header = answer.headers.get("mcp-session-id")
+        if status == 404 and session is not None and session.session_id is not None:
+            raise SessionGone(f"{method}: session {session.session_id} not found (HTTP 404)")
+        if status in (202, 204):
+            message = f"{method}: HTTP {status}, accepted without an answer"
+            if idempotent:
+                raise Transient(message)
+            raise OutcomeUnknown(message)
+        if status != 200:
+            body = self._read_bounded(answer, _ERROR_BODY_LIMIT, None)
+            raise classify_http_status(status, headers=answer.headers, body=body, idempotent=idempotent)
+        content_type = answer.headers.get("content-type", "").split(";")[0].strip().lower()
+        if content_type == "application/json":
+            body = self._read_bounded(answer, self._limits.max_body_bytes, deadline)
+            messages = parse_messages(decode_json(body))
+            return self._collect(messages, request_id, method, session_header, from_stream=False)
+        if content_type == "text/event-stream":
+            return self._read_stream(
+                answer,
+                request_id=request_id,
+                method=method,
+                session_header=session_header,
+                idempotent=idempotent,
+                deadline=deadline,
+                until=until,
+                patient=patient,
+            )
+        raise ProtocolViolation(f"{method}: unexpected content type {content_type!r}")
+
+    @staticmethod
+    def _is_ours(message: Message, request_id: str) -> bool:
+        return isinstance(message, Response | ErrorResponse) and message.id in (request_id, None)
+
+    def _collect(
+        self,
+        messages: list[Message],
+        request_id: str,
+        method: str,
+        session_header: str | None,
+        *,
+        from_stream: bool,
+    ) -> Exchange:
+        requests: list[Request] = []
+        notifications: list[Notification] = []
+        response: Response | ErrorResponse | None = None
+        for message in messages:
+            if isinstance(message, Request):
+                requests.append(message)
+            elif isinstance(message, Notification):
+                notifications.append(message)
+            elif self._is_ours(message, request_id):
+                response = message
+            else:
+                raise ProtocolViolation(f"{method}: answer for another request id {message.id!r}")
+        if response is None and not from_stream:
+            raise ProtocolViolation(f"{method}: JSON answer without a response")
+        return Exchange(
+            response=response,
+            server_requests=tuple(requests),
+            notifications=tuple(notifications),
+            session_id=session_header,
+        )
+
+    def _read_stream(
+        self,
+        answer: httpx.Response,
+        *,
+        request_id: str,
+        method: str,
+        session_header: str | None,
+        idempotent: bool,
+        deadline: _Deadline,
+        until: Callable[[Message], bool] | None,
+        patient: bool,
+    ) -> Exchange:
+        decoder = SseDecoder()
+        messages: list[Message] = []
+        size = 0
+        limit = self._limits.max_body_bytes
+        for chunk in answer.iter_bytes():
+            size += len(chunk)
+            if size > limit:
+                raise ProtocolViolation(f"{method}: event stream larger than {limit} bytes")
+            for event in decoder.feed(chunk):
+                if not event.data.strip():
+                    continue
+                message = parse_message(decode_json(event.data))
+                messages.append(message)
+                if self._is_ours(message, request_id) or (until is not None and until(message)):
+                    return self._collect(messages, request_id, method, session_header, from_stream=True)
+            if deadline.expired():
+                raise _ReadBudgetExceeded
+        messages.extend(parse_message(decode_json(e.data)) for e in decoder.close() if e.data.strip())
+        exchange = self._collect(messages, request_id, method, session_header, from_stream=True)
+        if exchange.response is not None or patient:
+            return Exchange(
+                response=exchange.response,
+                server_requests=exchange.server_requests,
+                notifications=exchange.notifications,
+                session_id=session_header,
+                waited_out=exchange.response is None,
+            )
+        text = f"{method}: event stream ended without a response"
+        if idempotent:
+            raise Transient(text)
+        raise OutcomeUnknown(text)
