@@ -1,0 +1,101 @@
+"""Fault switches and the request log of the demo MCP server (see `demo_server.mcp` for what each does)."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Count = Annotated[int, Field(ge=0)]
+
+CountedFault = Literal[
+    "lose_create_response",
+    "reorder",
+    "truncate_result",
+    "drop_result",
+    "complete_on_cancel",
+    "force_input_required",
+]
+
+
+class StatusFault(BaseModel):
+    """Answer the next `count` requests of one method with an HTTP error and a Retry-After header."""
+
+    model_config = ConfigDict(extra="forbid")
+    count: Count
+    retry_after_s: Count = 1
+
+
+class ExpireEarly(BaseModel):
+    """Purge every task `after_ms` after it becomes terminal (0: at once), whatever its ttl."""
+
+    model_config = ConfigDict(extra="forbid")
+    after_ms: Count = 0
+
+
+class FaultSwitches(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    lose_create_response: Count = 0
+    delay_ms: dict[str, Count] = Field(default_factory=dict)
+    reorder: Count = 0
+    status_429: dict[str, StatusFault] = Field(default_factory=dict)
+    status_503: dict[str, StatusFault] = Field(default_factory=dict)
+    truncate_result: Count = 0
+    drop_result: Count = 0
+    expire_early: ExpireEarly | None = None
+    complete_on_cancel: Count = 0
+    force_input_required: Count = 0
+
+
+class Faults:
+    """The switches in force; counted switches are used up one request (or task) at a time."""
+
+    def __init__(self) -> None:
+        self.switches = FaultSwitches()
+
+    def update(self, changes: dict[str, Any]) -> FaultSwitches:
+        """Set the named switches, keep the others (raises pydantic.ValidationError on bad input)."""
+        self.switches = FaultSwitches.model_validate({**self.switches.model_dump(), **changes})
+        return self.switches
+
+    def reset(self) -> None:
+        self.switches = FaultSwitches()
+
+    def take(self, name: CountedFault) -> bool:
+        left: int = getattr(self.switches, name)
+        if left <= 0:
+            return False
+        setattr(self.switches, name, left - 1)
+        return True
+
+    def take_http_status(self, method: str) -> tuple[int, int] | None:
+        """(HTTP status, Retry-After seconds) when this request is to be refused."""
+        for status, table in ((429, self.switches.status_429), (503, self.switches.status_503)):
+            fault = table.get(method)
+            if fault is not None and fault.count > 0:
+                fault.count -= 1
+                return status, fault.retry_after_s
+        return None
+
+    def delay_s(self, method: str) -> float:
+        return self.switches.delay_ms.get(method, 0) / 1000
+
+    def expire_after_s(self) -> float | None:
+        early = self.switches.expire_early
+        return None if early is None else early.after_ms / 1000
+
+
+class RequestLog:
+    """Every JSON-RPC message with a method the server received, in arrival order."""
+
+    def __init__(self) -> None:
+        self.entries: list[dict[str, Any]] = []
+
+    def record(self, *, method: str, message_id: object, task_id: object, session: str | None) -> None:
+        entry = {"t": time.time(), "method": method, "id": message_id, "task_id": task_id, "session": session}
+        self.entries.append(entry)
+
+    def clear(self) -> None:
+        self.entries.clear()

@@ -1,0 +1,282 @@
+"""Real MCP peers for the conformance suite: one fixture, `mcp_peer`, parametrized over every peer.
+
+Each peer runs as a subprocess on a free loopback port, one at a time (session scope: pytest groups the
+tests by peer and stops a peer before it starts the next). The third-party peers run from the runtimes
+`scripts/install-peers` puts in ``$LONGCALL_PEERS_DIR`` (default ``~/.cache/longcall-peers``); when one
+is missing the fixture fails and says so. longcall's own server (`demo_server.mcp`) runs with this
+interpreter and exposes fault switches at ``McpPeer.control_url``; `reset_faults` clears them.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PEER_PROGRAMS = Path(__file__).resolve().parent / "peers"
+START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 10.0
+
+
+def peers_dir() -> Path:
+    return Path(os.environ.get("LONGCALL_PEERS_DIR", Path.home() / ".cache" / "longcall-peers"))
+
+
+@dataclass(frozen=True)
+class McpPeer:
+    """A running MCP server and what the suite may expect of it.
+
+    tasks: declares 2025-11-25 task support. stateless: no sessions. json_response: answers are
+    application/json rather than SSE. elicitation: `input_required` can be driven (server-to-client
+    requests reach the client). listing: `tasks/list` returns the caller's tasks. quirks: documented
+    deviations from the spec, see `QUIRKS`. control_url: fault switches and logs (longcall's server only).
+    """
+
+    name: str
+    url: str
+    tasks: bool
+    stateless: bool
+    json_response: bool
+    elicitation: bool
+    listing: bool
+    quirks: frozenset[str]
+    control_url: str | None
+
+
+# Every quirk name a peer may carry, with what it means on the wire.
+QUIRKS: dict[str, str] = {
+    "ttl_omitted_when_null": "a task created without ttl has no `ttl` key (the schema requires null)",
+    "is_error_is_completed": "a tool result with isError:true ends the task `completed`, not `failed`",
+    "raised_result_is_empty": "tasks/result of a task whose tool raised is an empty result, not the error",
+    "result_of_cancelled_is_empty": "tasks/result of a cancelled task is an empty result with the _meta",
+    "result_of_cancelled_is_-32603": "tasks/result of a cancelled task is JSON-RPC error -32603",
+    "cancel_completed_succeeds": "tasks/cancel on a completed task answers cancelled instead of -32602",
+    "list_always_empty": "tasks/list is declared but always answers an empty list",
+    "elicitation_hangs_in_json": "input_required never reaches a JSON-response client: tasks/result hangs",
+    "task_param_ignored": "no tasks capability: a task-augmented tools/call runs synchronously",
+    "error_messages_prefixed": "JSON-RPC error messages start with 'MCP error <code>: '",
+}
+
+
+@dataclass(frozen=True)
+class PeerSpec:
+    name: str
+    runtime: str | None  # folder under peers_dir(); None for longcall's own server
+    argv: Callable[[int], list[str]]
+    tasks: bool = True
+    stateless: bool = False
+    json_response: bool = False
+    elicitation: bool = True
+    listing: bool = True
+    quirks: frozenset[str] = frozenset()
+    control: bool = False
+
+
+def _venv_python(runtime: str) -> str:
+    return str(peers_dir() / runtime / "venv" / "bin" / "python")
+
+
+def _python_peer(runtime: str, program: str, *flags: str) -> Callable[[int], list[str]]:
+    return lambda port: [_venv_python(runtime), str(PEER_PROGRAMS / program), "--port", str(port), *flags]
+
+
+def _ts_peer(port: int) -> list[str]:
+    return [
+        "node",
+        str(PEER_PROGRAMS / "sdk_ts.mjs"),
+        "--port",
+        str(port),
+        "--sdk-dir",
+        str(peers_dir() / "sdk-ts-1.32"),
+    ]
+
+
+def _longcall(*flags: str) -> Callable[[int], list[str]]:
+    return lambda port: [
+        sys.executable,
+        "-m",
+        "demo_server.mcp",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *flags,
+    ]
+
+
+SDK_130_QUIRKS = frozenset(
+    {
+        "ttl_omitted_when_null",
+        "is_error_is_completed",
+        "raised_result_is_empty",
+        "result_of_cancelled_is_empty",
+    }
+)
+
+PEERS: tuple[PeerSpec, ...] = (
+    PeerSpec(
+        "sdk-py-1.30-sse", "sdk-py-1.30", _python_peer("sdk-py-1.30", "sdk_py_v1.py"), quirks=SDK_130_QUIRKS
+    ),
+    PeerSpec(
+        "sdk-py-1.30-json",
+        "sdk-py-1.30",
+        _python_peer("sdk-py-1.30", "sdk_py_v1.py", "--json-response"),
+        json_response=True,
+        elicitation=False,
+        quirks=SDK_130_QUIRKS | {"elicitation_hangs_in_json"},
+    ),
+    PeerSpec(
+        "sdk-py-1.30-stateless",
+        "sdk-py-1.30",
+        _python_peer("sdk-py-1.30", "sdk_py_v1.py", "--stateless"),
+        stateless=True,
+        elicitation=False,
+        listing=False,
+        quirks=SDK_130_QUIRKS | {"list_always_empty"},
+    ),
+    PeerSpec(
+        "sdk-py-2.3-notasks",
+        "sdk-py-2.3",
+        _python_peer("sdk-py-2.3", "sdk_py_v2.py"),
+        tasks=False,
+        elicitation=False,
+        listing=False,
+        quirks=frozenset({"task_param_ignored"}),
+    ),
+    PeerSpec(
+        "sdk-ts-1.32",
+        "sdk-ts-1.32",
+        _ts_peer,
+        quirks=frozenset({"result_of_cancelled_is_-32603", "error_messages_prefixed"}),
+    ),
+    PeerSpec(
+        "fastmcp-3.4",
+        "fastmcp-3.4",
+        _python_peer("fastmcp-3.4", "fastmcp_tasks.py"),
+        quirks=frozenset({"cancel_completed_succeeds"}),
+    ),
+    PeerSpec("longcall-stateful", None, _longcall(), control=True),
+    PeerSpec(
+        "longcall-stateless",
+        None,
+        _longcall("--stateless"),
+        stateless=True,
+        listing=False,
+        control=True,
+    ),
+    PeerSpec(
+        "longcall-json",
+        None,
+        _longcall("--json-response"),
+        json_response=True,
+        control=True,
+    ),
+)
+PEERS_BY_NAME = {spec.name: spec for spec in PEERS}
+
+
+def _check_runtime(spec: PeerSpec) -> None:
+    if spec.runtime is None:
+        return
+    marker = peers_dir() / spec.runtime / ".installed"
+    if not marker.is_file():
+        pytest.fail(
+            f"peer {spec.name}: runtime {marker.parent} is not installed; run scripts/install-peers "
+            "(set LONGCALL_PEERS_DIR if the peers live elsewhere)",
+            pytrace=False,
+        )
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _wait_until_listening(process: subprocess.Popen[bytes], port: int, stderr_path: Path, name: str) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            break
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.settimeout(0.5)
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)  # a bounded retry interval, not a wait for a result
+    _stop(process)
+    state = f"exited with {process.returncode}" if process.returncode is not None else "not listening"
+    pytest.fail(
+        f"peer {name} {state} after start (limit {START_TIMEOUT_S:.0f} s); stderr:\n"
+        f"{stderr_path.read_text(errors='replace')[-4000:]}",
+        pytrace=False,
+    )
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=STOP_TIMEOUT_S)
+
+
+def start_peer(spec: PeerSpec, log_dir: Path) -> Iterator[McpPeer]:
+    """Run one peer until the generator is closed."""
+    _check_runtime(spec)
+    port = _free_port()
+    stderr_path = log_dir / f"{spec.name}.stderr"
+    with stderr_path.open("wb") as stderr:
+        process = subprocess.Popen(
+            spec.argv(port), cwd=REPO, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr
+        )
+    try:
+        _wait_until_listening(process, port, stderr_path, spec.name)
+        yield McpPeer(
+            name=spec.name,
+            url=f"http://127.0.0.1:{port}/mcp",
+            tasks=spec.tasks,
+            stateless=spec.stateless,
+            json_response=spec.json_response,
+            elicitation=spec.elicitation,
+            listing=spec.listing,
+            quirks=spec.quirks,
+            control_url=f"http://127.0.0.1:{port}/_control" if spec.control else None,
+        )
+    finally:
+        _stop(process)
+
+
+@pytest.fixture(scope="session", params=[spec.name for spec in PEERS], ids=[spec.name for spec in PEERS])
+def mcp_peer(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[McpPeer]:
+    """A running peer; test ids are the peer names (`sdk-py-1.30-sse`, ..., `longcall-json`)."""
+    spec = PEERS_BY_NAME[request.param]
+    yield from start_peer(spec, tmp_path_factory.mktemp(f"peer-{spec.name}"))
+
+
+def reset_faults(peer: McpPeer) -> None:
+    """Switch every fault off and clear the request log on longcall's server (a no-op for other peers)."""
+    if peer.control_url is None:
+        return
+    with httpx.Client(timeout=5.0) as client:
+        client.delete(f"{peer.control_url}/faults").raise_for_status()
+        client.delete(f"{peer.control_url}/log").raise_for_status()
+
+
+@pytest.fixture
+def clean_peer(mcp_peer: McpPeer) -> McpPeer:
+    """`mcp_peer` with its faults switched off and its request log cleared for this test."""
+    reset_faults(mcp_peer)
+    return mcp_peer
