@@ -41,6 +41,12 @@ async def read_body(receive: Receive) -> bytes | None:
             return b"".join(chunks)
 
 
+async def wait_disconnect(receive: Receive) -> None:
+    """Return when the client has gone away (call after the request body was read)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
 async def respond(
     send: Send,
     status: int,

@@ -87,6 +87,7 @@ from demo_server._asgi import (
     request_headers,
     respond,
     sse_event,
+    wait_disconnect,
 )
 from demo_server.faults import Faults, RequestLog
 from demo_server.tasks import RELATED_TASK, PendingInput, RpcError, Task, TaskStore
@@ -577,7 +578,7 @@ class DemoMcpServer:
             await self._answer(send, {"jsonrpc": "2.0", "id": request_id, "error": error.wire()}, headers)
             return
         stream = None if self.options.json_response else SseStream(send, headers)
-        disconnected = asyncio.ensure_future(receive())
+        disconnected = asyncio.ensure_future(wait_disconnect(receive))
         try:
             sent: set[str] = set()
             while not task.terminal:
@@ -639,6 +640,8 @@ class DemoMcpServer:
             message = "Conflict: Only one SSE stream is allowed per session"
             await respond(send, 409, _transport_error(-32000, message))
             return
+        if await read_body(receive) is None:
+            return
         queue: asyncio.Queue[object] = asyncio.Queue()
         session.stream = queue
         if self.options.json_response:
@@ -646,7 +649,7 @@ class DemoMcpServer:
                 for pending in task.inputs.values():
                     queue.put_nowait(pending.request)
         stream = SseStream(send, self._session_headers(session))
-        disconnected = asyncio.ensure_future(receive())
+        disconnected = asyncio.ensure_future(wait_disconnect(receive))
         try:
             await stream.start()
             while True:
@@ -682,11 +685,16 @@ class DemoMcpServer:
         if name == "faults" and method == "GET":
             await respond(send, 200, dumps(self.faults.switches.model_dump()))
         elif name == "faults" and method == "POST":
-            body = await read_body(receive)
             try:
-                changes = json.loads(body or b"")
-                switches = self.faults.update(changes if isinstance(changes, dict) else {"": changes})
-            except (ValueError, ValidationError) as error:
+                changes = json.loads(await read_body(receive) or b"")
+            except ValueError as error:
+                changes = error
+            if not isinstance(changes, dict):
+                await respond(send, 400, dumps({"error": "the body must be a JSON object of fault switches"}))
+                return
+            try:
+                switches = self.faults.update(changes)
+            except ValidationError as error:
                 await respond(send, 400, dumps({"error": str(error)}))
                 return
             await respond(send, 200, dumps(switches.model_dump()))
