@@ -1,0 +1,29 @@
+"""Canonical JSON and the digests the ledger compares (request digest, result digest, schema digest)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+
+class NotJson(ValueError):
+    """A value that has no exact JSON form (NaN, infinities, non-string keys, arbitrary objects)."""
+
+
+def canonical_json(value: Any) -> str:
+    """One spelling per JSON value: sorted keys, no spaces, UTF-8 kept, NaN and infinities refused."""
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise NotJson(str(exc)) from exc
+
+
+def digest(value: Any) -> str:
+    """``sha256:<hex>`` of the canonical JSON of ``value``."""
+    return "sha256:" + hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()
+
+
+def request_digest(*, server: str, tool: str, arguments: Any) -> str:
+    """What makes two submissions of one call node "the same request" (rule 1)."""
+    return digest({"server": server, "tool": tool, "arguments": arguments})

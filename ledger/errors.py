@@ -1,0 +1,72 @@
+"""The ledger's exception tree. Every refusal says what was expected and what was found."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from ledger.states import IllegalTransition
+
+__all__ = [
+    "AdapterDisabled",
+    "AdmissionClosed",
+    "CallNodeConflict",
+    "IllegalTransition",
+    "LedgerError",
+    "OperationNotFound",
+    "StaleTransition",
+]
+
+
+class LedgerError(Exception):
+    """Base of every error the ledger raises on purpose."""
+
+
+class OperationNotFound(LedgerError):
+    def __init__(self, op_id: uuid.UUID | str) -> None:
+        super().__init__(f"no operation {op_id} in the ledger")
+        self.op_id = op_id
+
+
+class StaleTransition(LedgerError):
+    """A guarded write matched zero rows: the writer's view (state, epoch, generation, cursor) is out of date.
+
+    The rejection was recorded as an ``operation_event`` (kind ``stale_write_rejected``) and nothing else
+    changed.
+    """
+
+    def __init__(self, op_id: uuid.UUID, attempted: str, expected: dict[str, Any], found: dict[str, Any]):
+        differs = sorted(k for k in expected if k in found and expected[k] != found[k])
+        super().__init__(
+            f"stale write to operation {op_id} ({attempted}) refused: "
+            + ", ".join(f"{k} expected {expected[k]!r} found {found[k]!r}" for k in differs)
+        )
+        self.op_id = op_id
+        self.attempted = attempted
+        self.expected = expected
+        self.found = found
+
+
+class CallNodeConflict(LedgerError):
+    """The call node already has an operation for a different request (rule 1)."""
+
+    def __init__(self, call_node_id: str, existing_digest: str, new_digest: str) -> None:
+        super().__init__(
+            f"call node {call_node_id!r} already has an operation for a different request "
+            f"(existing request digest {existing_digest}, this one {new_digest}); a call node runs exactly "
+            "one request: use a new call_node_id for a different request"
+        )
+        self.call_node_id = call_node_id
+
+
+class AdmissionClosed(LedgerError):
+    def __init__(self) -> None:
+        super().__init__("admission of new operations is closed (executor_control.admission_open is false)")
+
+
+class AdapterDisabled(LedgerError):
+    def __init__(self, protocol: str, protocol_version: str) -> None:
+        super().__init__(
+            f"the {protocol} {protocol_version} adapter is disabled for new operations "
+            "(executor_control.disabled_adapters)"
+        )

@@ -1,0 +1,18 @@
+"""Why a reconciliation record was opened (the ``reconciliation.reason`` column)."""
+
+from __future__ import annotations
+
+import enum
+
+
+class ReconciliationReason(enum.StrEnum):
+    #: The create call's answer was lost and the protocol cannot prove whether the operation exists.
+    SUBMISSION_UNKNOWN = "SUBMISSION_UNKNOWN"
+    #: The server no longer knows the operation and nothing proves whether it ran (rule 11, UNKNOWN).
+    UNKNOWN_NOT_FOUND = "UNKNOWN_NOT_FOUND"
+    #: A completion arrived after a cancel was accepted: the effect may have happened (rule 6).
+    EFFECT_RECONCILIATION_REQUIRED = "EFFECT_RECONCILIATION_REQUIRED"
+    #: The server answered something the protocol does not allow (e.g. a result for another task).
+    PROTOCOL_VIOLATION = "PROTOCOL_VIOLATION"
+    #: The wait budget or the input deadline ran out with the operation still open on the server.
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"

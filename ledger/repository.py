@@ -1,0 +1,1067 @@
+"""The only port to the ledger database. Every public method is one transaction.
+
+Every write that depends on where an operation stands is one guarded statement: ``UPDATE ... WHERE id = :id
+AND state IN (:allowed) AND execution_epoch = :epoch AND cancel_generation = :gen [AND poll_cursor = :cursor]
+RETURNING``. Zero rows is a stale writer: the refusal is recorded as an event in the same transaction, nothing
+else changes, and :class:`StaleTransition` is raised after the commit (rule 5).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Row,
+    Table,
+    create_engine,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from ledger import models
+from ledger.digests import digest
+from ledger.errors import (
+    AdapterDisabled,
+    AdmissionClosed,
+    CallNodeConflict,
+    OperationNotFound,
+    StaleTransition,
+)
+from ledger.reasons import ReconciliationReason
+from ledger.states import (
+    ACCEPT_FROM,
+    ACCEPT_TO,
+    FINAL_STATES,
+    NEVER_POLLED,
+    IllegalTransition,
+    OpState,
+    TerminalKind,
+    check_edges,
+)
+
+OP = cast(Table, models.ToolOperation.__table__)
+EVENT = cast(Table, models.OperationEvent.__table__)
+RECEIPT = cast(Table, models.TerminalReceipt.__table__)
+OUTBOX = cast(Table, models.Outbox.__table__)
+RECON = cast(Table, models.Reconciliation.__table__)
+CONTROL = cast(Table, models.ExecutorControl.__table__)
+CONTROL_AUDIT = cast(Table, models.ExecutorControlAudit.__table__)
+
+#: Columns a guarded write may set through ``values``. Identity, fencing and bookkeeping columns are
+#: changed only by the dedicated code paths (state, generation bump, cursor claim, acceptance).
+WRITABLE_COLUMNS = frozenset(
+    {
+        "tool_descriptor_version",
+        "remote_id",
+        "session_ref",
+        "submit_attempted_at",
+        "server_state",
+        "observed_terminal",
+        "status_message",
+        "next_poll_at",
+        "poll_interval_ms",
+        "lease_until",
+        "wait_deadline",
+        "expires_at",
+        "input_round",
+        "input_request",
+        "input_schema_digest",
+        "input_deadline",
+        "result",
+        "result_digest",
+        "protocol_version",
+    }
+)
+
+
+def normalize_database_url(url: str) -> str:
+    """Accept the usual ``postgresql://`` spellings and pin the psycopg 3 driver."""
+    for prefix in ("postgresql+psycopg://", "postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    raise ValueError(
+        f"LONGCALL_DATABASE_URL must be a postgresql:// URL, got {url.split('://', maxsplit=1)[0]}://..."
+    )
+
+
+def make_engine(url: str, *, pool_size: int = 5) -> Engine:
+    return create_engine(
+        normalize_database_url(url),
+        pool_pre_ping=True,
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        future=True,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """What a writer believes: its epoch and cancel generation, and the poll cursor it holds."""
+
+    execution_epoch: int
+    cancel_generation: int
+    poll_cursor: int | None = None
+
+    def as_dict(self) -> dict[str, int | None]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    """A snapshot of one ``tool_operation`` row."""
+
+    id: uuid.UUID
+    call_node_id: str
+    request_digest: str
+    tool_name: str
+    tool_descriptor_version: str | None
+    body: Any
+    server: str
+    protocol: str
+    protocol_version: str
+    adapter_version: str
+    remote_id: str | None
+    session_ref: str | None
+    submission_key: uuid.UUID
+    submit_attempted_at: dt.datetime | None
+    state: OpState
+    server_state: str | None
+    observed_terminal: TerminalKind | None
+    status_message: str | None
+    poll_cursor: int
+    next_poll_at: dt.datetime | None
+    poll_interval_ms: int | None
+    lease_until: dt.datetime | None
+    ttl_ms: int | None
+    wait_deadline: dt.datetime | None
+    expires_at: dt.datetime | None
+    input_round: int
+    input_request: Any
+    input_schema_digest: str | None
+    input_deadline: dt.datetime | None
+    cancel_generation: int
+    execution_epoch: int
+    result: Any
+    result_digest: str | None
+    on_terminal: Any
+    on_input: Any
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    event_seq: int
+
+    @classmethod
+    def from_row(cls, row: Row[Any] | Mapping[str, Any]) -> Operation:
+        data = dict(row._mapping) if isinstance(row, Row) else dict(row)
+        values = {f.name: data[f.name] for f in dataclasses.fields(cls)}
+        values["state"] = OpState(values["state"])
+        if values["observed_terminal"] is not None:
+            values["observed_terminal"] = TerminalKind(values["observed_terminal"])
+        return cls(**values)
+
+    @property
+    def fence(self) -> Fence:
+        return Fence(self.execution_epoch, self.cancel_generation, self.poll_cursor)
+
+    @property
+    def is_final(self) -> bool:
+        return self.state in FINAL_STATES
+
+
+@dataclass(frozen=True, slots=True)
+class NewOperation:
+    """What ``longcall.submit`` records before any remote call (rule 1)."""
+
+    call_node_id: str
+    request_digest: str
+    server: str
+    protocol: str
+    protocol_version: str
+    adapter_version: str
+    tool_name: str
+    body: Any
+    on_terminal: Any = None
+    on_input: Any = None
+    ttl_ms: int | None = None
+    wait_budget_s: float | None = None
+    tool_descriptor_version: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    operation: Operation
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A due operation claimed by ``claim_due``: poll it under this cursor, before the lease runs out."""
+
+    op_id: uuid.UUID
+    state: OpState
+    poll_cursor: int
+    execution_epoch: int
+    cancel_generation: int
+    lease_until: dt.datetime
+
+    @property
+    def fence(self) -> Fence:
+        return Fence(self.execution_epoch, self.cancel_generation, self.poll_cursor)
+
+
+@dataclass(frozen=True, slots=True)
+class TerminalEvidence:
+    """Everything rule 8 matches before a receipt is written."""
+
+    call_node_id: str
+    request_digest: str
+    remote_id: str | None
+    tool_descriptor_version: str | None
+    execution_epoch: int
+    cancel_generation: int
+    terminal_state: TerminalKind
+    result: Any = None
+    result_digest: str | None = None
+    #: For a cancelled terminal: whatever could be read, kept on the receipt for audit only.
+    audit: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    id: uuid.UUID
+    op_id: uuid.UUID
+    call_node_id: str
+    request_digest: str
+    remote_id: str | None
+    tool_descriptor_version: str | None
+    execution_epoch: int
+    cancel_generation: int
+    terminal_state: TerminalKind
+    result_digest: str | None
+    audit: Any
+    accepted_at: dt.datetime
+
+    @classmethod
+    def from_row(cls, row: Row[Any]) -> Receipt:
+        data = dict(row._mapping)
+        values = {f.name: data[f.name] for f in dataclasses.fields(cls)}
+        values["terminal_state"] = TerminalKind(values["terminal_state"])
+        return cls(**values)
+
+
+AcceptanceOutcome = Literal["accepted", "already_accepted", "rejected", "effect_reconciliation"]
+
+
+@dataclass(frozen=True, slots=True)
+class Acceptance:
+    outcome: AcceptanceOutcome
+    receipt: Receipt | None = None
+    outbox_id: int | None = None
+    mismatches: tuple[str, ...] = ()
+
+    @property
+    def accepted(self) -> bool:
+        return self.outcome == "accepted"
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxMessage:
+    id: int
+    kind: str
+    op_id: uuid.UUID
+    input_round: int | None
+    payload: Any
+    attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class DrainReport:
+    dispatched: tuple[int, ...]
+    failed: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ControlState:
+    execution_epoch: int
+    admission_open: bool
+    disabled_adapters: tuple[str, ...]
+    rollout: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ReconciliationRecord:
+    id: int
+    op_id: uuid.UUID
+    reason: ReconciliationReason
+    opened_at: dt.datetime
+    deadline: dt.datetime
+    resolved_at: dt.datetime | None
+    resolution: str | None
+    detail: Any
+
+
+def adapter_key(protocol: str, protocol_version: str) -> str:
+    return f"{protocol}/{protocol_version}"
+
+
+class Ledger:
+    """The repository. Construct it with an engine; every method owns exactly one transaction."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    @classmethod
+    def from_url(cls, url: str, *, pool_size: int = 5) -> Ledger:
+        return cls(make_engine(url, pool_size=pool_size))
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def _tx(self) -> Iterator[Connection]:
+        with self.engine.begin() as conn:
+            yield conn
+
+    # ----------------------------------------------------------------------------------------- submit
+
+    def record_submission(self, new: NewOperation) -> Submission:
+        """Insert the SUBMITTING row, or return the call node's existing operation (rule 1).
+
+        Same call node and same request digest is the existing operation, never a second one; the same call
+        node with a different digest raises :class:`CallNodeConflict`. The submission key is chosen here,
+        once, and never regenerated.
+        """
+        with self._tx() as conn:
+            existing = self._find_by_call_node(conn, new.call_node_id)
+            if existing is None:
+                control = self._control(conn)
+                if not control.admission_open:
+                    raise AdmissionClosed
+                if adapter_key(new.protocol, new.protocol_version) in control.disabled_adapters:
+                    raise AdapterDisabled(new.protocol, new.protocol_version)
+                wait_deadline = (
+                    func.now() + literal(dt.timedelta(seconds=new.wait_budget_s))
+                    if new.wait_budget_s is not None
+                    else None
+                )
+                stmt = (
+                    pg_insert(OP)
+                    .values(
+                        id=uuid.uuid4(),
+                        call_node_id=new.call_node_id,
+                        request_digest=new.request_digest,
+                        tool_name=new.tool_name,
+                        tool_descriptor_version=new.tool_descriptor_version,
+                        body=new.body,
+                        server=new.server,
+                        protocol=new.protocol,
+                        protocol_version=new.protocol_version,
+                        adapter_version=new.adapter_version,
+                        submission_key=uuid.uuid4(),
+                        state=OpState.SUBMITTING,
+                        ttl_ms=new.ttl_ms,
+                        wait_deadline=wait_deadline,
+                        execution_epoch=control.execution_epoch,
+                        on_terminal=new.on_terminal,
+                        on_input=new.on_input,
+                        event_seq=1,
+                    )
+                    .on_conflict_do_nothing(index_elements=[OP.c.call_node_id])
+                    .returning(*OP.c)
+                )
+                row = conn.execute(stmt).first()
+                if row is not None:
+                    op = Operation.from_row(row)
+                    self._append_event(
+                        conn, op, seq=1, kind="submitted", from_state=None, detail={"server": new.server}
+                    )
+                    return Submission(op, created=True)
+                # A concurrent submit of the same call node committed first.
+                existing = self._find_by_call_node(conn, new.call_node_id)
+                if existing is None:  # pragma: no cover - the conflict implies a committed row
+                    raise LookupError(f"call node {new.call_node_id!r} conflicted but cannot be read")
+            if existing.request_digest != new.request_digest:
+                raise CallNodeConflict(new.call_node_id, existing.request_digest, new.request_digest)
+            return Submission(existing, created=False)
+
+    # ------------------------------------------------------------------------------------------- reads
+
+    def get(self, op_id: uuid.UUID) -> Operation:
+        with self._tx() as conn:
+            row = conn.execute(select(OP).where(OP.c.id == op_id)).first()
+        if row is None:
+            raise OperationNotFound(op_id)
+        return Operation.from_row(row)
+
+    def find_by_call_node(self, call_node_id: str) -> Operation | None:
+        with self._tx() as conn:
+            return self._find_by_call_node(conn, call_node_id)
+
+    def find_by_remote(self, server: str, remote_id: str) -> Operation | None:
+        with self._tx() as conn:
+            row = conn.execute(select(OP).where(OP.c.server == server, OP.c.remote_id == remote_id)).first()
+        return Operation.from_row(row) if row is not None else None
+
+    def find_by_submission_key(self, submission_key: uuid.UUID) -> Operation | None:
+        with self._tx() as conn:
+            row = conn.execute(select(OP).where(OP.c.submission_key == submission_key)).first()
+        return Operation.from_row(row) if row is not None else None
+
+    def events(self, op_id: uuid.UUID) -> list[dict[str, Any]]:
+        with self._tx() as conn:
+            rows = conn.execute(select(EVENT).where(EVENT.c.op_id == op_id).order_by(EVENT.c.seq)).all()
+        return [dict(r._mapping) for r in rows]
+
+    def receipt_for(self, op_id: uuid.UUID) -> Receipt | None:
+        with self._tx() as conn:
+            row = conn.execute(select(RECEIPT).where(RECEIPT.c.op_id == op_id)).first()
+        return Receipt.from_row(row) if row is not None else None
+
+    @staticmethod
+    def _find_by_call_node(conn: Connection, call_node_id: str) -> Operation | None:
+        row = conn.execute(select(OP).where(OP.c.call_node_id == call_node_id)).first()
+        return Operation.from_row(row) if row is not None else None
+
+    # ----------------------------------------------------------------------------- guarded transitions
+
+    def transition(
+        self,
+        op_id: uuid.UUID,
+        fence: Fence,
+        to: OpState,
+        *,
+        from_states: Iterable[OpState],
+        values: Mapping[str, Any] | None = None,
+        event: str = "transition",
+        detail: Mapping[str, Any] | None = None,
+        bump_generation: bool = False,
+    ) -> Operation:
+        """Move the operation along one edge of the state table, or record a stale write and raise."""
+        sources = check_edges(from_states, to)
+        if to in FINAL_STATES:
+            raise IllegalTransition(f"{to} is reached only through accept_terminal (rule 8)")
+        sets = _checked_values(values)
+        if to in NEVER_POLLED:
+            sets.setdefault("next_poll_at", None)
+            sets.setdefault("lease_until", None)
+        return self._guarded_write(
+            op_id,
+            fence,
+            in_states=sources,
+            to_state=to,
+            sets=sets,
+            event=event,
+            detail=detail,
+            bump_generation=bump_generation,
+        )
+
+    def update(
+        self,
+        op_id: uuid.UUID,
+        fence: Fence,
+        *,
+        in_states: Iterable[OpState],
+        values: Mapping[str, Any],
+        event: str,
+        detail: Mapping[str, Any] | None = None,
+        bump_generation: bool = False,
+    ) -> Operation:
+        """A guarded write that keeps the state (e.g. a poll's bookkeeping). Final rows never change."""
+        states = tuple(in_states)
+        final = [s for s in states if s in FINAL_STATES]
+        if final or not states:
+            raise IllegalTransition(
+                f"a final operation never changes (asked to update in {final or 'no'} state)"
+            )
+        return self._guarded_write(
+            op_id,
+            fence,
+            in_states=states,
+            to_state=None,
+            sets=_checked_values(values),
+            event=event,
+            detail=detail,
+            bump_generation=bump_generation,
+        )
+
+    def _guarded_write(
+        self,
+        op_id: uuid.UUID,
+        fence: Fence,
+        *,
+        in_states: Sequence[OpState],
+        to_state: OpState | None,
+        sets: dict[str, Any],
+        event: str,
+        detail: Mapping[str, Any] | None,
+        bump_generation: bool,
+    ) -> Operation:
+        stale: StaleTransition | None = None
+        with self._tx() as conn:
+            prior = select(OP.c.id, OP.c.state).where(OP.c.id == op_id).with_for_update().cte("prior")
+            sets = {**sets, "event_seq": OP.c.event_seq + 1, "updated_at": func.now()}
+            if to_state is not None:
+                sets["state"] = to_state.value
+            if bump_generation:
+                sets["cancel_generation"] = OP.c.cancel_generation + 1
+            where = [
+                OP.c.id == prior.c.id,
+                OP.c.state.in_([s.value for s in in_states]),
+                OP.c.execution_epoch == fence.execution_epoch,
+                OP.c.cancel_generation == fence.cancel_generation,
+            ]
+            if fence.poll_cursor is not None:
+                where.append(OP.c.poll_cursor == fence.poll_cursor)
+            row = conn.execute(
+                update(OP).where(*where).values(sets).returning(*OP.c, prior.c.state.label("prior_state"))
+            ).first()
+            if row is not None:
+                op = Operation.from_row(row)
+                self._append_event(
+                    conn,
+                    op,
+                    seq=op.event_seq,
+                    kind=event,
+                    from_state=row.prior_state,
+                    detail=detail,
+                )
+                return op
+            stale = self._record_stale(
+                conn,
+                op_id,
+                attempted=event,
+                to_state=to_state,
+                expected={
+                    "state": sorted(s.value for s in in_states),
+                    **fence.as_dict(),
+                },
+                detail=detail,
+            )
+        raise stale
+
+    def _record_stale(
+        self,
+        conn: Connection,
+        op_id: uuid.UUID,
+        *,
+        attempted: str,
+        to_state: OpState | None,
+        expected: dict[str, Any],
+        detail: Mapping[str, Any] | None,
+    ) -> StaleTransition:
+        """Append a ``stale_write_rejected`` event; the row itself only advances its event counter."""
+        current = conn.execute(
+            update(OP)
+            .where(OP.c.id == op_id)
+            .values(event_seq=OP.c.event_seq + 1)
+            .returning(
+                OP.c.event_seq,
+                OP.c.state,
+                OP.c.server_state,
+                OP.c.execution_epoch,
+                OP.c.cancel_generation,
+                OP.c.poll_cursor,
+            )
+        ).first()
+        if current is None:
+            raise OperationNotFound(op_id)
+        found = {
+            "state": current.state,
+            "execution_epoch": current.execution_epoch,
+            "cancel_generation": current.cancel_generation,
+            "poll_cursor": current.poll_cursor,
+        }
+        if expected.get("poll_cursor") is None:
+            expected = {k: v for k, v in expected.items() if k != "poll_cursor"}
+        if isinstance(expected.get("state"), list) and current.state in expected["state"]:
+            expected = {**expected, "state": current.state}
+        conn.execute(
+            insert(EVENT).values(
+                op_id=op_id,
+                seq=current.event_seq,
+                kind="stale_write_rejected",
+                from_state=current.state,
+                to_state=to_state.value if to_state is not None else None,
+                server_state=current.server_state,
+                poll_cursor=current.poll_cursor,
+                cancel_generation=current.cancel_generation,
+                execution_epoch=current.execution_epoch,
+                detail={
+                    "attempted": attempted,
+                    "expected": expected,
+                    "found": found,
+                    "write_detail": dict(detail or {}),
+                },
+            )
+        )
+        return StaleTransition(op_id, attempted, expected, found)
+
+    @staticmethod
+    def _append_event(
+        conn: Connection,
+        op: Operation,
+        *,
+        seq: int,
+        kind: str,
+        from_state: str | None,
+        detail: Mapping[str, Any] | None,
+    ) -> None:
+        conn.execute(
+            insert(EVENT).values(
+                op_id=op.id,
+                seq=seq,
+                kind=kind,
+                from_state=from_state,
+                to_state=op.state.value,
+                server_state=op.server_state,
+                poll_cursor=op.poll_cursor,
+                cancel_generation=op.cancel_generation,
+                execution_epoch=op.execution_epoch,
+                detail=dict(detail or {}),
+            )
+        )
+
+    # ----------------------------------------------------------------------------------------- polling
+
+    def claim_due(self, *, limit: int, lease_s: float) -> list[Claim]:
+        """Claim up to ``limit`` due operations (SKIP LOCKED), lease them and bump their poll cursor.
+
+        A claim is not a transition; the poll's outcome, written under the returned cursor, is. A lease that
+        ran out (a crashed poller) makes the row claimable again, under a new cursor, so the crashed
+        poller's late answer is fenced off.
+        """
+        if limit <= 0:
+            return []
+        with self._tx() as conn:
+            due = (
+                select(OP.c.id)
+                .where(
+                    OP.c.next_poll_at <= func.now(),
+                    or_(OP.c.lease_until.is_(None), OP.c.lease_until < func.now()),
+                )
+                .order_by(OP.c.next_poll_at)
+                .limit(limit)
+                .with_for_update(skip_locked=True)
+                .cte("due")
+            )
+            rows = conn.execute(
+                update(OP)
+                .where(OP.c.id == due.c.id)
+                .values(
+                    poll_cursor=OP.c.poll_cursor + 1,
+                    lease_until=func.now() + literal(dt.timedelta(seconds=lease_s)),
+                )
+                .returning(
+                    OP.c.id,
+                    OP.c.state,
+                    OP.c.poll_cursor,
+                    OP.c.execution_epoch,
+                    OP.c.cancel_generation,
+                    OP.c.lease_until,
+                )
+            ).all()
+        return [
+            Claim(
+                r.id, OpState(r.state), r.poll_cursor, r.execution_epoch, r.cancel_generation, r.lease_until
+            )
+            for r in rows
+        ]
+
+    # -------------------------------------------------------------------------------------- acceptance
+
+    def accept_terminal(self, op_id: uuid.UUID, evidence: TerminalEvidence) -> Acceptance:
+        """The single acceptance point (rule 8): one transaction, receipt + ready outbox row + state + event.
+
+        The row is matched on call node, request digest, remote id, tool descriptor version, execution epoch,
+        cancel generation, the observed terminal state and the result digest; anything that does not match
+        writes no receipt. A completion offered for an operation whose cancel was already accepted opens an
+        EFFECT_RECONCILIATION_REQUIRED record instead (rule 6).
+        """
+        kind = TerminalKind(evidence.terminal_state)
+        mismatches = _evidence_problems(evidence)
+        with self._tx() as conn:
+            row = None
+            if not mismatches:
+                observed_ok = OP.c.observed_terminal == kind.value
+                if kind is TerminalKind.CANCELLED:
+                    observed_ok = or_(observed_ok, OP.c.state == OpState.CANCEL_REQUESTED.value)
+                prior = select(OP.c.id, OP.c.state).where(OP.c.id == op_id).with_for_update().cte("prior")
+                row = conn.execute(
+                    update(OP)
+                    .where(
+                        OP.c.id == prior.c.id,
+                        OP.c.state.in_([s.value for s in ACCEPT_FROM[kind]]),
+                        OP.c.call_node_id == evidence.call_node_id,
+                        OP.c.request_digest == evidence.request_digest,
+                        OP.c.remote_id.is_not_distinct_from(evidence.remote_id),
+                        OP.c.tool_descriptor_version.is_not_distinct_from(evidence.tool_descriptor_version),
+                        OP.c.execution_epoch == evidence.execution_epoch,
+                        OP.c.cancel_generation == evidence.cancel_generation,
+                        observed_ok,
+                    )
+                    .values(
+                        state=ACCEPT_TO[kind].value,
+                        observed_terminal=kind.value,
+                        result=evidence.result if kind is not TerminalKind.CANCELLED else None,
+                        result_digest=evidence.result_digest,
+                        next_poll_at=None,
+                        lease_until=None,
+                        event_seq=OP.c.event_seq + 1,
+                        updated_at=func.now(),
+                    )
+                    .returning(*OP.c, prior.c.state.label("prior_state"))
+                ).first()
+            if row is not None:
+                op = Operation.from_row(row)
+                receipt_row = conn.execute(
+                    insert(RECEIPT)
+                    .values(
+                        id=uuid.uuid4(),
+                        op_id=op.id,
+                        call_node_id=op.call_node_id,
+                        request_digest=op.request_digest,
+                        remote_id=op.remote_id,
+                        tool_descriptor_version=op.tool_descriptor_version,
+                        execution_epoch=op.execution_epoch,
+                        cancel_generation=op.cancel_generation,
+                        terminal_state=kind.value,
+                        result_digest=evidence.result_digest,
+                        audit=evidence.audit,
+                    )
+                    .returning(*RECEIPT.c)
+                ).one()
+                receipt = Receipt.from_row(receipt_row)
+                outbox_id = conn.execute(
+                    insert(OUTBOX)
+                    .values(
+                        kind="terminal",
+                        receipt_id=receipt.id,
+                        op_id=op.id,
+                        payload={
+                            "signature": op.on_terminal,
+                            "receipt": receipt_payload(receipt, op.result),
+                        },
+                    )
+                    .returning(OUTBOX.c.id)
+                ).scalar_one()
+                self._append_event(
+                    conn,
+                    op,
+                    seq=op.event_seq,
+                    kind="terminal_accepted",
+                    from_state=row.prior_state,
+                    detail={
+                        "receipt_id": str(receipt.id),
+                        "outbox_id": outbox_id,
+                        "terminal_state": kind.value,
+                        "result_digest": evidence.result_digest,
+                    },
+                )
+                return Acceptance("accepted", receipt, outbox_id)
+
+            current = conn.execute(select(OP).where(OP.c.id == op_id)).first()
+            if current is None:
+                raise OperationNotFound(op_id)
+            op = Operation.from_row(current)
+            existing = conn.execute(select(RECEIPT).where(RECEIPT.c.op_id == op_id)).first()
+            held = Receipt.from_row(existing) if existing is not None else None
+            if (
+                held is not None
+                and held.terminal_state is TerminalKind.CANCELLED
+                and kind is not TerminalKind.CANCELLED
+            ):
+                self._open_reconciliation(
+                    conn,
+                    op,
+                    ReconciliationReason.EFFECT_RECONCILIATION_REQUIRED,
+                    deadline=dt.timedelta(hours=24),
+                    detail={
+                        "cancelled_receipt_id": str(held.id),
+                        "late_terminal_state": kind.value,
+                        "late_result_digest": evidence.result_digest,
+                    },
+                )
+                return Acceptance("effect_reconciliation", held)
+            if held is not None and not mismatches and _same_receipt(held, evidence):
+                return Acceptance("already_accepted", held)
+            problems = mismatches or _row_mismatches(op, evidence, kind)
+            self._record_stale(
+                conn,
+                op_id,
+                attempted="accept_terminal",
+                to_state=ACCEPT_TO[kind],
+                expected={
+                    "state": sorted(s.value for s in ACCEPT_FROM[kind]),
+                    "execution_epoch": evidence.execution_epoch,
+                    "cancel_generation": evidence.cancel_generation,
+                },
+                detail={"mismatches": list(problems), "terminal_state": kind.value},
+            )
+            return Acceptance("rejected", held, mismatches=tuple(problems))
+
+    # ------------------------------------------------------------------------------------------ outbox
+
+    def drain_outbox(self, publish: Callable[[OutboxMessage], None], *, limit: int = 100) -> DrainReport:
+        """Claim ready outbox rows (SKIP LOCKED), hand each to ``publish`` and mark it dispatched.
+
+        The rows stay locked until the transaction commits, so two drainers never deliver the same row; a
+        crash after ``publish`` and before the commit leaves the row ready, and it is delivered again:
+        delivery is at-least-once, and the outbox id is the consumer's dedupe key.
+        """
+        dispatched: list[int] = []
+        failed: list[tuple[int, str]] = []
+        with self._tx() as conn:
+            rows = conn.execute(
+                select(OUTBOX)
+                .where(OUTBOX.c.status == "ready")
+                .order_by(OUTBOX.c.id)
+                .limit(limit)
+                .with_for_update(skip_locked=True)
+            ).all()
+            for r in rows:
+                message = OutboxMessage(r.id, r.kind, r.op_id, r.input_round, r.payload, r.attempts)
+                try:
+                    publish(message)
+                except Exception as exc:  # noqa: BLE001 - any publish failure leaves the row ready
+                    failed.append((r.id, f"{type(exc).__name__}: {exc}"[:500]))
+                else:
+                    dispatched.append(r.id)
+            if dispatched:
+                conn.execute(
+                    update(OUTBOX)
+                    .where(OUTBOX.c.id.in_(dispatched))
+                    .values(status="dispatched", dispatched_at=func.now(), attempts=OUTBOX.c.attempts + 1)
+                )
+            for outbox_id, error in failed:
+                conn.execute(
+                    update(OUTBOX)
+                    .where(OUTBOX.c.id == outbox_id)
+                    .values(attempts=OUTBOX.c.attempts + 1, last_error=error)
+                )
+        return DrainReport(tuple(dispatched), tuple(i for i, _ in failed))
+
+    def ready_outbox_count(self) -> int:
+        with self._tx() as conn:
+            return int(conn.execute(select(func.count()).where(OUTBOX.c.status == "ready")).scalar_one())
+
+    # ---------------------------------------------------------------------------------- reconciliation
+
+    def open_reconciliation(
+        self,
+        op_id: uuid.UUID,
+        reason: ReconciliationReason,
+        *,
+        deadline: dt.timedelta,
+        detail: Mapping[str, Any] | None = None,
+    ) -> ReconciliationRecord:
+        with self._tx() as conn:
+            row = conn.execute(select(OP).where(OP.c.id == op_id)).first()
+            if row is None:
+                raise OperationNotFound(op_id)
+            return self._open_reconciliation(conn, Operation.from_row(row), reason, deadline, detail)
+
+    def _open_reconciliation(
+        self,
+        conn: Connection,
+        op: Operation,
+        reason: ReconciliationReason,
+        deadline: dt.timedelta,
+        detail: Mapping[str, Any] | None,
+    ) -> ReconciliationRecord:
+        """Open one record per (operation, reason); an open one is returned as it is."""
+        row = conn.execute(
+            pg_insert(RECON)
+            .values(
+                op_id=op.id,
+                reason=reason.value,
+                deadline=func.now() + literal(deadline),
+                detail=dict(detail or {}),
+            )
+            .on_conflict_do_nothing(
+                index_elements=[RECON.c.op_id, RECON.c.reason],
+                index_where=RECON.c.resolved_at.is_(None),
+            )
+            .returning(*RECON.c)
+        ).first()
+        if row is None:
+            row = conn.execute(
+                select(RECON).where(
+                    RECON.c.op_id == op.id, RECON.c.reason == reason.value, RECON.c.resolved_at.is_(None)
+                )
+            ).one()
+        else:
+            seq = conn.execute(
+                update(OP)
+                .where(OP.c.id == op.id)
+                .values(event_seq=OP.c.event_seq + 1)
+                .returning(OP.c.event_seq)
+            ).scalar_one()
+            self._append_event(
+                conn,
+                op,
+                seq=seq,
+                kind="reconciliation_opened",
+                from_state=op.state.value,
+                detail={"reconciliation_id": row.id, "reason": reason.value, **dict(detail or {})},
+            )
+        return _recon(row)
+
+    def open_reconciliations(self) -> list[ReconciliationRecord]:
+        with self._tx() as conn:
+            rows = conn.execute(
+                select(RECON).where(RECON.c.resolved_at.is_(None)).order_by(RECON.c.deadline)
+            ).all()
+        return [_recon(r) for r in rows]
+
+    # ---------------------------------------------------------------------------------- executor control
+
+    def control(self) -> ControlState:
+        with self._tx() as conn:
+            return self._control(conn)
+
+    @staticmethod
+    def _control(conn: Connection) -> ControlState:
+        row = conn.execute(select(CONTROL).where(CONTROL.c.id == 1)).one()
+        return ControlState(
+            execution_epoch=row.execution_epoch,
+            admission_open=row.admission_open,
+            disabled_adapters=tuple(row.disabled_adapters),
+            rollout=dict(row.rollout),
+        )
+
+    def set_admission(self, *, open_: bool, actor: str) -> ControlState:
+        return self._change_control(actor, "set_admission", {"admission_open": open_})
+
+    def bump_epoch(self, *, actor: str) -> ControlState:
+        return self._change_control(actor, "bump_epoch", {"execution_epoch": CONTROL.c.execution_epoch + 1})
+
+    def set_adapter_disabled(
+        self, protocol: str, protocol_version: str, *, disabled: bool, actor: str
+    ) -> ControlState:
+        key = adapter_key(protocol, protocol_version)
+        with self._tx() as conn:
+            current = set(self._control(conn).disabled_adapters)
+        wanted = sorted(current | {key}) if disabled else sorted(current - {key})
+        return self._change_control(
+            actor, "disable_adapter" if disabled else "enable_adapter", {"disabled_adapters": wanted}
+        )
+
+    def _change_control(self, actor: str, action: str, values: Mapping[str, Any]) -> ControlState:
+        with self._tx() as conn:
+            before = conn.execute(select(CONTROL).where(CONTROL.c.id == 1).with_for_update()).one()
+            conn.execute(update(CONTROL).where(CONTROL.c.id == 1).values(**values, updated_at=func.now()))
+            after = self._control(conn)
+            conn.execute(
+                insert(CONTROL_AUDIT).values(
+                    actor=actor,
+                    action=action,
+                    before=_control_json(dict(before._mapping)),
+                    after=dataclasses.asdict(after) | {"disabled_adapters": list(after.disabled_adapters)},
+                )
+            )
+            return after
+
+
+def receipt_payload(receipt: Receipt, result: Any) -> dict[str, Any]:
+    """The receipt as the downstream task receives it (``outbox_id`` is added when it is delivered)."""
+    return {
+        "receipt_id": str(receipt.id),
+        "op_id": str(receipt.op_id),
+        "call_node_id": receipt.call_node_id,
+        "request_digest": receipt.request_digest,
+        "remote_id": receipt.remote_id,
+        "terminal_state": receipt.terminal_state.value,
+        "result_digest": receipt.result_digest,
+        "result": result if receipt.terminal_state is not TerminalKind.CANCELLED else None,
+        "execution_epoch": receipt.execution_epoch,
+        "cancel_generation": receipt.cancel_generation,
+        "accepted_at": receipt.accepted_at.isoformat(),
+    }
+
+
+def _checked_values(values: Mapping[str, Any] | None) -> dict[str, Any]:
+    sets = dict(values or {})
+    refused = sorted(set(sets) - WRITABLE_COLUMNS)
+    if refused:
+        raise IllegalTransition(f"columns {refused} are not written through values=")
+    for key in ("observed_terminal",):
+        if isinstance(sets.get(key), TerminalKind):
+            sets[key] = sets[key].value
+    return sets
+
+
+def _evidence_problems(evidence: TerminalEvidence) -> list[str]:
+    """What is wrong with the evidence on its own, before it is matched against the row."""
+    problems: list[str] = []
+    kind = TerminalKind(evidence.terminal_state)
+    if kind is TerminalKind.CANCELLED:
+        if evidence.result is not None:
+            problems.append("result: a cancelled terminal never carries a result (use audit)")
+    elif evidence.result is None or evidence.result_digest is None:
+        problems.append("result: a completed or failed terminal needs the whole result and its digest")
+    elif digest(evidence.result) != evidence.result_digest:
+        problems.append("result_digest: does not match the result")
+    return problems
+
+
+def _same_receipt(receipt: Receipt, evidence: TerminalEvidence) -> bool:
+    """A replay of the evidence that was accepted (a redelivered task): answered with the held receipt."""
+    return (
+        receipt.call_node_id == evidence.call_node_id
+        and receipt.request_digest == evidence.request_digest
+        and receipt.remote_id == evidence.remote_id
+        and receipt.tool_descriptor_version == evidence.tool_descriptor_version
+        and receipt.execution_epoch == evidence.execution_epoch
+        and receipt.cancel_generation == evidence.cancel_generation
+        and receipt.terminal_state is TerminalKind(evidence.terminal_state)
+        and receipt.result_digest == evidence.result_digest
+    )
+
+
+def _row_mismatches(op: Operation, evidence: TerminalEvidence, kind: TerminalKind) -> list[str]:
+    checks = {
+        "state": op.state in ACCEPT_FROM[kind],
+        "call_node_id": op.call_node_id == evidence.call_node_id,
+        "request_digest": op.request_digest == evidence.request_digest,
+        "remote_id": op.remote_id == evidence.remote_id,
+        "tool_descriptor_version": op.tool_descriptor_version == evidence.tool_descriptor_version,
+        "execution_epoch": op.execution_epoch == evidence.execution_epoch,
+        "cancel_generation": op.cancel_generation == evidence.cancel_generation,
+        "terminal_state": op.observed_terminal is kind
+        or (kind is TerminalKind.CANCELLED and op.state is OpState.CANCEL_REQUESTED),
+    }
+    return [name for name, ok in checks.items() if not ok]
+
+
+def _recon(row: Row[Any]) -> ReconciliationRecord:
+    return ReconciliationRecord(
+        id=row.id,
+        op_id=row.op_id,
+        reason=ReconciliationReason(row.reason),
+        opened_at=row.opened_at,
+        deadline=row.deadline,
+        resolved_at=row.resolved_at,
+        resolution=row.resolution,
+        detail=row.detail,
+    )
+
+
+def _control_json(mapping: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "execution_epoch": mapping["execution_epoch"],
+        "admission_open": mapping["admission_open"],
+        "disabled_adapters": list(mapping["disabled_adapters"]),
+        "rollout": dict(mapping["rollout"]),
+    }

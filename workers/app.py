@@ -1,0 +1,83 @@
+"""The Celery app factory. ``celery -A workers.app worker -Q longcall.control,longcall.poll,longcall.outbox``.
+
+The module-level ``app`` reads its settings from the environment when Celery first configures it, not at
+import; tests and embedders build their own with ``create_app(settings)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from kombu import Queue
+
+from beat_schedule import beat_schedule
+from workers.runtime import RuntimeHolder
+from workers.settings import Settings
+from workers.tasks import register_tasks
+
+QUEUES = ("longcall.control", "longcall.poll", "longcall.outbox")
+
+ROUTES = {
+    "longcall.submit": "longcall.control",
+    "longcall.cancel": "longcall.control",
+    "longcall.fetch_result": "longcall.control",
+    "longcall.provide_input": "longcall.control",
+    "longcall.reconcile": "longcall.control",
+    "longcall.dispatch_due": "longcall.control",
+    "longcall.poll": "longcall.poll",
+    "longcall.drain_outbox": "longcall.outbox",
+}
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    transport_options: dict[str, Any] = {"visibility_timeout": 3600}
+    if settings.broker_keyprefix:
+        transport_options["global_keyprefix"] = settings.broker_keyprefix
+    return {
+        "broker_url": settings.broker,
+        "result_backend": settings.redis_url,
+        "result_expires": 24 * 3600,
+        "result_backend_transport_options": (
+            {"global_keyprefix": settings.broker_keyprefix} if settings.broker_keyprefix else {}
+        ),
+        "broker_transport_options": transport_options,
+        "broker_connection_retry_on_startup": True,
+        # JSON only, in and out (DESIGN §7; never pickle).
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "event_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        # A task is acknowledged after it ran, and redelivered if its worker died mid-run.
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "task_queues": [Queue(name, routing_key=name) for name in QUEUES],
+        "task_default_queue": "longcall.control",
+        "task_routes": {name: {"queue": queue, "routing_key": queue} for name, queue in ROUTES.items()},
+        # Flower sees what the fleet does.
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "task_track_started": True,
+        "beat_schedule": beat_schedule(
+            dispatch_interval_s=settings.dispatch_interval_s,
+            outbox_interval_s=settings.outbox_interval_s,
+            reconcile_interval_s=settings.reconcile_interval_s,
+        ),
+        "beat_max_loop_interval": min(1.0, settings.dispatch_interval_s),
+        "worker_hijack_root_logger": False,
+    }
+
+
+def create_app(settings: Settings | None = None) -> Celery:
+    holder = RuntimeHolder(settings)
+    app = Celery("longcall", set_as_current=False)
+    app.add_defaults(lambda: celery_config(holder.settings))
+    app.longcall_runtime = holder  # type: ignore[attr-defined]
+
+    register_tasks(app, holder)
+    return app
+
+
+app = create_app()

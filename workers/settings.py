@@ -1,0 +1,152 @@
+"""One typed settings object: the environment (``LONGCALL_*``) plus the TOML file of servers it names.
+
+Built once, by the app factory or the CLI, never at import time. Unknown keys and bad values are refused
+with a message that names the key, the file and what was wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+CREATE_SPEC = re.compile(r"^(GET|POST|PUT|PATCH|DELETE) (/\S*)$")
+
+PositiveFloat = Annotated[float, Field(gt=0)]
+PositiveInt = Annotated[int, Field(gt=0)]
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used; the message says where and why."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+
+class ToolConfig(_Strict):
+    #: A tool without task support may run as one synchronous call for at most this long.
+    sync_upper_bound_s: PositiveFloat | None = None
+    #: AIP-151: the create call, "METHOD /path/{placeholder}"; placeholders are filled from the arguments.
+    create: str | None = None
+    #: AIP-155: the body field that carries the submission key.
+    request_id_field: str | None = None
+
+    @field_validator("create")
+    @classmethod
+    def _create_spec(cls, value: str | None) -> str | None:
+        if value is not None and not CREATE_SPEC.match(value):
+            raise ValueError('must look like "POST /v1/jobs:run" (an HTTP method, one space, a path)')
+        return value
+
+
+class ServerConfig(_Strict):
+    protocol: Literal["mcp", "aip151"]
+    protocol_version: Annotated[str, Field(min_length=1)]
+    url: Annotated[str, Field(pattern=r"^https?://[^\s/]+(/\S*)?$")]
+    #: The bearer token is read from this environment variable at call time; it is never stored.
+    auth_env: str | None = None
+    poll_qps: PositiveFloat = 10.0
+    control_qps: PositiveFloat = 5.0
+    default_ttl_ms: PositiveInt = 600_000
+    wait_budget_s: PositiveFloat = 3600.0
+    #: Poll interval when the server gives none.
+    default_poll_interval_ms: PositiveInt = 1000
+    tools: dict[str, ToolConfig] = Field(default_factory=dict)
+
+    @field_validator("auth_env")
+    @classmethod
+    def _env_name(cls, value: str | None) -> str | None:
+        if value is not None and not ENV_NAME.match(value):
+            raise ValueError("must be the NAME of an environment variable holding the token, not the token")
+        return value
+
+    def token(self) -> str | None:
+        """The bearer token, read now from the named variable (never cached, never logged)."""
+        if self.auth_env is None:
+            return None
+        value = os.environ.get(self.auth_env)
+        if not value:
+            raise ConfigError(
+                f"auth_env {self.auth_env!r} is configured but that environment variable is empty"
+            )
+        return value
+
+
+class FleetConfig(_Strict):
+    servers: dict[str, ServerConfig] = Field(default_factory=dict)
+
+    @field_validator("servers")
+    @classmethod
+    def _server_names(cls, value: dict[str, ServerConfig]) -> dict[str, ServerConfig]:
+        for name in value:
+            if not re.match(r"^[A-Za-z0-9_.-]{1,64}$", name):
+                raise ValueError(f"server name {name!r}: use letters, digits, '_', '.', '-' (at most 64)")
+        return value
+
+    @classmethod
+    def from_toml(cls, path: Path) -> FleetConfig:
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            raise ConfigError(f"LONGCALL_CONFIG names {path}, which does not exist") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise ConfigError(f"{path}: {_explain(exc)}") from exc
+
+
+class Settings(BaseSettings):
+    """The environment. Defaults run a fleet against a local Postgres and Redis."""
+
+    model_config = SettingsConfigDict(env_prefix="LONGCALL_", extra="ignore", frozen=True)
+
+    database_url: str = "postgresql://postgres@127.0.0.1:5432/longcall"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    #: Defaults to ``redis_url``.
+    broker_url: str | None = None
+    #: The TOML file of servers (DESIGN §7).
+    config: Path | None = None
+    #: A prefix for every broker key, to share one Redis between fleets (or test runs).
+    broker_keyprefix: str = ""
+    dispatch_interval_s: PositiveFloat = 0.25
+    outbox_interval_s: PositiveFloat = 1.0
+    reconcile_interval_s: PositiveFloat = 30.0
+    #: The largest arguments body accepted by ``longcall.submit``, in bytes of canonical JSON.
+    max_body_bytes: PositiveInt = 1_048_576
+    lease_s: PositiveFloat = 30.0
+
+    @property
+    def broker(self) -> str:
+        return self.broker_url or self.redis_url
+
+    def fleet(self) -> FleetConfig:
+        return FleetConfig.from_toml(self.config) if self.config is not None else FleetConfig()
+
+
+def load_settings() -> Settings:
+    try:
+        return Settings()
+    except ValidationError as exc:
+        raise ConfigError(f"environment: {_explain(exc, prefix='LONGCALL_')}") from exc
+
+
+def _explain(exc: ValidationError, prefix: str = "") -> str:
+    parts = []
+    for error in exc.errors():
+        location = ".".join(str(p) for p in error["loc"])
+        if prefix:
+            location = prefix + location.upper()
+        message = error["msg"]
+        if error["type"] == "extra_forbidden":
+            message = "unknown key"
+        parts.append(f"{location}: {message}")
+    return "; ".join(parts)

@@ -1,0 +1,166 @@
+"""Rule 1 at the boundary: validate a submission, then record the SUBMITTING row (no remote call here).
+
+Everything a caller sends through ``longcall.submit`` is checked before the ledger is touched; a refusal
+writes nothing and says exactly what was wrong.
+"""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ledger.digests import NotJson, canonical_json, request_digest
+from ledger.repository import NewOperation, Operation, Submission
+from workers import __version__
+from workers.runtime import Runtime
+
+SUBMIT_KWARGS = frozenset(
+    {"call_node_id", "server", "tool", "arguments", "on_terminal", "on_input", "ttl_ms", "wait_budget_s"}
+)
+SIGNATURE_KEYS = frozenset({"task", "args", "kwargs", "options", "subtask_type", "immutable", "chord_size"})
+MAX_TTL_MS = 7 * 24 * 3600 * 1000
+MAX_NAME = 512
+
+
+class InvalidSubmission(ValueError):
+    """The submission was refused at the boundary; nothing was written."""
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitRequest:
+    call_node_id: str
+    server: str
+    tool: str
+    arguments: dict[str, Any]
+    on_terminal: dict[str, Any] | None
+    on_input: dict[str, Any] | None
+    ttl_ms: int | None
+    wait_budget_s: float | None
+
+
+def parse_submit_kwargs(kwargs: Mapping[str, Any]) -> SubmitRequest:
+    unknown = sorted(set(kwargs) - SUBMIT_KWARGS)
+    if unknown:
+        raise InvalidSubmission(
+            f"unknown argument(s) {unknown} to longcall.submit; accepted: {sorted(SUBMIT_KWARGS)}"
+        )
+    missing = sorted(k for k in ("call_node_id", "server", "tool", "arguments") if k not in kwargs)
+    if missing:
+        raise InvalidSubmission(f"longcall.submit needs {missing}")
+    arguments = kwargs["arguments"]
+    if not isinstance(arguments, dict):
+        raise InvalidSubmission(f"arguments must be a JSON object, got {type(arguments).__name__}")
+    return SubmitRequest(
+        call_node_id=_name("call_node_id", kwargs["call_node_id"]),
+        server=_name("server", kwargs["server"]),
+        tool=_name("tool", kwargs["tool"]),
+        arguments=arguments,
+        on_terminal=_signature("on_terminal", kwargs.get("on_terminal")),
+        on_input=_signature("on_input", kwargs.get("on_input")),
+        ttl_ms=_ttl(kwargs.get("ttl_ms")),
+        wait_budget_s=_budget(kwargs.get("wait_budget_s")),
+    )
+
+
+def record_submission(runtime: Runtime, request: SubmitRequest) -> Submission:
+    server = runtime.fleet.servers.get(request.server)
+    if server is None:
+        known = ", ".join(sorted(runtime.fleet.servers)) or "none (set LONGCALL_CONFIG)"
+        raise InvalidSubmission(f"unknown server {request.server!r}; configured servers: {known}")
+    try:
+        body_json = canonical_json(request.arguments)
+    except NotJson as exc:
+        raise InvalidSubmission(f"arguments are not JSON: {exc}") from exc
+    size = len(body_json.encode("utf-8"))
+    if size > runtime.settings.max_body_bytes:
+        raise InvalidSubmission(
+            f"arguments are {size} bytes of JSON; the limit is {runtime.settings.max_body_bytes} "
+            "(LONGCALL_MAX_BODY_BYTES)"
+        )
+    new = NewOperation(
+        call_node_id=request.call_node_id,
+        request_digest=request_digest(server=request.server, tool=request.tool, arguments=request.arguments),
+        server=request.server,
+        protocol=server.protocol,
+        protocol_version=server.protocol_version,
+        adapter_version=f"longcall/{__version__}",
+        tool_name=request.tool,
+        body=request.arguments,
+        on_terminal=request.on_terminal,
+        on_input=request.on_input,
+        ttl_ms=request.ttl_ms if request.ttl_ms is not None else server.default_ttl_ms,
+        wait_budget_s=request.wait_budget_s if request.wait_budget_s is not None else server.wait_budget_s,
+    )
+    return runtime.ledger.record_submission(new)
+
+
+def operation_summary(op: Operation, *, created: bool | None = None) -> dict[str, Any]:
+    summary: dict[str, Any] = {
+        "op_id": str(op.id),
+        "call_node_id": op.call_node_id,
+        "state": op.state.value,
+        "server": op.server,
+        "tool": op.tool_name,
+        "remote_id": op.remote_id,
+        "server_state": op.server_state,
+        "request_digest": op.request_digest,
+    }
+    if created is not None:
+        summary["created"] = created
+    return summary
+
+
+def _name(field: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise InvalidSubmission(f"{field} must be a string, got {type(value).__name__}")
+    if not value.strip():
+        raise InvalidSubmission(f"{field} must not be empty")
+    if len(value) > MAX_NAME:
+        raise InvalidSubmission(f"{field} is {len(value)} characters; at most {MAX_NAME}")
+    if any(unicodedata.category(c) == "Cc" for c in value):
+        raise InvalidSubmission(f"{field} must not contain control characters")
+    return value
+
+
+def _signature(field: str, value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InvalidSubmission(f"{field} must be a Celery signature as a dict (signature.dict()), or None")
+    task = value.get("task")
+    if not isinstance(task, str) or not task:
+        raise InvalidSubmission(f"{field} must name its task: {{'task': 'pipeline.step', ...}}")
+    unknown = sorted(set(value) - SIGNATURE_KEYS)
+    if unknown:
+        raise InvalidSubmission(f"{field} has keys {unknown} that a Celery signature does not have")
+    if not isinstance(value.get("args", []), list | tuple) or not isinstance(value.get("kwargs", {}), dict):
+        raise InvalidSubmission(f"{field}: args must be a list and kwargs an object")
+    try:
+        canonical_json(value)
+    except NotJson as exc:
+        raise InvalidSubmission(f"{field} is not JSON: {exc}") from exc
+    return value
+
+
+def _ttl(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_TTL_MS:
+        raise InvalidSubmission(f"ttl_ms must be a whole number of milliseconds in 1..{MAX_TTL_MS}")
+    return value
+
+
+def _budget(value: Any) -> float | None:
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise InvalidSubmission("wait_budget_s must be a positive number of seconds")
+    return float(value)
