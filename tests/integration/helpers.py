@@ -40,7 +40,7 @@ def submit(ledger: Ledger, call_node_id: str | None = None, **overrides: Any) ->
 
 
 def place(ledger: Ledger, state: OpState, *, terminal: TerminalKind = TerminalKind.COMPLETED) -> Operation:
-    """A fresh operation put straight into ``state`` with the columns that state requires (test setup only)."""
+    """A fresh operation put straight into ``state`` with the columns that state requires (setup only)."""
     op = submit(ledger)
     sets = {"state": state.value}
     if state not in (OpState.SUBMITTING, OpState.NOT_FOUND_SAFE, OpState.SUBMISSION_UNKNOWN):
@@ -83,9 +83,9 @@ def values_for(target: OpState, op: Operation) -> dict[str, Any]:
     return values
 
 
-def evidence_for(op: Operation, kind: TerminalKind, result: Any = None, **overrides: Any) -> TerminalEvidence:
-    if kind is not TerminalKind.CANCELLED and result is None:
-        result = RESULT
+def evidence_for(op: Operation, kind: TerminalKind, **overrides: Any) -> TerminalEvidence:
+    """Evidence that matches ``op``: the test result for completed/failed, none for cancelled."""
+    result = None if kind is TerminalKind.CANCELLED else overrides.get("result", RESULT)
     values: dict[str, Any] = {
         "call_node_id": op.call_node_id,
         "request_digest": op.request_digest,
@@ -94,8 +94,8 @@ def evidence_for(op: Operation, kind: TerminalKind, result: Any = None, **overri
         "execution_epoch": op.execution_epoch,
         "cancel_generation": op.cancel_generation,
         "terminal_state": kind,
-        "result": result if kind is not TerminalKind.CANCELLED else None,
-        "result_digest": digest(result) if kind is not TerminalKind.CANCELLED else None,
+        "result": result,
+        "result_digest": digest(result) if result is not None else None,
     }
     values.update(overrides)
     return TerminalEvidence(**values)
