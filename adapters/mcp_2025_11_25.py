@@ -393,6 +393,14 @@ def input_reply(request: InputRequest, response: Mapping[str, Any]) -> dict[str,
     return {"jsonrpc": "2.0", "id": request.request_id, "result": result}
 
 
+def _first_input(exchange: Exchange, task_id: str) -> InputRequest | None:
+    for message in exchange.server_requests:
+        request = parse_input_request(message, task_id=task_id)
+        if request is not None:
+            return request
+    return None
+
+
 def parse_task_page(result: Mapping[str, Any]) -> TaskPage:
     tasks = result.get("tasks")
     if not isinstance(tasks, list):
@@ -756,14 +764,28 @@ class McpTasksAdapter:
         exchange = self._task_request("tasks/get", remote, idempotent=True)
         status = parse_task(self._result_of("tasks/get", exchange), expected_id=remote.remote_id)
         if status.server_state == "input_required" and read_input:
-            request = self.read_input_request(remote)
+            request = self.read_input_request(remote, json_first=exchange.content_type == "application/json")
             if request is not None:
                 status = replace(status, input_request=request)
         return status
 
-    def read_input_request(self, remote: RemoteRef) -> InputRequest | None:
-        """Open ``tasks/result`` and read until the server's input request for this task arrives; None
-        when none arrives within ``timeouts.input_wait`` (or the task finished meanwhile)."""
+    def read_input_request(self, remote: RemoteRef, *, json_first: bool = False) -> InputRequest | None:
+        """Read the server's pending input request for this task; None when none arrives in time.
+
+        Servers deliver it on the SSE stream of ``tasks/result`` (mcp SDKs) or, answering in JSON mode, on
+        the session's GET stream; both are tried, each for at most ``timeouts.input_wait``, the GET
+        stream first when the server answers in JSON (``json_first``).
+        """
+        readers = [self._input_from_result_stream, self._input_from_get_stream]
+        if json_first:
+            readers.reverse()
+        for reader in readers:
+            request = reader(remote)
+            if request is not None:
+                return request
+        return None
+
+    def _input_from_result_stream(self, remote: RemoteRef) -> InputRequest | None:
         task_id = remote.remote_id
 
         def is_input(message: Message) -> bool:
@@ -777,13 +799,33 @@ class McpTasksAdapter:
             until=is_input,
             patient=True,
         )
-        if isinstance(exchange.response, ErrorResponse) and exchange.response.code == _INVALID_PARAMS:
-            raise rpc_error("tasks/result", exchange.response, server=self.name)
-        for message in exchange.server_requests:
-            request = parse_input_request(message, task_id=task_id)
-            if request is not None:
-                return request
-        return None
+        return _first_input(exchange, task_id)
+
+    def _input_from_get_stream(self, remote: RemoteRef) -> InputRequest | None:
+        if remote.session_ref is None:
+            return None
+        task_id = remote.remote_id
+        session = self._stored_session(remote)
+
+        def is_input(message: Message) -> bool:
+            if not isinstance(message, Request):
+                return False
+            meta = message.params.get("_meta")
+            related = meta.get(RELATED_TASK) if isinstance(meta, Mapping) else None
+            # On the GET stream only an explicit related-task _meta ties a request to this task.
+            return isinstance(related, Mapping) and parse_input_request(message, task_id=task_id) is not None
+
+        try:
+            exchange = self._client.listen(
+                session=session, wait_s=self._config.timeouts.input_wait, until=is_input
+            )
+        except SessionGone as exc:
+            self._session_gone(session)
+            raise NotFound(
+                f"server {self.name!r}: GET stream for {task_id}: session {remote.session_ref} is gone",
+                session_gone=True,
+            ) from exc
+        return _first_input(exchange, task_id)
 
     def result(self, remote: RemoteRef, *, status: RemoteStatus | None = None) -> RemoteResult:
         """Fetch the final result of a terminal task (``tasks/result``), verified to be this task's.
@@ -807,7 +849,8 @@ class McpTasksAdapter:
         exchange = self._task_request("tasks/result", remote, idempotent=True)
         response = exchange.response
         if isinstance(response, ErrorResponse):
-            if response.code == _INVALID_PARAMS:
+            # A cancelled task has no defined result: servers answer an empty result, -32603 or -32602.
+            if response.code == _INVALID_PARAMS and status.terminal != "cancelled":
                 raise rpc_error("tasks/result", response, server=self.name)
             return result_from_error(response, server_state=status.server_state)
         if not isinstance(response, Response):
@@ -818,7 +861,8 @@ class McpTasksAdapter:
         )
 
     def cancel(self, remote: RemoteRef) -> CancelOutcome:
-        """Ask the server to cancel (``tasks/cancel``).
+        """Ask the server to cancel (``tasks/cancel``), after one ``tasks/get`` that skips the request when
+        the task is terminal already.
 
         A success answer is the evidence of the cancelled terminal state. ``-32602`` means already
         terminal (or gone): the outcome says so and the caller reads the state with ``get``.
@@ -828,6 +872,10 @@ class McpTasksAdapter:
             NotFound: the session is gone. Rejected: the server does not implement tasks/cancel.
             Transient, RateLimited, ProtocolViolation.
         """
+        observed = self.get(remote, read_input=False)
+        if observed.terminal is not None:
+            # Already terminal: never send a cancel a lenient server might answer with "cancelled".
+            return CancelOutcome(kind="already_terminal", status=observed, message=observed.status_message)
         exchange = self._task_request("tasks/cancel", remote, idempotent=False)
         response = exchange.response
         if isinstance(response, ErrorResponse) and response.code == _INVALID_PARAMS:

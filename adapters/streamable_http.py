@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -73,6 +73,7 @@ class Exchange:
     notifications: tuple[Notification, ...] = ()
     session_id: str | None = None
     waited_out: bool = False
+    content_type: str = ""
 
 
 class SessionGone(NotFound):
@@ -239,6 +240,49 @@ class StreamableHttpClient:
         except httpx.HTTPError as exc:
             raise map_transport_error(exc, idempotent=False, method=what) from exc
 
+    def listen(self, *, session: Session, wait_s: float, until: Callable[[Message], bool]) -> Exchange:
+        """Open the session's GET stream and read server messages until ``until`` matches or ``wait_s``
+        runs out. A server without that stream (405) or with it held elsewhere (409) gives nothing.
+
+        Raises:
+            SessionGone, Transient, RateLimited, Rejected, ProtocolViolation.
+        """
+        headers = request_headers(session, bearer_token=self._token)
+        headers["Accept"] = "text/event-stream"
+        del headers["Content-Type"]
+        deadline = _Deadline(wait_s)
+        try:
+            with self._http.stream(
+                "GET", self._url, headers=headers, timeout=self._timeout(wait_s)
+            ) as answer:
+                status = answer.status_code
+                if status in (405, 409):
+                    return Exchange(response=None, waited_out=True)
+                if status == 404 and session.session_id is not None:
+                    raise SessionGone(f"GET stream: session {session.session_id} not found (HTTP 404)")
+                if status != 200:
+                    body = self._read_bounded(answer, _ERROR_BODY_LIMIT, None)
+                    raise classify_http_status(status, headers=answer.headers, body=body, idempotent=True)
+                content_type = answer.headers.get("content-type", "").split(";")[0].strip().lower()
+                if content_type != "text/event-stream":
+                    raise ProtocolViolation(f"GET stream: unexpected content type {content_type!r}")
+                return self._read_stream(
+                    answer,
+                    request_id=None,
+                    method="GET stream",
+                    session_header=answer.headers.get("mcp-session-id"),
+                    idempotent=True,
+                    deadline=deadline,
+                    until=until,
+                    patient=True,
+                )
+        except (httpx.ReadTimeout, _ReadBudgetExceeded):
+            return Exchange(response=None, waited_out=True)
+        except httpx.HTTPError as exc:
+            raise map_transport_error(exc, idempotent=True, method="GET stream") from exc
+        except UnicodeDecodeError as exc:
+            raise ProtocolViolation("GET stream is not UTF-8") from exc
+
     def _read_bounded(self, answer: httpx.Response, limit: int, deadline: _Deadline | None) -> bytes:
         chunks: list[bytes] = []
         size = 0
@@ -279,7 +323,8 @@ class StreamableHttpClient:
         if content_type == "application/json":
             body = self._read_bounded(answer, self._limits.max_body_bytes, deadline)
             messages = parse_messages(decode_json(body))
-            return self._collect(messages, request_id, method, session_header, from_stream=False)
+            exchange = self._collect(messages, request_id, method, session_header, from_stream=False)
+            return replace(exchange, content_type=content_type)
         if content_type == "text/event-stream":
             return self._read_stream(
                 answer,
@@ -294,13 +339,15 @@ class StreamableHttpClient:
         raise ProtocolViolation(f"{method}: unexpected content type {content_type!r}")
 
     @staticmethod
-    def _is_ours(message: Message, request_id: str) -> bool:
+    def _is_ours(message: Message, request_id: str | None) -> bool:
+        if request_id is None:
+            return False
         return isinstance(message, Response | ErrorResponse) and message.id in (request_id, None)
 
     def _collect(
         self,
         messages: list[Message],
-        request_id: str,
+        request_id: str | None,
         method: str,
         session_header: str | None,
         *,
@@ -325,13 +372,14 @@ class StreamableHttpClient:
             server_requests=tuple(requests),
             notifications=tuple(notifications),
             session_id=session_header,
+            content_type="" if not from_stream else "text/event-stream",
         )
 
     def _read_stream(
         self,
         answer: httpx.Response,
         *,
-        request_id: str,
+        request_id: str | None,
         method: str,
         session_header: str | None,
         idempotent: bool,
@@ -359,13 +407,7 @@ class StreamableHttpClient:
         messages.extend(parse_message(decode_json(e.data)) for e in decoder.close() if e.data.strip())
         exchange = self._collect(messages, request_id, method, session_header, from_stream=True)
         if exchange.response is not None or patient:
-            return Exchange(
-                response=exchange.response,
-                server_requests=exchange.server_requests,
-                notifications=exchange.notifications,
-                session_id=session_header,
-                waited_out=exchange.response is None,
-            )
+            return replace(exchange, waited_out=exchange.response is None)
         text = f"{method}: event stream ended without a response"
         if idempotent:
             raise Transient(text)

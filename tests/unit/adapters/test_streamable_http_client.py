@@ -1,0 +1,264 @@
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from adapters import Limits, Timeouts
+from adapters.errors import NotFound, OutcomeUnknown, ProtocolViolation, RateLimited, Rejected, Transient
+from adapters.jsonrpc import Message, Request, Response
+from adapters.streamable_http import (
+    ACCEPT,
+    Session,
+    SessionGone,
+    StreamableHttpClient,
+    map_transport_error,
+)
+from tests.unit.adapters.mcp_fakes import URL, ChunkedStream, error_message, result_message, sse_body
+
+SESSION = Session(session_id="abc", protocol_version="2025-11-25")
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+def client(
+    handler: Handler, *, limits: Limits | None = None, token: str | None = None
+) -> StreamableHttpClient:
+    return StreamableHttpClient(
+        httpx.Client(transport=httpx.MockTransport(handler)),
+        URL,
+        bearer_token=token,
+        timeouts=Timeouts(read=2.0),
+        limits=limits or Limits(),
+        new_id=lambda: "req-1",
+    )
+
+
+def sse(messages: list[dict[str, object]], **headers: str) -> httpx.Response:
+    return httpx.Response(
+        200, content=sse_body(messages), headers={"content-type": "text/event-stream", **headers}
+    )
+
+
+def test_every_post_carries_accept_version_session_and_token() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json=result_message("req-1", {}))
+
+    client(handler, token="s3cret").request("ping", {}, session=SESSION, idempotent=True)
+    headers = seen[0].headers
+    assert headers["accept"] == ACCEPT == "application/json, text/event-stream"
+    assert headers["mcp-protocol-version"] == "2025-11-25"
+    assert headers["mcp-session-id"] == "abc"
+    assert headers["authorization"] == "Bearer s3cret"
+    assert json.loads(seen[0].content) == {"jsonrpc": "2.0", "id": "req-1", "method": "ping", "params": {}}
+
+
+def test_a_stateless_session_sends_no_session_header() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json=result_message("req-1", {}))
+
+    client(handler).request("ping", {}, session=Session(None, "2025-11-25"), idempotent=True)
+    assert "mcp-session-id" not in seen[0].headers
+
+
+def test_json_answer_returns_the_response_and_the_session_header() -> None:
+    answer = client(
+        lambda _: httpx.Response(
+            200, json=result_message("req-1", {"ok": 1}), headers={"mcp-session-id": "new"}
+        )
+    ).request("initialize", {}, session=None, idempotent=True)
+    assert answer.response == Response(id="req-1", result={"ok": 1})
+    assert answer.session_id == "new"
+
+
+def test_sse_answer_is_matched_by_id_among_interleaved_requests_and_notifications() -> None:
+    messages = [
+        {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progress": 1}},
+        {"jsonrpc": "2.0", "id": "srv-1", "method": "elicitation/create", "params": {"message": "ok?"}},
+        result_message("req-1", {"done": True}),
+        {"jsonrpc": "2.0", "method": "notifications/after", "params": {}},
+    ]
+    answer = client(lambda _: sse(messages)).request("tasks/result", {}, session=SESSION, idempotent=True)
+    assert answer.response == Response(id="req-1", result={"done": True})
+    assert [r.id for r in answer.server_requests] == ["srv-1"]
+    assert [n.method for n in answer.notifications] == ["notifications/progress"]
+
+
+def test_sse_events_without_data_and_priming_events_are_skipped() -> None:
+    body = b"id: 1\r\ndata:\r\n\r\n: comment\r\n\r\nevent: message\r\nretry: 100\r\n\r\n" + sse_body(
+        [result_message("req-1", {})]
+    )
+    answer = client(
+        lambda _: httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
+    ).request("tasks/get", {}, session=SESSION, idempotent=True)
+    assert answer.response == Response(id="req-1", result={})
+
+
+def test_until_stops_reading_at_the_awaited_server_request() -> None:
+    messages = [{"jsonrpc": "2.0", "id": "srv-1", "method": "elicitation/create", "params": {}}]
+
+    def fail_after(_: httpx.Request) -> httpx.Response:
+        # The stream would fail if read past the request: stopping early must not read on.
+        stream = ChunkedStream([sse_body(messages)], fail=httpx.ReadTimeout("blocked"))
+        return httpx.Response(200, stream=stream, headers={"content-type": "text/event-stream"})
+
+    def is_request(message: Message) -> bool:
+        return isinstance(message, Request)
+
+    answer = client(fail_after).request(
+        "tasks/result", {}, session=SESSION, idempotent=True, until=is_request
+    )
+    assert answer.response is None
+    assert [r.method for r in answer.server_requests] == ["elicitation/create"]
+
+
+def test_patient_read_that_times_out_returns_waited_out() -> None:
+    def blocked(_: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            200,
+            stream=ChunkedStream([], fail=httpx.ReadTimeout("no bytes")),
+            headers={"content-type": "text/event-stream"},
+        )
+
+    answer = client(blocked).request("tasks/result", {}, session=SESSION, idempotent=True, patient=True)
+    assert answer.waited_out
+    assert answer.response is None
+
+
+def test_a_response_for_another_id_is_a_protocol_violation() -> None:
+    with pytest.raises(ProtocolViolation, match="another request id"):
+        client(lambda _: httpx.Response(200, json=result_message("other", {}))).request(
+            "tasks/get", {}, session=SESSION, idempotent=True
+        )
+
+
+def test_an_unknown_content_type_is_a_protocol_violation() -> None:
+    with pytest.raises(ProtocolViolation, match="content type"):
+        client(lambda _: httpx.Response(200, text="<html>")).request(
+            "tasks/get", {}, session=SESSION, idempotent=True
+        )
+
+
+@pytest.mark.parametrize("mode", ["json", "sse"])
+def test_an_oversized_answer_is_a_protocol_violation(mode: str) -> None:
+    big = result_message("req-1", {"blob": "x" * 5000})
+
+    def handler(_: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json=big) if mode == "json" else sse([big])
+
+    with pytest.raises(ProtocolViolation, match="larger than 1024 bytes"):
+        client(handler, limits=Limits(max_body_bytes=1024)).request(
+            "tasks/get", {}, session=SESSION, idempotent=True
+        )
+
+
+@pytest.mark.parametrize(("idempotent", "error"), [(True, Transient), (False, OutcomeUnknown)])
+def test_a_stream_that_ends_without_the_response(idempotent: bool, error: type[Exception]) -> None:
+    with pytest.raises(error, match="ended without a response"):
+        client(lambda _: sse([{"jsonrpc": "2.0", "method": "n", "params": {}}])).request(
+            "tools/call", {}, session=SESSION, idempotent=idempotent
+        )
+
+
+@pytest.mark.parametrize(("idempotent", "error"), [(True, Transient), (False, OutcomeUnknown)])
+def test_a_202_to_a_request_means_accepted_and_nothing_more(idempotent: bool, error: type[Exception]) -> None:
+    with pytest.raises(error, match="accepted without an answer"):
+        client(lambda _: httpx.Response(202)).request(
+            "tools/call", {}, session=SESSION, idempotent=idempotent
+        )
+
+
+def test_404_on_a_session_is_session_gone() -> None:
+    body = {"jsonrpc": "2.0", "id": "server-error", "error": {"code": -32600, "message": "Session not found"}}
+    with pytest.raises(SessionGone) as caught:
+        client(lambda _: httpx.Response(404, json=body)).request(
+            "tasks/get", {}, session=SESSION, idempotent=True
+        )
+    assert isinstance(caught.value, NotFound)
+    assert caught.value.session_gone
+
+
+def test_404_without_a_session_is_a_rejection_of_the_endpoint() -> None:
+    with pytest.raises(Rejected):
+        client(lambda _: httpx.Response(404)).request("initialize", {}, session=None, idempotent=True)
+
+
+def test_429_with_retry_after_is_rate_limited() -> None:
+    with pytest.raises(RateLimited) as caught:
+        client(lambda _: httpx.Response(429, headers={"retry-after": "3"})).request(
+            "tasks/get", {}, session=SESSION, idempotent=True
+        )
+    assert caught.value.retry_after == 3.0
+
+
+def test_post_message_accepts_202_and_maps_404_to_session_gone() -> None:
+    client(lambda _: httpx.Response(202)).post_message(
+        {"jsonrpc": "2.0", "method": "n"}, session=SESSION, what="n"
+    )
+    with pytest.raises(SessionGone):
+        client(lambda _: httpx.Response(404)).post_message(
+            {"jsonrpc": "2.0", "method": "n"}, session=SESSION, what="n"
+        )
+
+
+def raising(exc: Exception) -> Handler:
+    def handler(_: httpx.Request) -> httpx.Response:
+        raise exc
+
+    return handler
+
+
+@pytest.mark.parametrize(
+    ("exc", "idempotent", "expected"),
+    [
+        (httpx.ConnectError("refused"), False, Transient),
+        (httpx.ConnectTimeout("slow"), False, Transient),
+        (httpx.PoolTimeout("busy"), False, Transient),
+        (httpx.ReadTimeout("slow"), True, Transient),
+        (httpx.ReadTimeout("slow"), False, OutcomeUnknown),
+        (httpx.WriteTimeout("slow"), False, OutcomeUnknown),
+        (httpx.RemoteProtocolError("peer closed"), False, OutcomeUnknown),
+        (httpx.ReadError("reset"), True, Transient),
+        (httpx.UnsupportedProtocol("ftp"), True, Rejected),
+        (httpx.DecodingError("gzip"), True, ProtocolViolation),
+    ],
+)
+def test_httpx_exceptions_are_mapped_at_the_edge_with_their_cause(
+    exc: Exception, idempotent: bool, expected: type[Exception]
+) -> None:
+    with pytest.raises(expected) as caught:
+        client(raising(exc)).request("tools/call", {}, session=SESSION, idempotent=idempotent)
+    assert type(caught.value) is expected
+    assert caught.value.__cause__ is exc
+
+
+def test_connection_dropped_mid_stream_on_a_create_is_outcome_unknown() -> None:
+    def dropped(_: httpx.Request) -> httpx.Response:
+        stream = ChunkedStream(
+            [b'event: message\r\ndata: {"jsonrpc"'], fail=httpx.RemoteProtocolError("dropped")
+        )
+        return httpx.Response(200, stream=stream, headers={"content-type": "text/event-stream"})
+
+    with pytest.raises(OutcomeUnknown) as caught:
+        client(dropped).request("tools/call", {}, session=SESSION, idempotent=False)
+    assert isinstance(caught.value.__cause__, httpx.RemoteProtocolError)
+
+
+def test_map_transport_error_names_the_method() -> None:
+    error = map_transport_error(httpx.ReadTimeout("slow"), idempotent=False, method="tools/call")
+    assert "tools/call" in str(error)
+
+
+def test_error_responses_in_a_stream_are_returned_for_the_caller_to_classify() -> None:
+    answer = client(lambda _: sse([error_message("req-1", -32602, "Task not found: x")])).request(
+        "tasks/get", {}, session=SESSION, idempotent=True
+    )
+    assert answer.response is not None
+    assert not isinstance(answer.response, Response)
