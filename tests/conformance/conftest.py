@@ -59,9 +59,14 @@ QUIRKS: dict[str, str] = {
     "raised_result_is_empty": "tasks/result of a task whose tool raised is an empty result, not the error",
     "result_of_cancelled_is_empty": "tasks/result of a cancelled task is an empty result with the _meta",
     "result_of_cancelled_is_-32603": "tasks/result of a cancelled task is JSON-RPC error -32603",
-    "cancel_completed_succeeds": "tasks/cancel on a completed task answers cancelled instead of -32602",
+    "result_does_not_block": "tasks/result on a non-terminal task answers -32602 'Task not completed yet'",
+    "result_meta_missing_on_error": "tasks/result of an isError result lacks the related-task _meta",
+    "cancel_completed_succeeds": "tasks/cancel of a completed task answers cancelled (get: still completed)",
+    "wrong_task_mode_is_tool_error": "a wrong task mode (forbidden + task, required without) is isError",
+    "forbidden_with_task_is_-32602": "a task-augmented call of a forbidden tool is -32602, not -32601",
     "list_always_empty": "tasks/list is declared but always answers an empty list",
     "elicitation_hangs_in_json": "input_required never reaches a JSON-response client: tasks/result hangs",
+    "elicitation_not_on_result_stream": "a task's elicitation goes to the GET stream, not to tasks/result",
     "task_param_ignored": "no tasks capability: a task-augmented tools/call runs synchronously",
     "error_messages_prefixed": "JSON-RPC error messages start with 'MCP error <code>: '",
 }
@@ -156,13 +161,32 @@ PEERS: tuple[PeerSpec, ...] = (
         "sdk-ts-1.32",
         "sdk-ts-1.32",
         _ts_peer,
-        quirks=frozenset({"result_of_cancelled_is_-32603", "error_messages_prefixed"}),
+        quirks=frozenset(
+            {
+                "result_of_cancelled_is_-32603",
+                "error_messages_prefixed",
+                "wrong_task_mode_is_tool_error",
+                "forbidden_with_task_is_-32602",
+            }
+        ),
     ),
     PeerSpec(
         "fastmcp-3.4",
         "fastmcp-3.4",
         _python_peer("fastmcp-3.4", "fastmcp_tasks.py"),
-        quirks=frozenset({"cancel_completed_succeeds"}),
+        elicitation=False,
+        listing=False,
+        quirks=frozenset(
+            {
+                "cancel_completed_succeeds",
+                "result_does_not_block",
+                "result_meta_missing_on_error",
+                "is_error_is_completed",
+                "wrong_task_mode_is_tool_error",
+                "list_always_empty",
+                "elicitation_not_on_result_stream",
+            }
+        ),
     ),
     PeerSpec("longcall-stateful", None, _longcall(), control=True),
     PeerSpec(
