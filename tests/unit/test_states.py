@@ -1,0 +1,75 @@
+"""The pure state table: its shape, and that the database constraint is derived from it."""
+
+from __future__ import annotations
+
+from ledger import models
+from ledger.states import (
+    ACCEPT_FROM,
+    ACCEPT_TO,
+    EDGES,
+    EXTENSION_EDGES,
+    FINAL_STATES,
+    SEED_EDGES,
+    OpState,
+    mermaid,
+    successors,
+)
+
+S = OpState
+
+
+def test_the_seed_graph_of_the_design() -> None:
+    assert set(SEED_EDGES) == {
+        (S.SUBMITTING, S.WORKING),
+        (S.WORKING, S.INPUT_REQUIRED),
+        (S.INPUT_REQUIRED, S.WORKING),
+        (S.SUBMITTING, S.SUBMISSION_UNKNOWN),
+        (S.SUBMISSION_UNKNOWN, S.WORKING),
+        (S.SUBMISSION_UNKNOWN, S.NOT_FOUND_SAFE),
+        (S.WORKING, S.CANCEL_REQUESTED),
+        (S.INPUT_REQUIRED, S.CANCEL_REQUESTED),
+        (S.WORKING, S.TERMINAL_OBSERVED),
+        (S.INPUT_REQUIRED, S.TERMINAL_OBSERVED),
+        (S.TERMINAL_OBSERVED, S.FETCHING_RESULT),
+        (S.FETCHING_RESULT, S.ACCEPTED),
+        (S.CANCEL_REQUESTED, S.CANCELLED_ACCEPTED),
+        (S.CANCEL_REQUESTED, S.TERMINAL_OBSERVED),
+    }
+
+
+def test_every_extension_has_a_reason_and_is_not_a_seed_edge() -> None:
+    assert not set(EXTENSION_EDGES) & set(SEED_EDGES)
+    assert all(len(reason) > 20 for reason in EXTENSION_EDGES.values())
+    assert (S.NOT_FOUND_SAFE, S.SUBMITTING) in EXTENSION_EDGES  # resubmission only from NOT_FOUND_SAFE
+    assert [s for s, t in EDGES if t is S.SUBMITTING] == [S.NOT_FOUND_SAFE]
+
+
+def test_final_states_have_no_way_out_and_every_state_reaches_one() -> None:
+    assert {S.ACCEPTED, S.CANCELLED_ACCEPTED} == FINAL_STATES
+    assert all(not successors(final) for final in FINAL_STATES)
+    for state in OpState:
+        seen, frontier = {state}, [state]
+        while frontier:
+            for nxt in successors(frontier.pop()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    frontier.append(nxt)
+        assert seen & FINAL_STATES, f"{state} can never finish"
+
+
+def test_acceptance_edges_are_edges() -> None:
+    for kind, sources in ACCEPT_FROM.items():
+        assert all((source, ACCEPT_TO[kind]) in EDGES for source in sources)
+
+
+def test_the_state_check_is_generated_from_the_table() -> None:
+    table = models.ToolOperation.__table__
+    [check] = [c for c in table.constraints if str(getattr(c, "name", "")).endswith("_state_known")]
+    listed = str(check.sqltext)  # type: ignore[attr-defined]
+    assert all(f"'{state}'" in listed for state in OpState)
+    assert listed.count("'") == 2 * len(OpState)
+
+
+def test_the_diagram_shows_every_edge() -> None:
+    diagram = mermaid()
+    assert all(f"{s} --> {t}" in diagram for s, t in EDGES)
