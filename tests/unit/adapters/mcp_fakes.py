@@ -133,6 +133,16 @@ class FakeMcpServer:
         )
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.method != "POST":
+            self.requests.append(request)
+            self.bodies.append({"http": request.method})
+            queue = self.handlers.get(f"<{request.method.lower()}>")
+            if not queue:
+                return httpx.Response(405)
+            reply = queue[0] if len(queue) == 1 else queue.popleft()
+            produced = reply({}, request)
+            assert isinstance(produced, httpx.Response)
+            return produced
         body: Json = json.loads(request.content)
         self.requests.append(request)
         self.bodies.append(body)
