@@ -764,7 +764,13 @@ class McpTasksAdapter:
         exchange = self._task_request("tasks/get", remote, idempotent=True)
         status = parse_task(self._result_of("tasks/get", exchange), expected_id=remote.remote_id)
         if status.server_state == "input_required" and read_input:
-            request = self.read_input_request(remote, json_first=exchange.content_type == "application/json")
+            try:
+                request = self.read_input_request(
+                    remote, json_first=exchange.content_type == "application/json"
+                )
+            except Transient:
+                # The status itself was read; the input request is read again on the next poll.
+                request = None
             if request is not None:
                 status = replace(status, input_request=request)
         return status
@@ -850,7 +856,13 @@ class McpTasksAdapter:
         response = exchange.response
         if isinstance(response, ErrorResponse):
             # A cancelled task has no defined result: servers answer an empty result, -32603 or -32602.
-            if response.code == _INVALID_PARAMS and status.terminal != "cancelled":
+            # For a failed task, -32602 may be the call's own invalid-params error rather than "task
+            # unknown": the task still being there tells them apart.
+            if (
+                response.code == _INVALID_PARAMS
+                and status.terminal != "cancelled"
+                and (status.terminal != "failed" or not self._still_there(remote))
+            ):
                 raise rpc_error("tasks/result", response, server=self.name)
             return result_from_error(response, server_state=status.server_state)
         if not isinstance(response, Response):
@@ -859,6 +871,13 @@ class McpTasksAdapter:
         return result_from_payload(
             payload, server_state=status.server_state, status_message=status.status_message
         )
+
+    def _still_there(self, remote: RemoteRef) -> bool:
+        try:
+            self.get(remote, read_input=False)
+        except NotFound:
+            return False
+        return True
 
     def cancel(self, remote: RemoteRef) -> CancelOutcome:
         """Ask the server to cancel (``tasks/cancel``), after one ``tasks/get`` that skips the request when

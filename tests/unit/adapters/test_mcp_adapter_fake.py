@@ -533,3 +533,35 @@ def test_a_reference_of_another_protocol_is_refused() -> None:
     ref = RemoteRef(remote_id="operations/1", session_ref=None, protocol_version="v1", protocol="aip151")
     with pytest.raises(ValueError, match="aip151"):
         make_adapter(FakeMcpServer()).get(ref)
+
+
+def test_minus_32602_from_the_result_of_a_failed_task_still_there_is_the_calls_own_error() -> None:
+    server = FakeMcpServer()
+    server.on_result("tasks/get", task("failed", statusMessage="Invalid params: bad key"))
+    server.on_error("tasks/result", -32602, "Invalid params: bad key")
+    result = make_adapter(server).result(REF)
+    assert result.outcome == "failed"
+    assert result.error is not None
+    assert result.error.code == -32602
+    assert [b.get("method") for b in server.bodies] == ["tasks/get", "tasks/result", "tasks/get"]
+
+
+def test_minus_32602_from_the_result_of_a_failed_task_that_is_gone_is_not_found() -> None:
+    server = FakeMcpServer()
+    server.on(
+        "tasks/get",
+        lambda body, _r: result_message(body["id"], task("failed")),
+        lambda body, _r: error_message(body["id"], -32602, "Task not found"),
+    )
+    server.on_error("tasks/result", -32602, "Task not found")
+    with pytest.raises(NotFound):
+        make_adapter(server).result(REF)
+
+
+def test_a_failed_input_read_still_returns_the_status() -> None:
+    server = FakeMcpServer()
+    server.on_result("tasks/get", task("input_required", ASK_TASK))
+    server.on("tasks/result", lambda _b, _r: httpx.Response(503, headers={"Retry-After": "1"}))
+    status = make_adapter(server).get(ASK_REF)
+    assert status.server_state == "input_required"
+    assert status.input_request is None
