@@ -1,0 +1,44 @@
+"""An existing pipeline's Celery app. It imports nothing of longcall: it reaches it by task name only.
+
+Its one task records each call it receives (task id and keyword arguments) in a Redis list, so a test can
+count deliveries.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import redis
+from celery import Celery
+
+
+def make_app(broker_url: str, keyprefix: str, sink: str) -> Celery:
+    app = Celery("pipeline", broker=broker_url, backend=broker_url, set_as_current=False)
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        broker_transport_options={"global_keyprefix": keyprefix},
+        result_backend_transport_options={"global_keyprefix": keyprefix},
+        task_acks_late=True,
+        worker_prefetch_multiplier=1,
+        task_default_queue="pipeline",
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+    )
+
+    @app.task(name="pipeline.record", bind=True)  # type: ignore[untyped-decorator]
+    def record(self: Any, **kwargs: Any) -> None:
+        client = redis.Redis.from_url(broker_url)
+        client.rpush(sink, json.dumps({"task_id": self.request.id, "kwargs": kwargs}))
+        client.close()
+
+    return app
+
+
+if "PIPELINE_BROKER_URL" in os.environ:
+    app = make_app(
+        os.environ["PIPELINE_BROKER_URL"], os.environ["PIPELINE_KEYPREFIX"], os.environ["PIPELINE_SINK"]
+    )
