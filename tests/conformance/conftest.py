@@ -67,6 +67,8 @@ QUIRKS: dict[str, str] = {
     "list_always_empty": "tasks/list is declared but always answers an empty list",
     "elicitation_hangs_in_json": "input_required never reaches a JSON-response client: tasks/result hangs",
     "elicitation_not_on_result_stream": "a task's elicitation goes to the GET stream, not to tasks/result",
+    "input_required_not_in_status": "tasks/get never shows input_required (only status notifications do)",
+    "elicitation_lacks_related_task": "the task's elicitation/create carries no related-task _meta",
     "task_param_ignored": "no tasks capability: a task-augmented tools/call runs synchronously",
     "error_messages_prefixed": "JSON-RPC error messages start with 'MCP error <code>: '",
 }
@@ -185,6 +187,8 @@ PEERS: tuple[PeerSpec, ...] = (
                 "wrong_task_mode_is_tool_error",
                 "list_always_empty",
                 "elicitation_not_on_result_stream",
+                "input_required_not_in_status",
+                "elicitation_lacks_related_task",
             }
         ),
     ),

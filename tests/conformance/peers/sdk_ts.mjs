@@ -93,7 +93,7 @@ function buildServer() {
             await finish(store, task.taskId, text(`report ready after ${formatSeconds(seconds)}s`, fail));
           }
         })();
-        return { task };
+        return { task: { ...task } }; // the store hands out its live object
       },
       getTask: readTask,
       getTaskResult: readResult,
@@ -134,7 +134,7 @@ function buildServer() {
           const approved = answer.action === 'accept' && answer.content?.approved === true;
           await finish(store, task.taskId, text(approved ? 'approved' : 'declined'));
         })();
-        return { task };
+        return { task: { ...task } }; // the store hands out its live object
       },
       getTask: readTask,
       getTaskResult: readResult,
