@@ -113,10 +113,30 @@ def start_celery(
     ready_marker: str | None,
     timeout: float = 60.0,
 ) -> CeleryProcess:
+    return start_celery_like(
+        [sys.executable, "-m", "celery", *args],
+        env=env,
+        log_dir=log_dir,
+        name=name,
+        ready_marker=ready_marker,
+        timeout=timeout,
+    )
+
+
+def start_celery_like(
+    argv: list[str],
+    *,
+    env: Mapping[str, str],
+    log_dir: Path,
+    name: str,
+    ready_marker: str | None = None,
+    timeout: float = 60.0,
+) -> CeleryProcess:
+    """Start any command of the fleet (celery, longcall, python -m ...) in its own process group."""
     log_path = log_dir / f"{name}.log"
     handle = log_path.open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", *args],
+        argv,
         cwd=REPO,
         env=celery_env(env),
         stdout=handle,

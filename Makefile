@@ -1,0 +1,46 @@
+# One entry point for everything a developer (and CI) runs.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+
+.PHONY: test install services peers lint typecheck unit integration conformance bench fleet clean
+
+## test: everything CI runs: services, install, peers, lint, types, the whole test suite
+test: services install peers lint typecheck
+	$(BIN)/pytest
+
+install: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,demo]'
+	touch $@
+
+services:
+	scripts/ensure-services
+
+peers:
+	scripts/install-peers
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: install
+	$(BIN)/mypy
+
+unit: install
+	$(BIN)/pytest tests/unit
+
+integration: services install
+	$(BIN)/pytest tests/integration
+
+conformance: services install peers
+	$(BIN)/pytest tests/conformance -v
+
+## fleet: a worker and beat on the local Postgres and Redis (see README)
+fleet: services install
+	$(BIN)/longcall migrate
+	$(BIN)/celery -A workers.app worker -Q longcall.control,longcall.poll,longcall.outbox -c 2 -B --loglevel INFO
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
