@@ -497,12 +497,11 @@ class DemoMcpServer:
         if task.terminal:  # cancelled meanwhile: it stays cancelled
             return
         task.result = result
+        task.purge_after_s = self.faults.expire_after_s()
         if result.get("isError"):
             texts = [item.get("text") for item in result.get("content", []) if isinstance(item, dict)]
-            task.purge_after_s = self.faults.expire_after_s()
             task.set_status("failed", next((text for text in texts if isinstance(text, str)), "tool error"))
         else:
-            task.purge_after_s = self.faults.expire_after_s()
             task.set_status("completed", task.status_message)
 
     def _fail(self, task: Task, error: dict[str, Any]) -> None:

@@ -103,11 +103,6 @@ class Task:
         event.set()
         self.on_change(self)
 
-    def input_changed(self) -> None:
-        """Wake the waiters after a pending input was added (the status change already did, usually)."""
-        event, self._changed = self._changed, asyncio.Event()
-        event.set()
-
     def expired(self, now: float) -> bool:
         """Only terminal tasks are purged: at createdAt + ttl, or earlier when `purge_after_s` says so."""
         if self.terminal_mono is None:

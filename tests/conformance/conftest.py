@@ -10,6 +10,7 @@ interpreter and exposes fault switches at ``McpPeer.control_url``; `reset_faults
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -212,14 +213,17 @@ PEERS: tuple[PeerSpec, ...] = (
 PEERS_BY_NAME = {spec.name: spec for spec in PEERS}
 
 
-def _check_runtime(spec: PeerSpec) -> None:
-    if spec.runtime is None:
-        return
-    marker = peers_dir() / spec.runtime / ".installed"
-    if not marker.is_file():
+def _check_runtime(spec: PeerSpec, argv: list[str]) -> None:
+    """Fail (never skip) when a peer cannot run here, naming the script that installs it."""
+    missing = None
+    if spec.runtime is not None and not (peers_dir() / spec.runtime / ".installed").is_file():
+        missing = f"runtime {peers_dir() / spec.runtime} is not installed"
+    elif shutil.which(argv[0]) is None:
+        missing = f"{argv[0]} is not available"
+    if missing is not None:
         pytest.fail(
-            f"peer {spec.name}: runtime {marker.parent} is not installed; run scripts/install-peers "
-            "(set LONGCALL_PEERS_DIR if the peers live elsewhere)",
+            f"peer {spec.name}: {missing}; run scripts/install-peers "
+            "(and set LONGCALL_PEERS_DIR if the peers live elsewhere)",
             pytrace=False,
         )
 
@@ -263,13 +267,12 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 def start_peer(spec: PeerSpec, log_dir: Path) -> Iterator[McpPeer]:
     """Run one peer until the generator is closed."""
-    _check_runtime(spec)
     port = _free_port()
+    argv = spec.argv(port)
+    _check_runtime(spec, argv)
     stderr_path = log_dir / f"{spec.name}.stderr"
     with stderr_path.open("wb") as stderr:
-        process = subprocess.Popen(
-            spec.argv(port), cwd=REPO, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr
-        )
+        process = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr)
     try:
         _wait_until_listening(process, port, stderr_path, spec.name)
         yield McpPeer(
