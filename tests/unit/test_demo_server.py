@@ -1,7 +1,7 @@
 """longcall's demo MCP server (demo_server.mcp): the spec points it is faithful on and every fault switch.
 
-One real server process on loopback for the module (stateful, SSE, tasks/list pages of 2); faults and the
-request log are reset before each test.
+Real server processes on loopback, one per mode for the module (stateful SSE with tasks/list pages of 2,
+JSON answers, stateless); faults and the request log are reset before each test of the stateful one.
 """
 
 from __future__ import annotations
@@ -23,15 +23,19 @@ PROTOCOL = "2025-11-25"
 WAIT_S = 10.0
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[McpPeer]:
+def _start(tmp_path_factory: pytest.TempPathFactory, name: str, *flags: str) -> Iterator[McpPeer]:
     spec = PeerSpec(
-        "demo-unit",
+        name,
         None,
-        lambda port: [sys.executable, "-m", "demo_server.mcp", "--port", str(port), "--page-size", "2"],
+        lambda port: [sys.executable, "-m", "demo_server.mcp", "--port", str(port), *flags],
         control=True,
     )
-    yield from start_peer(spec, Path(tmp_path_factory.mktemp("demo-unit")))
+    yield from start_peer(spec, Path(tmp_path_factory.mktemp(name)))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[McpPeer]:
+    yield from _start(tmp_path_factory, "demo-unit", "--page-size", "2")
 
 
 @pytest.fixture
@@ -73,7 +77,7 @@ class Client:
         self.next_id += 1
         body = {"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params}
         response = self.http.post(self.url, headers=self.headers, json=body)
-        if method == "initialize":
+        if method == "initialize" and "mcp-session-id" in response.headers:
             self.headers["Mcp-Session-Id"] = response.headers["mcp-session-id"]
         return response
 
@@ -363,3 +367,51 @@ def test_bad_fault_settings_are_refused(peer: McpPeer) -> None:
         assert http.post(f"{peer.control_url}/faults", json={"no_such_switch": 1}).status_code == 400
         assert http.post(f"{peer.control_url}/faults", json=[1]).status_code == 400
         assert http.post(f"{peer.control_url}/faults", json={"reorder": -1}).status_code == 400
+
+
+# ---- the other modes ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def json_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[McpPeer]:
+    yield from _start(tmp_path_factory, "demo-unit-json", "--json-response")
+
+
+@pytest.fixture(scope="module")
+def stateless_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[McpPeer]:
+    yield from _start(tmp_path_factory, "demo-unit-stateless", "--stateless")
+
+
+def test_json_mode_elicits_on_the_get_stream(json_server: McpPeer) -> None:
+    client = Client(json_server)
+    try:
+        task_id = client.create("ask_approval", {"question": "Ship?"})
+        client.wait_for(task_id, lambda status: status["status"] == "input_required")
+        stream_headers = {**client.headers, "Accept": "text/event-stream"}
+        with client.http.stream("GET", client.url, headers=stream_headers) as stream:
+            buffer = ""
+            for chunk in stream.iter_text():
+                buffer += chunk
+                if "\r\n\r\n" in buffer:
+                    break
+        request = json.loads(buffer.split("\r\n\r\n")[0].split("data: ", 1)[1])
+        assert request["method"] == "elicitation/create"
+        reply = {"jsonrpc": "2.0", "id": request["id"], "result": {"action": "decline"}}
+        assert client.http.post(client.url, headers=client.headers, json=reply).status_code == 202
+        result = client.post("tasks/result", {"taskId": task_id})["result"]
+        assert result["content"][0]["text"] == "declined"
+    finally:
+        client.close()
+
+
+def test_stateless_mode_has_no_sessions_and_no_listing(stateless_server: McpPeer) -> None:
+    one, two = Client(stateless_server), Client(stateless_server)
+    try:
+        assert "Mcp-Session-Id" not in one.headers
+        task_id = one.create("slow_report", {"seconds": 0})
+        assert two.wait_for(task_id, terminal)["status"] == "completed"
+        assert two.post("tasks/list", {})["error"]["code"] == -32601
+        assert one.http.get(one.url, headers={"Accept": "text/event-stream"}).status_code == 405
+    finally:
+        one.close()
+        two.close()
