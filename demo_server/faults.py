@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -88,10 +89,10 @@ class Faults:
 
 
 class RequestLog:
-    """Every JSON-RPC message with a method the server received, in arrival order."""
+    """Every JSON-RPC message with a method the server received, in arrival order (the newest `limit`)."""
 
-    def __init__(self) -> None:
-        self.entries: list[dict[str, Any]] = []
+    def __init__(self, limit: int = 100_000) -> None:
+        self.entries: deque[dict[str, Any]] = deque(maxlen=limit)
 
     def record(self, *, method: str, message_id: object, task_id: object, session: str | None) -> None:
         entry = {"t": time.time(), "method": method, "id": message_id, "task_id": task_id, "session": session}

@@ -701,7 +701,7 @@ class DemoMcpServer:
             self.faults.reset()
             await respond(send, 200, dumps(self.faults.switches.model_dump()))
         elif name == "log" and method == "GET":
-            await respond(send, 200, dumps({"entries": self.log.entries}))
+            await respond(send, 200, dumps({"entries": list(self.log.entries)}))
         elif name == "log" and method == "DELETE":
             self.log.clear()
             await respond(send, 200, dumps({"entries": []}))
