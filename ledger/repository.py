@@ -60,6 +60,15 @@ RECON = cast(Table, models.Reconciliation.__table__)
 CONTROL = cast(Table, models.ExecutorControl.__table__)
 CONTROL_AUDIT = cast(Table, models.ExecutorControlAudit.__table__)
 
+CLAIM_COLUMNS = (
+    OP.c.id,
+    OP.c.state,
+    OP.c.poll_cursor,
+    OP.c.execution_epoch,
+    OP.c.cancel_generation,
+    OP.c.lease_until,
+)
+
 #: Columns a guarded write may set through ``values``. Identity, fencing and bookkeeping columns are
 #: changed only by the dedicated code paths (state, generation bump, cursor claim, acceptance).
 WRITABLE_COLUMNS = frozenset(
@@ -200,6 +209,15 @@ class NewOperation:
 
 
 @dataclass(frozen=True, slots=True)
+class NewReconciliation:
+    """A reconciliation record opened in the same transaction as the write that needs it."""
+
+    reason: ReconciliationReason
+    deadline: dt.timedelta
+    detail: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class Submission:
     operation: Operation
     created: bool
@@ -207,7 +225,7 @@ class Submission:
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """A due operation claimed by ``claim_due``: poll it under this cursor, before the lease runs out."""
+    """A due operation claimed by ``claim_due``: work on it under this cursor, before the lease runs out."""
 
     op_id: uuid.UUID
     state: OpState
@@ -215,6 +233,17 @@ class Claim:
     execution_epoch: int
     cancel_generation: int
     lease_until: dt.datetime
+
+    @classmethod
+    def from_row(cls, row: Row[Any]) -> Claim:
+        return cls(
+            row.id,
+            OpState(row.state),
+            row.poll_cursor,
+            row.execution_epoch,
+            row.cancel_generation,
+            row.lease_until,
+        )
 
     @property
     def fence(self) -> Fence:
@@ -447,8 +476,18 @@ class Ledger:
         event: str = "transition",
         detail: Mapping[str, Any] | None = None,
         bump_generation: bool = False,
+        input_round: int | None = None,
+        reconcile: NewReconciliation | None = None,
+        input_outbox: Mapping[str, Any] | None = None,
+        resolve: str | None = None,
     ) -> Operation:
-        """Move the operation along one edge of the state table, or record a stale write and raise."""
+        """Move the operation along one edge of the state table, or record a stale write and raise.
+
+        In the same transaction: ``reconcile`` opens a reconciliation record, ``input_outbox`` writes the
+        approval gate's ``input_required`` outbox row for the row's new ``input_round``, and ``resolve``
+        closes the operation's open reconciliation records with that resolution. ``input_round`` adds
+        ``input_round = :round`` to the guard (a reply is accepted only for the current round).
+        """
         sources = check_edges(from_states, to)
         if to in FINAL_STATES:
             raise IllegalTransition(f"{to} is reached only through accept_terminal (rule 8)")
@@ -465,6 +504,10 @@ class Ledger:
             event=event,
             detail=detail,
             bump_generation=bump_generation,
+            input_round=input_round,
+            reconcile=reconcile,
+            input_outbox=input_outbox,
+            resolve=resolve,
         )
 
     def update(
@@ -507,6 +550,10 @@ class Ledger:
         event: str,
         detail: Mapping[str, Any] | None,
         bump_generation: bool,
+        input_round: int | None = None,
+        reconcile: NewReconciliation | None = None,
+        input_outbox: Mapping[str, Any] | None = None,
+        resolve: str | None = None,
     ) -> Operation:
         stale: StaleTransition | None = None
         with self._tx() as conn:
@@ -524,6 +571,8 @@ class Ledger:
             ]
             if fence.poll_cursor is not None:
                 where.append(OP.c.poll_cursor == fence.poll_cursor)
+            if input_round is not None:
+                where.append(OP.c.input_round == input_round)
             row = conn.execute(
                 update(OP).where(*where).values(sets).returning(*OP.c, prior.c.state.label("prior_state"))
             ).first()
@@ -537,6 +586,25 @@ class Ledger:
                     from_state=row.prior_state,
                     detail=detail,
                 )
+                if reconcile is not None:
+                    self._open_reconciliation(
+                        conn, op, reconcile.reason, reconcile.deadline, reconcile.detail
+                    )
+                if input_outbox is not None:
+                    conn.execute(
+                        insert(OUTBOX).values(
+                            kind="input_required",
+                            op_id=op.id,
+                            input_round=op.input_round,
+                            payload=dict(input_outbox),
+                        )
+                    )
+                if resolve is not None:
+                    conn.execute(
+                        update(RECON)
+                        .where(RECON.c.op_id == op.id, RECON.c.resolved_at.is_(None))
+                        .values(resolved_at=func.now(), resolution=resolve)
+                    )
                 return op
             stale = self._record_stale(
                 conn,
@@ -546,6 +614,7 @@ class Ledger:
                 expected={
                     "state": sorted(s.value for s in in_states),
                     **fence.as_dict(),
+                    **({"input_round": input_round} if input_round is not None else {}),
                 },
                 detail=detail,
             )
@@ -573,6 +642,7 @@ class Ledger:
                 OP.c.execution_epoch,
                 OP.c.cancel_generation,
                 OP.c.poll_cursor,
+                OP.c.input_round,
             )
         ).first()
         if current is None:
@@ -582,6 +652,7 @@ class Ledger:
             "execution_epoch": current.execution_epoch,
             "cancel_generation": current.cancel_generation,
             "poll_cursor": current.poll_cursor,
+            "input_round": current.input_round,
         }
         if expected.get("poll_cursor") is None:
             expected = {k: v for k, v in expected.items() if k != "poll_cursor"}
@@ -635,12 +706,13 @@ class Ledger:
 
     # ----------------------------------------------------------------------------------------- polling
 
-    def claim_due(self, *, limit: int, lease_s: float) -> list[Claim]:
+    def claim_due(self, *, limit: int, lease_s: float, epoch: int | None = None) -> list[Claim]:
         """Claim up to ``limit`` due operations (SKIP LOCKED), lease them and bump their poll cursor.
 
-        A claim is not a transition; the poll's outcome, written under the returned cursor, is. A lease that
-        ran out (a crashed poller) makes the row claimable again, under a new cursor, so the crashed
-        poller's late answer is fenced off.
+        A claim is not a transition; the step's outcome, written under the returned cursor, is. A lease that
+        ran out (a crashed worker) makes the row claimable again, under a new cursor, so the crashed worker's
+        late answer is fenced off. With ``epoch``, a row of an older execution epoch is taken over by it
+        (rule 13): its old-epoch writers are refused from then on.
         """
         if limit <= 0:
             return []
@@ -659,25 +731,70 @@ class Ledger:
             rows = conn.execute(
                 update(OP)
                 .where(OP.c.id == due.c.id)
-                .values(
-                    poll_cursor=OP.c.poll_cursor + 1,
-                    lease_until=func.now() + literal(dt.timedelta(seconds=lease_s)),
-                )
-                .returning(
-                    OP.c.id,
-                    OP.c.state,
-                    OP.c.poll_cursor,
-                    OP.c.execution_epoch,
-                    OP.c.cancel_generation,
-                    OP.c.lease_until,
-                )
+                .values(self._claim_values(lease_s, epoch))
+                .returning(*CLAIM_COLUMNS)
             ).all()
-        return [
-            Claim(
-                r.id, OpState(r.state), r.poll_cursor, r.execution_epoch, r.cancel_generation, r.lease_until
-            )
-            for r in rows
-        ]
+        return [Claim.from_row(r) for r in rows]
+
+    def claim(self, op_id: uuid.UUID, *, lease_s: float, epoch: int | None = None) -> Claim | None:
+        """Claim one operation now, whether due or not, unless another worker holds its lease."""
+        with self._tx() as conn:
+            row = conn.execute(
+                update(OP)
+                .where(OP.c.id == op_id, or_(OP.c.lease_until.is_(None), OP.c.lease_until < func.now()))
+                .values(self._claim_values(lease_s, epoch))
+                .returning(*CLAIM_COLUMNS)
+            ).first()
+        return Claim.from_row(row) if row is not None else None
+
+    @staticmethod
+    def _claim_values(lease_s: float, epoch: int | None) -> dict[str, Any]:
+        values: dict[str, Any] = {
+            "poll_cursor": OP.c.poll_cursor + 1,
+            "lease_until": func.now() + literal(dt.timedelta(seconds=lease_s)),
+        }
+        if epoch is not None:
+            values["execution_epoch"] = func.greatest(OP.c.execution_epoch, epoch)
+        return values
+
+    def release(
+        self,
+        op_id: uuid.UUID,
+        fence: Fence,
+        *,
+        next_poll_at: dt.datetime | None,
+        event: str | None = None,
+        detail: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """End a claim without a state change: schedule the next step and drop the lease. False if stale."""
+        with self._tx() as conn:
+            sets: dict[str, Any] = {
+                "next_poll_at": next_poll_at,
+                "lease_until": None,
+                "updated_at": func.now(),
+            }
+            if event is not None:
+                sets["event_seq"] = OP.c.event_seq + 1
+            row = conn.execute(
+                update(OP)
+                .where(
+                    OP.c.id == op_id,
+                    OP.c.execution_epoch == fence.execution_epoch,
+                    OP.c.cancel_generation == fence.cancel_generation,
+                    OP.c.poll_cursor == fence.poll_cursor,
+                    OP.c.state.not_in([s.value for s in NEVER_POLLED] if next_poll_at is not None else []),
+                )
+                .values(sets)
+                .returning(*OP.c)
+            ).first()
+            if row is None:
+                return False
+            if event is not None:
+                op = Operation.from_row(row)
+                self._append_event(
+                    conn, op, seq=op.event_seq, kind=event, from_state=op.state.value, detail=detail
+                )
+            return True
 
     # -------------------------------------------------------------------------------------- acceptance
 
@@ -918,6 +1035,26 @@ class Ledger:
             )
         return _recon(row)
 
+    def resolve_reconciliation(self, record_id: int, *, resolution: str, detail: Mapping[str, Any]) -> bool:
+        """Close one open record (e.g. an EFFECT_RECONCILIATION_REQUIRED the operator has dealt with)."""
+        with self._tx() as conn:
+            row = conn.execute(
+                update(RECON)
+                .where(RECON.c.id == record_id, RECON.c.resolved_at.is_(None))
+                .values(
+                    resolved_at=func.now(),
+                    resolution=resolution,
+                    detail=RECON.c.detail.op("||")(literal_json(detail)),
+                )
+                .returning(RECON.c.op_id)
+            ).first()
+            return row is not None
+
+    def reconciliations_for(self, op_id: uuid.UUID) -> list[ReconciliationRecord]:
+        with self._tx() as conn:
+            rows = conn.execute(select(RECON).where(RECON.c.op_id == op_id).order_by(RECON.c.id)).all()
+        return [_recon(r) for r in rows]
+
     def open_reconciliations(self) -> list[ReconciliationRecord]:
         with self._tx() as conn:
             rows = conn.execute(
@@ -972,6 +1109,10 @@ class Ledger:
                 )
             )
             return after
+
+
+def literal_json(value: Mapping[str, Any]) -> Any:
+    return literal(dict(value), type_=models.Json)
 
 
 def receipt_payload(receipt: Receipt, result: Any) -> dict[str, Any]:
