@@ -165,6 +165,8 @@ class RemoteResult:
     ``outcome`` is what longcall accepts: a tool result with ``isError: true`` is ``failed`` even when the
     server reported ``completed``. ``server_state`` is the status the server reported (None for a
     synchronous call). ``payload`` is the ``CallToolResult`` without the related-task ``_meta``.
+    ``task_verified`` is False when the server left out the related-task ``_meta`` that proves the result
+    is this task's (it is still bound by the request's own task id); keep it in the audit.
     """
 
     outcome: TerminalKind
@@ -172,6 +174,7 @@ class RemoteResult:
     payload: JsonObject
     is_error: bool
     error: ErrorInfo | None = None
+    task_verified: bool = True
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ idempotency key, so a lost create answer is :class:`OutcomeUnknown` and ``lookup
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -54,6 +55,7 @@ from adapters.streamable_http import Exchange, Session, SessionGone, StreamableH
 __all__ = [
     "ADAPTER_VERSION",
     "INPUT_METHODS",
+    "NO_INPUT_DURING_SYNC_CALL",
     "PROTOCOL",
     "PROTOCOL_VERSION",
     "RELATED_TASK",
@@ -98,6 +100,9 @@ _INVALID_PARAMS: Final = -32602
 _METHOD_NOT_FOUND: Final = -32601
 _INVALID_REQUEST: Final = -32600
 _INTERNAL_ERROR: Final = -32603
+# Our refusal of a server request during a synchronous call. Deliberately not -32600/-32601: a server
+# that relays it as the tools/call error must not make it look like a wrong task mode.
+NO_INPUT_DURING_SYNC_CALL: Final = -32000
 
 
 # --------------------------------------------------------------------------------------------------
@@ -309,25 +314,30 @@ def _first_text(payload: Mapping[str, Any]) -> str | None:
     return None
 
 
-def strip_related_task(result: Mapping[str, Any], *, task_id: str) -> dict[str, Any]:
-    """Remove the related-task ``_meta`` from a ``tasks/result`` answer after checking it names our task.
+def strip_related_task(result: Mapping[str, Any], *, task_id: str) -> tuple[dict[str, Any], bool]:
+    """Remove the related-task ``_meta`` from a ``tasks/result`` answer; check it names our task.
+
+    Returns the payload and whether the metadata proved the task. A result *without* the metadata (a
+    spec violation, seen on FastMCP for isError results) is still bound to our task by ``params.taskId``
+    and the JSON-RPC id of its own request, so it is returned unverified rather than refused forever.
 
     Raises:
-        ProtocolViolation: the metadata is missing, malformed, or names another task.
+        ProtocolViolation: the metadata is malformed or names another task.
     """
     meta = result.get("_meta")
-    if not isinstance(meta, Mapping) or not isinstance(meta.get(RELATED_TASK), Mapping):
-        raise ProtocolViolation(f"tasks/result for {task_id} without the related-task _meta")
-    related = meta[RELATED_TASK]
-    if related.get("taskId") != task_id:
-        raise ProtocolViolation(
-            f"tasks/result for {task_id} carries the result of task {related.get('taskId')!r}"
-        )
     payload = {key: value for key, value in result.items() if key != "_meta"}
+    if not isinstance(meta, Mapping) or RELATED_TASK not in meta:
+        if isinstance(meta, Mapping) and meta:
+            payload["_meta"] = dict(meta)
+        return payload, False
+    related = meta[RELATED_TASK]
+    if not isinstance(related, Mapping) or related.get("taskId") != task_id:
+        named = related.get("taskId") if isinstance(related, Mapping) else related
+        raise ProtocolViolation(f"tasks/result for {task_id} carries the result of task {named!r}")
     rest = {key: value for key, value in meta.items() if key != RELATED_TASK}
     if rest:
         payload["_meta"] = rest
-    return payload
+    return payload, True
 
 
 def parse_create_result(result: Mapping[str, Any], *, session: Session) -> Created:
@@ -648,16 +658,23 @@ class McpTasksAdapter:
     def _call_sync(self, tool: str, arguments: Mapping[str, Any], bound_s: float) -> Created:
         params = {"name": tool, "arguments": dict(arguments)}
         session = self._current_session()
-        try:
-            exchange = self._client.request(
-                "tools/call", params, session=session, idempotent=False, read_timeout=bound_s
+
+        def send(on: Session) -> Exchange:
+            return self._client.request(
+                "tools/call",
+                params,
+                session=on,
+                idempotent=False,
+                read_timeout=bound_s,
+                on_request=lambda request: self._refuse_during_sync_call(on, request, tool),
             )
+
+        try:
+            exchange = send(session)
         except SessionGone:
             self._session_gone(session)
             session = self._current_session()
-            exchange = self._client.request(
-                "tools/call", params, session=session, idempotent=False, read_timeout=bound_s
-            )
+            exchange = send(session)
         result = self._result_of("tools/call", exchange, tool=tool)
         if "task" in result:
             raise ProtocolViolation(f"server {self.name!r} made a task of a call sent without one")
@@ -666,6 +683,22 @@ class McpTasksAdapter:
             status=None,
             sync_result=result_from_payload(dict(result), server_state=None, status_message=None),
         )
+
+    def _refuse_during_sync_call(self, session: Session, request: Request, tool: str) -> None:
+        """A synchronous call has no durable operation to park a question on: refuse the server's request
+        (as an SDK client without that capability does) rather than answer for a human or hang."""
+        refusal = {
+            "jsonrpc": "2.0",
+            "id": request.id,
+            "error": {
+                "code": NO_INPUT_DURING_SYNC_CALL,
+                "message": f"longcall cannot answer {request.method} during the synchronous call of "
+                f"{tool!r}; run the tool as a task to get input",
+            },
+        }
+        with contextlib.suppress(AdapterError):
+            # Unanswered, the call still ends at its synchronous bound.
+            self._client.post_message(refusal, session=session, what=f"refusal of {request.method}")
 
     # -- lookup ------------------------------------------------------------------------------------
 
@@ -867,10 +900,11 @@ class McpTasksAdapter:
             return result_from_error(response, server_state=status.server_state)
         if not isinstance(response, Response):
             raise ProtocolViolation(f"server {self.name!r}: tasks/result answered nothing")
-        payload = strip_related_task(response.result, task_id=remote.remote_id)
-        return result_from_payload(
+        payload, verified = strip_related_task(response.result, task_id=remote.remote_id)
+        outcome = result_from_payload(
             payload, server_state=status.server_state, status_message=status.status_message
         )
+        return replace(outcome, task_verified=verified)
 
     def _still_there(self, remote: RemoteRef) -> bool:
         try:

@@ -169,11 +169,13 @@ class StreamableHttpClient:
         until: Callable[[Message], bool] | None = None,
         patient: bool = False,
         include_version: bool = True,
+        on_request: Callable[[Request], None] | None = None,
     ) -> Exchange:
         """POST one request and read its answer.
 
         ``until`` may stop an SSE read early at a server message it is looking for. ``patient`` turns
         "no answer within ``read_timeout``" into ``Exchange(waited_out=True)`` instead of an error.
+        ``on_request`` is called for each server request on the stream, while it is being read.
 
         Raises:
             SessionGone: HTTP 404 on a request that carried a session id.
@@ -197,6 +199,7 @@ class StreamableHttpClient:
                     deadline=deadline,
                     until=until,
                     patient=patient,
+                    on_request=on_request,
                 )
         except httpx.ReadTimeout as exc:
             if patient:
@@ -306,6 +309,7 @@ class StreamableHttpClient:
         deadline: _Deadline,
         until: Callable[[Message], bool] | None,
         patient: bool,
+        on_request: Callable[[Request], None] | None,
     ) -> Exchange:
         status = answer.status_code
         session_header = answer.headers.get("mcp-session-id")
@@ -335,6 +339,7 @@ class StreamableHttpClient:
                 deadline=deadline,
                 until=until,
                 patient=patient,
+                on_request=on_request,
             )
         raise ProtocolViolation(f"{method}: unexpected content type {content_type!r}")
 
@@ -386,6 +391,7 @@ class StreamableHttpClient:
         deadline: _Deadline,
         until: Callable[[Message], bool] | None,
         patient: bool,
+        on_request: Callable[[Request], None] | None = None,
     ) -> Exchange:
         decoder = SseDecoder()
         messages: list[Message] = []
@@ -400,6 +406,8 @@ class StreamableHttpClient:
                     continue
                 message = parse_message(decode_json(event.data))
                 messages.append(message)
+                if on_request is not None and isinstance(message, Request):
+                    on_request(message)
                 if self._is_ours(message, request_id) or (until is not None and until(message)):
                     return self._collect(messages, request_id, method, session_header, from_stream=True)
             if deadline.expired():

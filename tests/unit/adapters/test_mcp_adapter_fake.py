@@ -23,7 +23,7 @@ from adapters import (
     Transient,
     WrongTaskMode,
 )
-from adapters.mcp_2025_11_25 import RELATED_TASK
+from adapters.mcp_2025_11_25 import NO_INPUT_DURING_SYNC_CALL, RELATED_TASK
 from tests.unit.adapters.mcp_fakes import (
     SESSION,
     FakeMcpServer,
@@ -565,3 +565,29 @@ def test_a_failed_input_read_still_returns_the_status() -> None:
     status = make_adapter(server).get(ASK_REF)
     assert status.server_state == "input_required"
     assert status.input_request is None
+
+
+def test_a_server_request_during_a_synchronous_call_is_refused_not_answered() -> None:
+    server = FakeMcpServer()
+    server.on(
+        "tools/call",
+        lambda body, _r: [
+            elicitation("unrelated"),
+            error_message(body["id"], -32000, "longcall cannot answer elicitation/create"),
+        ],
+    )
+    with pytest.raises(Rejected) as caught:
+        make_adapter(server).create("echo", {}, submission_key="k", ttl_ms=1000, sync_upper_bound_s=5)
+    assert not isinstance(caught.value, WrongTaskMode)
+    refusal = next(b for b in server.bodies if "error" in b)
+    assert refusal["id"] == "task-unrelated-1"
+    assert refusal["error"]["code"] == NO_INPUT_DURING_SYNC_CALL
+    assert "synchronous call of 'echo'" in refusal["error"]["message"]
+
+
+def test_a_result_without_the_related_task_meta_is_accepted_unverified() -> None:
+    server = FakeMcpServer()
+    server.on_result("tasks/get", task("completed"))
+    server.on_result("tasks/result", {"content": [{"type": "text", "text": "boom"}], "isError": True})
+    result = make_adapter(server).result(REF)
+    assert (result.outcome, result.task_verified) == ("failed", False)

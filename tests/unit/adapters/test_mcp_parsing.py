@@ -179,7 +179,8 @@ TASK_A = "121b4225b1fd46149328e7c2a17d3e29:a08a501f-15ca-4bd2-8dd2-ca3dc7918f58"
 
 
 def test_related_task_meta_is_stripped_after_checking_the_task_id() -> None:
-    payload = strip_related_task(wire_result("sse", "[A] tasks/result (completed)"), task_id=TASK_A)
+    payload, verified = strip_related_task(wire_result("sse", "[A] tasks/result (completed)"), task_id=TASK_A)
+    assert verified
     assert payload == {
         "content": [{"type": "text", "text": "counted 4 steps"}],
         "structuredContent": {"steps": 4},
@@ -189,7 +190,7 @@ def test_related_task_meta_is_stripped_after_checking_the_task_id() -> None:
 
 def test_other_meta_keys_survive_the_strip() -> None:
     result = {"_meta": {RELATED_TASK: {"taskId": "t"}, "x/trace": "abc"}, "content": []}
-    assert strip_related_task(result, task_id="t") == {"content": [], "_meta": {"x/trace": "abc"}}
+    assert strip_related_task(result, task_id="t") == ({"content": [], "_meta": {"x/trace": "abc"}}, True)
 
 
 def test_a_result_of_another_task_is_a_protocol_violation() -> None:
@@ -197,16 +198,28 @@ def test_a_result_of_another_task_is_a_protocol_violation() -> None:
         strip_related_task(wire_result("sse", "[A] tasks/result (completed)"), task_id="other")
 
 
-def test_a_result_without_the_related_task_meta_is_a_protocol_violation() -> None:
-    with pytest.raises(ProtocolViolation, match="without the related-task"):
-        strip_related_task({"content": []}, task_id="t")
+def test_a_result_without_the_related_task_meta_is_kept_but_unverified() -> None:
+    assert strip_related_task({"content": [], "isError": True}, task_id="t") == (
+        {"content": [], "isError": True},
+        False,
+    )
+    assert strip_related_task({"content": [], "_meta": {"x": 1}}, task_id="t") == (
+        {"content": [], "_meta": {"x": 1}},
+        False,
+    )
+
+
+@pytest.mark.parametrize("related", [{"taskId": 5}, "t", {}])
+def test_a_malformed_related_task_meta_is_a_protocol_violation(related: object) -> None:
+    with pytest.raises(ProtocolViolation, match="carries the result of task"):
+        strip_related_task({"content": [], "_meta": {RELATED_TASK: related}}, task_id="t")
 
 
 def test_completed_with_is_error_is_a_failed_outcome() -> None:
     result = wire_result("sse", "[A] tasks/result tool_error")
     task_id = result["_meta"][RELATED_TASK]["taskId"]
     outcome = result_from_payload(
-        strip_related_task(result, task_id=task_id), server_state="completed", status_message=None
+        strip_related_task(result, task_id=task_id)[0], server_state="completed", status_message=None
     )
     assert (outcome.outcome, outcome.server_state, outcome.is_error) == ("failed", "completed", True)
     assert outcome.error == ErrorInfo(message="something went wrong")
@@ -215,7 +228,8 @@ def test_completed_with_is_error_is_a_failed_outcome() -> None:
 def test_failed_with_an_empty_result_takes_the_status_message_as_error() -> None:
     result = wire_result("sse", "[A] tasks/result tool_raise (failed)")
     status = parse_task(wire_result("sse", "[A] tasks/get tool_raise"))
-    payload = strip_related_task(result, task_id=status.remote_id)
+    payload, verified = strip_related_task(result, task_id=status.remote_id)
+    assert verified
     assert payload == {}
     outcome = result_from_payload(payload, server_state="failed", status_message=status.status_message)
     assert outcome.outcome == "failed"
