@@ -211,6 +211,8 @@ PEERS: tuple[PeerSpec, ...] = (
     ),
 )
 PEERS_BY_NAME = {spec.name: spec for spec in PEERS}
+if undocumented := {quirk for spec in PEERS for quirk in spec.quirks} - QUIRKS.keys():
+    raise RuntimeError(f"quirks without a description in QUIRKS: {sorted(undocumented)}")
 
 
 def _check_runtime(spec: PeerSpec, argv: list[str]) -> None:
