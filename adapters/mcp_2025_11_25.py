@@ -18,7 +18,7 @@ import hashlib
 import json
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Final
@@ -43,6 +43,7 @@ from adapters.errors import (
     AdapterError,
     CapabilityRefused,
     NotFound,
+    OutcomeUnknown,
     ProtocolViolation,
     Rejected,
     ResultNotReady,
@@ -442,6 +443,18 @@ def rpc_error(method: str, error: ErrorResponse, *, server: str, tool: str | Non
 # --------------------------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _unreadable_answer_is_unknown(what: str) -> Iterator[None]:
+    """For a request with an effect, an answer we cannot read says nothing about whether the effect
+    happened: a protocol violation there is an unknown outcome, never a refusal to retry around."""
+    try:
+        yield
+    except ProtocolViolation as exc:
+        raise OutcomeUnknown(
+            f"{what}: the answer is unreadable ({exc}); the request may have taken effect"
+        ) from exc
+
+
 class McpTasksAdapter:
     """MCP 2025-11-25 over Streamable HTTP, through an injected ``httpx.Client``.
 
@@ -630,14 +643,17 @@ class McpTasksAdapter:
         if caps.use_task:
             params = {"name": tool, "arguments": dict(arguments), "task": {"ttl": ttl_ms}}
             session = self._current_session()
-            try:
-                exchange = self._client.request("tools/call", params, session=session, idempotent=False)
-            except SessionGone:
-                # 404 before dispatch: the call never ran, so sending it once more on a new session is safe.
-                self._session_gone(session)
-                session = self._current_session()
-                exchange = self._client.request("tools/call", params, session=session, idempotent=False)
-            return parse_create_result(self._result_of("tools/call", exchange, tool=tool), session=session)
+            with _unreadable_answer_is_unknown(f"server {self.name!r}: tools/call {tool!r}"):
+                try:
+                    exchange = self._client.request("tools/call", params, session=session, idempotent=False)
+                except SessionGone:
+                    # 404 before dispatch: the call never ran, so sending it again on a new session is safe.
+                    self._session_gone(session)
+                    session = self._current_session()
+                    exchange = self._client.request("tools/call", params, session=session, idempotent=False)
+                return parse_create_result(
+                    self._result_of("tools/call", exchange, tool=tool), session=session
+                )
         if caps.task_support == "required":
             raise CapabilityRefused(
                 f"tool {tool!r} on server {self.name!r} requires a task, but the server declares no "
@@ -669,20 +685,21 @@ class McpTasksAdapter:
                 on_request=lambda request: self._refuse_during_sync_call(on, request, tool),
             )
 
-        try:
-            exchange = send(session)
-        except SessionGone:
-            self._session_gone(session)
-            session = self._current_session()
-            exchange = send(session)
-        result = self._result_of("tools/call", exchange, tool=tool)
-        if "task" in result:
-            raise ProtocolViolation(f"server {self.name!r} made a task of a call sent without one")
-        return Created(
-            ref=None,
-            status=None,
-            sync_result=result_from_payload(dict(result), server_state=None, status_message=None),
-        )
+        with _unreadable_answer_is_unknown(f"server {self.name!r}: tools/call {tool!r}"):
+            try:
+                exchange = send(session)
+            except SessionGone:
+                self._session_gone(session)
+                session = self._current_session()
+                exchange = send(session)
+            result = self._result_of("tools/call", exchange, tool=tool)
+            if "task" in result:
+                raise ProtocolViolation(f"server {self.name!r} made a task of a call sent without one")
+            return Created(
+                ref=None,
+                status=None,
+                sync_result=result_from_payload(dict(result), server_state=None, status_message=None),
+            )
 
     def _refuse_during_sync_call(self, session: Session, request: Request, tool: str) -> None:
         """A synchronous call has no durable operation to park a question on: refuse the server's request
@@ -929,11 +946,12 @@ class McpTasksAdapter:
         if observed.terminal is not None:
             # Already terminal: never send a cancel a lenient server might answer with "cancelled".
             return CancelOutcome(kind="already_terminal", status=observed, message=observed.status_message)
-        exchange = self._task_request("tasks/cancel", remote, idempotent=False)
-        response = exchange.response
-        if isinstance(response, ErrorResponse) and response.code == _INVALID_PARAMS:
-            return CancelOutcome(kind="already_terminal", status=None, message=response.message)
-        status = parse_task(self._result_of("tasks/cancel", exchange), expected_id=remote.remote_id)
+        with _unreadable_answer_is_unknown(f"server {self.name!r}: tasks/cancel {remote.remote_id}"):
+            exchange = self._task_request("tasks/cancel", remote, idempotent=False)
+            response = exchange.response
+            if isinstance(response, ErrorResponse) and response.code == _INVALID_PARAMS:
+                return CancelOutcome(kind="already_terminal", status=None, message=response.message)
+            status = parse_task(self._result_of("tasks/cancel", exchange), expected_id=remote.remote_id)
         if status.server_state == "cancelled":
             return CancelOutcome(kind="cancelled", status=status, message=status.status_message)
         return CancelOutcome(kind="already_terminal", status=status, message=status.status_message)

@@ -591,3 +591,33 @@ def test_a_result_without_the_related_task_meta_is_accepted_unverified() -> None
     server.on_result("tasks/result", {"content": [{"type": "text", "text": "boom"}], "isError": True})
     result = make_adapter(server).result(REF)
     assert (result.outcome, result.task_verified) == ("failed", False)
+
+
+def test_an_unreadable_create_answer_is_outcome_unknown() -> None:
+    server = FakeMcpServer()
+    server.on("tools/call", lambda _b, _r: httpx.Response(200, text="<html>oops</html>"))
+    with pytest.raises(OutcomeUnknown) as caught:
+        make_adapter(server).create("slow_count", {}, submission_key="k", ttl_ms=1000)
+    assert isinstance(caught.value.__cause__, ProtocolViolation)
+
+
+def test_a_task_made_of_a_synchronous_call_is_outcome_unknown() -> None:
+    server = FakeMcpServer()
+    server.on_result("tools/call", created_answer())
+    with pytest.raises(OutcomeUnknown, match="made a task"):
+        make_adapter(server).create("echo", {}, submission_key="k", ttl_ms=1000, sync_upper_bound_s=2)
+
+
+def test_an_unreadable_cancel_answer_is_outcome_unknown_but_an_unreadable_poll_is_a_violation() -> None:
+    server = FakeMcpServer()
+    server.on(
+        "tasks/get",
+        lambda body, _r: result_message(body["id"], task("working")),
+        lambda body, _r: result_message(body["id"], {"taskId": TASK, "status": "exploded"}),
+    )
+    server.on_result("tasks/cancel", {"taskId": TASK, "status": "bogus"})
+    adapter = make_adapter(server)
+    with pytest.raises(OutcomeUnknown):
+        adapter.cancel(REF)
+    with pytest.raises(ProtocolViolation):
+        adapter.get(REF)
