@@ -24,16 +24,19 @@ differs:
 * Stateful (default): ``Mcp-Session-Id`` from ``initialize``; a task is visible only to its session
   (others get "Task not found"). Stateless (``--stateless``): no session, any caller with the id sees it.
 * ``input_required``: ``ask_approval`` sends ``elicitation/create`` (string id ``<taskId>-input-<n>``,
-  related-task ``_meta``) on the SSE stream of a pending ``tasks/result`` for that task (every unanswered
-  one again on each new ``tasks/result`` stream); in ``--json-response`` mode on the session's GET stream.
+  related-task ``_meta``) on the SSE stream of a pending ``tasks/result`` for that task; in
+  ``--json-response`` mode on the session's GET stream. A request is on one open stream at a time; when
+  that stream closes unanswered, the next ``tasks/result`` (or GET) stream carries it again.
   The client answers with a separate POST of a JSON-RPC response echoing the id (202). A stateful client
   that did not declare ``elicitation`` gets the task failed with -32600.
 * Transport as the SDK: SSE answers by default (``event: message``, CRLF, no ids) or ``application/json``
-  with ``--json-response``. POST needs ``Accept`` with both types (JSON mode: ``application/json``),
-  else 406; ``Content-Type: application/json`` else 415; missing session 400, unknown or DELETEd session
-  404; unsupported ``MCP-Protocol-Version`` 400 (a missing one is accepted). Notifications and responses
-  get 202. GET opens the session's stream for ``notifications/tasks/status`` (one per session: 409).
-  DELETE ends the session. Transport errors carry ``"id": "server-error"``.
+  with ``--json-response``. POST needs ``Accept`` with both types (JSON mode: ``application/json``), else
+  406; ``Content-Type: application/json`` else 415; missing session 400, unknown or DELETEd session 404;
+  unsupported ``MCP-Protocol-Version`` 400 (a missing one is accepted). Notifications and responses get
+  202. GET opens the session's stream for ``notifications/tasks/status`` (one per session: 409). DELETE
+  ends the session. Transport errors carry ``"id": "server-error"``. Where the SDK is not faithful:
+  ``tasks/get`` is always answered with ``application/json`` (tasks spec: servers SHOULD NOT upgrade a
+  poll to SSE), and an ``Origin`` that is not a loopback host gets 403 (transports spec: MUST validate).
 
 Control endpoints (test harness only, same port):
 
@@ -68,8 +71,10 @@ import base64
 import contextlib
 import json
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import uvicorn
 from pydantic import ValidationError
@@ -97,6 +102,7 @@ LATEST_VERSION = "2025-11-25"
 SUPPORTED_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 SERVER_INFO = {"name": "longcall-demo", "version": "0.1.0"}
 REORDER_HOLD_S = 10.0
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 _CLOSE = object()
 
 
@@ -211,7 +217,11 @@ class DemoMcpServer:
         path: str = scope["path"]
         method: str = scope["method"]
         if path.rstrip("/") == "/mcp":
-            if method == "POST":
+            origin = request_headers(scope).get("origin")
+            if origin is not None and urlsplit(origin).hostname not in LOOPBACK_HOSTS:
+                body = {"jsonrpc": "2.0", "error": {"code": -32600, "message": f"Forbidden: Origin {origin}"}}
+                await respond(send, 403, dumps(body))
+            elif method == "POST":
                 await self._post(scope, receive, send)
             elif method == "GET":
                 await self._get_stream(scope, receive, send)
@@ -343,13 +353,15 @@ class DemoMcpServer:
         pending = self._pending.get(str(incoming.message.get("id")))
         if pending is None or pending.answer.done():
             return
-        if not self.options.stateless and pending.session_id != incoming.session_id:
+        if not self.options.stateless and pending.task.session_id != incoming.session_id:
             return
         result = incoming.message.get("result")
         pending.answer.set_result(result if isinstance(result, dict) else {"action": "cancel"})
 
-    async def _answer(self, send: Send, message: dict[str, Any], headers: dict[str, str]) -> None:
-        if self.options.json_response:
+    async def _answer(
+        self, send: Send, message: dict[str, Any], headers: dict[str, str], *, plain_json: bool = False
+    ) -> None:
+        if self.options.json_response or plain_json:
             await respond(send, 200, dumps(message), headers=headers)
         else:
             await respond(send, 200, sse_event(message), headers=headers, content_type=SSE_TYPE)
@@ -400,9 +412,9 @@ class DemoMcpServer:
                 await asyncio.wait_for(held.wait(), timeout=REORDER_HOLD_S)
             if self._held_get is held:
                 self._held_get = None
-            await self._answer(send, answer, headers)
+            await self._answer(send, answer, headers, plain_json=True)
             return
-        await self._answer(send, answer, headers)
+        await self._answer(send, answer, headers, plain_json=True)
         if held is not None:
             self._held_get = None
             held.set()
@@ -551,12 +563,13 @@ class DemoMcpServer:
             },
         }
         answer: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        pending = PendingInput(request_id, request, task.session_id, answer)
+        pending = PendingInput(request_id, request, task, answer)
         task.inputs[request_id] = pending
         self._pending[request_id] = pending
         try:
             task.set_status("input_required", "waiting for input")
-            if self.options.json_response and session is not None:
+            if self.options.json_response and session is not None and session.stream is not None:
+                pending.holder = session.stream
                 session.push(request)
             return await answer
         finally:
@@ -579,12 +592,11 @@ class DemoMcpServer:
         stream = None if self.options.json_response else SseStream(send, headers)
         disconnected = asyncio.ensure_future(wait_disconnect(receive))
         try:
-            sent: set[str] = set()
             while not task.terminal:
                 if stream is not None:
                     for pending in list(task.inputs.values()):
-                        if pending.request_id not in sent:
-                            sent.add(pending.request_id)
+                        if pending.holder is None:
+                            pending.holder = stream
                             await stream.event(pending.request)
                 change = asyncio.ensure_future(task.changed().wait())
                 await asyncio.wait({change, disconnected}, return_when=asyncio.FIRST_COMPLETED)
@@ -593,6 +605,8 @@ class DemoMcpServer:
                     return
         finally:
             disconnected.cancel()
+            if stream is not None:
+                _release(task.inputs.values(), stream)
         answer = {"jsonrpc": "2.0", "id": request_id, **self._final_answer(task)}
         if self.faults.take("drop_result"):
             await drop_connection(send)
@@ -646,7 +660,9 @@ class DemoMcpServer:
         if self.options.json_response:
             for task in self.store.of_session(session.session_id):
                 for pending in task.inputs.values():
-                    queue.put_nowait(pending.request)
+                    if pending.holder is None:
+                        pending.holder = queue
+                        queue.put_nowait(pending.request)
         stream = SseStream(send, self._session_headers(session))
         disconnected = asyncio.ensure_future(wait_disconnect(receive))
         try:
@@ -666,6 +682,7 @@ class DemoMcpServer:
             disconnected.cancel()
             if session.stream is queue:
                 session.stream = None
+            _release(self._pending.values(), queue)
 
     async def _delete(self, scope: Scope, send: Send) -> None:
         if self.options.stateless:
@@ -710,6 +727,14 @@ class DemoMcpServer:
             await respond(send, 200, dumps({"tasks": tasks, "expired": self.store.expired_ids()}))
         else:
             await respond(send, 404, dumps({"error": f"no control endpoint {method} /_control/{name}"}))
+
+
+def _release(inputs: Iterable[PendingInput], stream: object) -> None:
+    """A closed stream gives its undelivered-or-unanswered requests back for the next stream."""
+    for pending in list(inputs):
+        if pending.holder is stream:
+            pending.holder = None
+            pending.task.wake()
 
 
 async def send_partial(send: Send, data: bytes, headers: dict[str, str]) -> None:

@@ -41,8 +41,9 @@ class PendingInput:
 
     request_id: str
     request: dict[str, Any]
-    session_id: str | None
+    task: Task
     answer: asyncio.Future[dict[str, Any]]
+    holder: object | None = None  # the open stream it was sent on: never two at once (transports spec)
 
 
 @dataclass(eq=False)
@@ -91,6 +92,11 @@ class Task:
         """An event set at the next change of this task."""
         return self._changed
 
+    def wake(self) -> None:
+        """Wake everything waiting on this task without changing it (e.g. an input request freed up)."""
+        event, self._changed = self._changed, asyncio.Event()
+        event.set()
+
     def set_status(self, status: TaskStatus, message: str | None) -> None:
         if self.terminal:
             raise RuntimeError(f"task {self.task_id} is already {self.status}")
@@ -99,8 +105,7 @@ class Task:
         self.last_updated_at = iso_now()
         if status in TERMINAL:
             self.terminal_mono = time.monotonic()
-        event, self._changed = self._changed, asyncio.Event()
-        event.set()
+        self.wake()
         self.on_change(self)
 
     def expired(self, now: float) -> bool:

@@ -235,6 +235,49 @@ def test_input_required_round_trip_on_the_result_stream(client: Client) -> None:
     assert final["result"]["content"][0]["text"] == "approved"
 
 
+def _first_event(client: Client, task_id: str) -> dict[str, Any]:
+    """Open a tasks/result stream, read its first event, and hang up."""
+    client.next_id += 1
+    body = {"jsonrpc": "2.0", "id": client.next_id, "method": "tasks/result", "params": {"taskId": task_id}}
+    buffer = ""
+    with client.http.stream("POST", client.url, headers=client.headers, json=body) as stream:
+        for chunk in stream.iter_text():
+            buffer += chunk
+            if "\r\n\r\n" in buffer:
+                break
+    event: dict[str, Any] = json.loads(buffer.split("\r\n\r\n")[0].split("data: ", 1)[1])
+    return event
+
+
+def test_an_unanswered_request_comes_again_on_the_next_result_stream(client: Client) -> None:
+    task_id = client.create("ask_approval", {"question": "Ship?"})
+    first = _first_event(client, task_id)
+    assert first["method"] == "elicitation/create"
+    assert _first_event(client, task_id) == first
+    reply = {"jsonrpc": "2.0", "id": first["id"], "result": {"action": "decline"}}
+    assert client.http.post(client.url, headers=client.headers, json=reply).status_code == 202
+    assert client.post("tasks/result", {"taskId": task_id})["result"]["content"][0]["text"] == "declined"
+
+
+def test_polls_are_answered_with_json_even_in_sse_mode(client: Client) -> None:
+    task_id = client.create("slow_report", {"seconds": 0})
+    response = client.send("tasks/get", {"taskId": task_id})
+    assert response.headers["content-type"] == "application/json"
+    assert client.send("ping", {}).headers["content-type"] == "text/event-stream"
+
+
+def test_a_foreign_origin_is_forbidden(peer: McpPeer, client: Client) -> None:
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    foreign = client.http.post(
+        peer.url, headers={**client.headers, "Origin": "https://evil.example"}, json=ping
+    )
+    assert foreign.status_code == 403
+    local = client.http.post(
+        peer.url, headers={**client.headers, "Origin": "http://localhost:3000"}, json=ping
+    )
+    assert local.status_code == 200
+
+
 def test_elicitation_needs_the_client_capability(peer: McpPeer) -> None:
     client = Client(peer, capabilities={})
     try:
