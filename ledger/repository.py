@@ -365,12 +365,14 @@ class Ledger:
 
     # ----------------------------------------------------------------------------------------- submit
 
-    def record_submission(self, new: NewOperation) -> Submission:
+    def record_submission(self, new: NewOperation, *, lease_s: float | None = None) -> Submission:
         """Insert the SUBMITTING row, or return the call node's existing operation (rule 1).
 
         Same call node and same request digest is the existing operation, never a second one; the same call
         node with a different digest raises :class:`CallNodeConflict`. The submission key is chosen here,
-        once, and never regenerated.
+        once, and never regenerated. The new row is due at once; with ``lease_s`` it is also claimed by the
+        caller (cursor 1), so the submitting worker can make the create call itself, and a crash before that
+        leaves it to the dispatcher when the lease runs out.
         """
         with self._tx() as conn:
             existing = self._find_by_call_node(conn, new.call_node_id)
@@ -406,6 +408,13 @@ class Ledger:
                         on_terminal=new.on_terminal,
                         on_input=new.on_input,
                         event_seq=1,
+                        next_poll_at=func.now(),
+                        poll_cursor=1 if lease_s is not None else 0,
+                        lease_until=(
+                            func.now() + literal(dt.timedelta(seconds=lease_s))
+                            if lease_s is not None
+                            else None
+                        ),
                     )
                     .on_conflict_do_nothing(index_elements=[OP.c.call_node_id])
                     .returning(*OP.c)
@@ -704,6 +713,19 @@ class Ledger:
             )
         )
 
+    def record_event(self, op_id: uuid.UUID, kind: str, detail: Mapping[str, Any] | None = None) -> None:
+        """Append an event that changes nothing else (a refused input, a remote outcome worth keeping)."""
+        with self._tx() as conn:
+            row = conn.execute(
+                update(OP).where(OP.c.id == op_id).values(event_seq=OP.c.event_seq + 1).returning(*OP.c)
+            ).first()
+            if row is None:
+                raise OperationNotFound(op_id)
+            op = Operation.from_row(row)
+            self._append_event(
+                conn, op, seq=op.event_seq, kind=kind, from_state=op.state.value, detail=detail
+            )
+
     # ----------------------------------------------------------------------------------------- polling
 
     def claim_due(self, *, limit: int, lease_s: float, epoch: int | None = None) -> list[Claim]:
@@ -756,45 +778,6 @@ class Ledger:
         if epoch is not None:
             values["execution_epoch"] = func.greatest(OP.c.execution_epoch, epoch)
         return values
-
-    def release(
-        self,
-        op_id: uuid.UUID,
-        fence: Fence,
-        *,
-        next_poll_at: dt.datetime | None,
-        event: str | None = None,
-        detail: Mapping[str, Any] | None = None,
-    ) -> bool:
-        """End a claim without a state change: schedule the next step and drop the lease. False if stale."""
-        with self._tx() as conn:
-            sets: dict[str, Any] = {
-                "next_poll_at": next_poll_at,
-                "lease_until": None,
-                "updated_at": func.now(),
-            }
-            if event is not None:
-                sets["event_seq"] = OP.c.event_seq + 1
-            row = conn.execute(
-                update(OP)
-                .where(
-                    OP.c.id == op_id,
-                    OP.c.execution_epoch == fence.execution_epoch,
-                    OP.c.cancel_generation == fence.cancel_generation,
-                    OP.c.poll_cursor == fence.poll_cursor,
-                    OP.c.state.not_in([s.value for s in NEVER_POLLED] if next_poll_at is not None else []),
-                )
-                .values(sets)
-                .returning(*OP.c)
-            ).first()
-            if row is None:
-                return False
-            if event is not None:
-                op = Operation.from_row(row)
-                self._append_event(
-                    conn, op, seq=op.event_seq, kind=event, from_state=op.state.value, detail=detail
-                )
-            return True
 
     # -------------------------------------------------------------------------------------- acceptance
 
@@ -1050,6 +1033,30 @@ class Ledger:
             ).first()
             return row is not None
 
+    def flag_overdue(self, record_id: int) -> None:
+        """Mark an open record as reported past its deadline, with an event on its operation."""
+        with self._tx() as conn:
+            row = conn.execute(
+                update(RECON)
+                .where(RECON.c.id == record_id, RECON.c.resolved_at.is_(None))
+                .values(detail=RECON.c.detail.op("||")(literal_json({"overdue_flagged": True})))
+                .returning(RECON.c.op_id, RECON.c.reason)
+            ).first()
+            if row is None:
+                return
+            op_row = conn.execute(
+                update(OP).where(OP.c.id == row.op_id).values(event_seq=OP.c.event_seq + 1).returning(*OP.c)
+            ).one()
+            op = Operation.from_row(op_row)
+            self._append_event(
+                conn,
+                op,
+                seq=op.event_seq,
+                kind="reconciliation_overdue",
+                from_state=op.state.value,
+                detail={"reconciliation_id": record_id, "reason": row.reason},
+            )
+
     def reconciliations_for(self, op_id: uuid.UUID) -> list[ReconciliationRecord]:
         with self._tx() as conn:
             rows = conn.execute(select(RECON).where(RECON.c.op_id == op_id).order_by(RECON.c.id)).all()
@@ -1109,6 +1116,13 @@ class Ledger:
                 )
             )
             return after
+
+
+def due_in(seconds: float) -> Any:
+    """A ``next_poll_at`` value: ``seconds`` from the database's now, never past the wait budget or expiry."""
+    return func.least(
+        func.now() + literal(dt.timedelta(seconds=max(0.0, seconds))), OP.c.wait_deadline, OP.c.expires_at
+    )
 
 
 def literal_json(value: Mapping[str, Any]) -> Any:

@@ -10,6 +10,8 @@ import threading
 from dataclasses import dataclass, field
 
 from ledger.repository import Ledger
+from workers.hot import HotState
+from workers.remote import RemotePool
 from workers.settings import FleetConfig, Settings, load_settings
 
 
@@ -18,23 +20,52 @@ class Runtime:
     settings: Settings
     fleet: FleetConfig
     _ledger: Ledger | None = field(default=None, repr=False)
+    _hot: HotState | None = field(default=None, repr=False)
+    _remote: RemotePool | None = field(default=None, repr=False)
     _pid: int = field(default_factory=os.getpid, repr=False)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Runtime:
         return cls(settings=settings, fleet=settings.fleet())
 
+    def _forked(self) -> None:
+        """A pool created in a parent process is never used by its child."""
+        if self._pid != os.getpid():
+            self._ledger = self._hot = self._remote = None
+            self._pid = os.getpid()
+
     @property
     def ledger(self) -> Ledger:
-        if self._ledger is None or self._pid != os.getpid():
+        self._forked()
+        if self._ledger is None:
             self._ledger = Ledger.from_url(self.settings.database_url)
-            self._pid = os.getpid()
         return self._ledger
 
+    @property
+    def hot(self) -> HotState:
+        self._forked()
+        if self._hot is None:
+            self._hot = HotState.from_url(
+                self.settings.redis_url, prefix=f"{self.settings.broker_keyprefix}longcall:"
+            )
+        return self._hot
+
+    @property
+    def remote(self) -> RemotePool:
+        self._forked()
+        if self._remote is None:
+            self._remote = RemotePool(self.fleet)
+        return self._remote
+
     def close(self) -> None:
-        if self._ledger is not None and self._pid == os.getpid():
-            self._ledger.dispose()
-        self._ledger = None
+        if self._pid == os.getpid():
+            if self._ledger is not None:
+                self._ledger.dispose()
+            if self._hot is not None:
+                self._hot.close()
+            if self._remote is not None:
+                self._remote.close()
+        self._ledger = self._hot = self._remote = None
 
 
 class RuntimeHolder:

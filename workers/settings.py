@@ -122,7 +122,14 @@ class Settings(BaseSettings):
     reconcile_interval_s: PositiveFloat = 30.0
     #: The largest arguments body accepted by ``longcall.submit``, in bytes of canonical JSON.
     max_body_bytes: PositiveInt = 1_048_576
+    #: How long a claimed operation is held by one worker before another may take it over.
     lease_s: PositiveFloat = 30.0
+    #: How long the approval gate has to answer an input request.
+    input_timeout_s: PositiveFloat = 3600.0
+    #: How long an operator has to resolve a reconciliation record.
+    reconcile_deadline_s: PositiveFloat = 86_400.0
+    #: How many due operations one dispatch_due tick claims at most.
+    dispatch_batch: PositiveInt = 500
 
     @property
     def broker(self) -> str:

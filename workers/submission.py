@@ -65,7 +65,9 @@ def parse_submit_kwargs(kwargs: Mapping[str, Any]) -> SubmitRequest:
     )
 
 
-def record_submission(runtime: Runtime, request: SubmitRequest) -> Submission:
+def record_submission(
+    runtime: Runtime, request: SubmitRequest, *, lease_s: float | None = None
+) -> Submission:
     server = runtime.fleet.servers.get(request.server)
     if server is None:
         known = ", ".join(sorted(runtime.fleet.servers)) or "none (set LONGCALL_CONFIG)"
@@ -94,7 +96,7 @@ def record_submission(runtime: Runtime, request: SubmitRequest) -> Submission:
         ttl_ms=request.ttl_ms if request.ttl_ms is not None else server.default_ttl_ms,
         wait_budget_s=request.wait_budget_s if request.wait_budget_s is not None else server.wait_budget_s,
     )
-    return runtime.ledger.record_submission(new)
+    return runtime.ledger.record_submission(new, lease_s=lease_s)
 
 
 def operation_summary(op: Operation, *, created: bool | None = None) -> dict[str, Any]:

@@ -1,16 +1,22 @@
-"""Thin tasks: decode the arguments, call one function, map the typed outcome to a Celery action."""
+"""Thin tasks: decode the arguments, call one executor function, map the typed outcome to a Celery action.
+
+Task names and queues are public (DESIGN §7). Operation ids come from the ledger; a caller's task id is
+never trusted for anything: every message carries (op_id, cursor) and the ledger fences the rest.
+"""
 
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import Any
 
-from celery import Celery
+from celery import Celery, Task
 
-from ledger.errors import AdapterDisabled, AdmissionClosed, CallNodeConflict
+from ledger.errors import AdapterDisabled, AdmissionClosed, CallNodeConflict, OperationNotFound
 from workers.delivery import publisher
+from workers.executor import Executor, InputRefused, NotCancellable, NoToken, StepOutcome
 from workers.runtime import RuntimeHolder
-from workers.submission import InvalidSubmission, operation_summary, parse_submit_kwargs, record_submission
+from workers.submission import InvalidSubmission, operation_summary, parse_submit_kwargs
 
 log = logging.getLogger("longcall")
 
@@ -19,20 +25,101 @@ class SubmissionRefused(Exception):
     """``longcall.submit`` refused the call; the message says why. Nothing was written."""
 
 
-def register_tasks(app: Celery, holder: RuntimeHolder) -> None:
-    @app.task(name="longcall.submit", acks_late=True)
+class RequestRefused(Exception):
+    """A cancel or an input reply was refused; the message says why."""
+
+
+def _op_id(value: Any) -> uuid.UUID:
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise RequestRefused(f"op_id {value!r} is not an operation id (a UUID)") from None
+
+
+def register_tasks(app: Celery, holder: RuntimeHolder) -> None:  # noqa: PLR0915 - one closure per task
+    def executor() -> Executor:
+        return Executor(holder.get())
+
+    def follow(step: StepOutcome | None) -> None:
+        if step is not None and step.drain_now:
+            app.send_task("longcall.drain_outbox", queue="longcall.outbox")
+
+    @app.task(name="longcall.submit")
     def submit(**kwargs: Any) -> dict[str, Any]:
         try:
             request = parse_submit_kwargs(kwargs)
-            submission = record_submission(holder.get(), request)
+            submission, step = executor().submit(request)
         except (InvalidSubmission, CallNodeConflict, AdmissionClosed, AdapterDisabled) as exc:
             log.warning("longcall.submit refused: %s", exc)
             raise SubmissionRefused(str(exc)) from None
-        return operation_summary(submission.operation, created=submission.created)
+        follow(step)
+        return operation_summary(submission.operation, created=submission.created) | (
+            {"step": step.action} if step is not None else {}
+        )
 
-    @app.task(name="longcall.drain_outbox", acks_late=True)
+    @app.task(name="longcall.poll")
+    def poll(op_id: str, cursor: int) -> dict[str, Any]:
+        step = executor().advance(_op_id(op_id), int(cursor))
+        follow(step)
+        return step.as_dict()
+
+    @app.task(name="longcall.fetch_result")
+    def fetch_result(op_id: str, cursor: int) -> dict[str, Any]:
+        step = executor().fetch_result(_op_id(op_id), int(cursor))
+        follow(step)
+        return step.as_dict()
+
+    @app.task(name="longcall.cancel")
+    def cancel(op_id: str, cursor: int | None = None) -> dict[str, Any]:
+        """With ``op_id`` alone: an operator's or pipeline's cancel request. With a cursor: the dispatcher
+        sending (again) the protocol request of a cancel already recorded."""
+        try:
+            if cursor is None:
+                step = executor().request_cancel(_op_id(op_id))
+            else:
+                step = executor().send_cancel(_op_id(op_id), int(cursor))
+        except (NotCancellable, OperationNotFound) as exc:
+            raise RequestRefused(str(exc)) from None
+        follow(step)
+        return step.as_dict()
+
+    @app.task(name="longcall.provide_input", bind=True, max_retries=None)
+    def provide_input(self: Task[Any, Any], op_id: str, input_round: int, response: Any) -> dict[str, Any]:
+        if not isinstance(response, dict):
+            raise RequestRefused("response must be the protocol's reply body, a JSON object")
+        if isinstance(input_round, bool) or not isinstance(input_round, int):
+            raise RequestRefused("input_round must be a whole number")
+        try:
+            step = executor().provide_input(_op_id(op_id), input_round, response)
+        except NoToken as no_token:
+            # A short countdown on the control queue, not a long ETA: the token is due within seconds.
+            raise self.retry(countdown=max(0.05, no_token.wait_s)) from None
+        except (InputRefused, OperationNotFound) as exc:
+            raise RequestRefused(str(exc)) from None
+        follow(step)
+        return step.as_dict()
+
+    @app.task(name="longcall.dispatch_due")
+    def dispatch_due() -> dict[str, int]:
+        dispatches = executor().dispatch_due()
+        if dispatches:
+            with app.producer_or_acquire() as producer:
+                for dispatch in dispatches:
+                    app.send_task(
+                        dispatch.task,
+                        kwargs={"op_id": str(dispatch.op_id), "cursor": dispatch.cursor},
+                        task_id=dispatch.task_id,
+                        producer=producer,
+                    )
+        return {"dispatched": len(dispatches)}
+
+    @app.task(name="longcall.drain_outbox")
     def drain_outbox(limit: int = 200) -> dict[str, int]:
         report = holder.get().ledger.drain_outbox(publisher(app), limit=limit)
         if report.failed:
             log.warning("outbox rows %s could not be published; they stay ready", list(report.failed))
         return {"dispatched": len(report.dispatched), "failed": len(report.failed)}
+
+    @app.task(name="longcall.reconcile")
+    def reconcile() -> dict[str, int]:
+        return executor().reconcile()

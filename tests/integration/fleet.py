@@ -1,0 +1,229 @@
+"""A whole fleet for end-to-end tests: longcall's MCP server, longcall workers and beat, and a pipeline
+worker that imports nothing of longcall. Real processes, real Postgres, Redis and broker."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+from celery import Celery
+
+from ledger.repository import Ledger, Operation
+from ledger.states import OpState
+from tests import support
+from tests.integration.pipeline_app import make_app
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class McpServer:
+    url: str
+    control: str
+    process: support.CeleryProcess
+
+    def faults(self, **switches: Any) -> None:
+        httpx.post(f"{self.control}/faults", json=switches, timeout=5).raise_for_status()
+
+    def log(self) -> list[dict[str, Any]]:
+        entries: list[dict[str, Any]] = httpx.get(f"{self.control}/log", timeout=5).json()["entries"]
+        return entries
+
+    def tasks(self) -> list[dict[str, Any]]:
+        tasks: list[dict[str, Any]] = httpx.get(f"{self.control}/tasks", timeout=5).json()["tasks"]
+        return tasks
+
+
+def start_mcp_server(log_dir: Path, *flags: str, poll_interval_ms: int = 200) -> McpServer:
+    port = free_port()
+    process = support.start_celery_like(
+        [
+            sys.executable,
+            "-m",
+            "demo_server.mcp",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--poll-interval-ms",
+            str(poll_interval_ms),
+            *flags,
+        ],
+        env={},
+        log_dir=log_dir,
+        name=f"mcp-{port}",
+    )
+    control = f"http://127.0.0.1:{port}/_control"
+
+    def up() -> bool:
+        try:
+            return httpx.get(f"{control}/faults", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    support.wait_for("the MCP server to listen", up)
+    return McpServer(f"http://127.0.0.1:{port}/mcp", control, process)
+
+
+def fleet_config(server_url: str, **server: Any) -> str:
+    values = {"poll_qps": 50, "control_qps": 50, **server}
+    lines = [
+        "[servers.reports]",
+        'protocol = "mcp"',
+        'protocol_version = "2025-11-25"',
+        f'url = "{server_url}"',
+        *(f"{k} = {json.dumps(v)}" for k, v in values.items()),
+        "[servers.reports.tools.quick_lookup]",
+        "sync_upper_bound_s = 5",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class Fleet:
+    ledger: Ledger
+    pipeline: Celery
+    sink: str
+    redis: redis.Redis
+    mcp: McpServer
+    env: dict[str, str]
+    log_dir: Path
+    processes: list[support.CeleryProcess] = field(default_factory=list)
+
+    def deliveries(self) -> list[dict[str, Any]]:
+        return [json.loads(raw) for raw in self.redis.lrange(self.sink, 0, -1)]
+
+    def receipts(self) -> list[dict[str, Any]]:
+        return [d["kwargs"]["receipt"] for d in self.deliveries() if "receipt" in d["kwargs"]]
+
+    def input_requests(self) -> list[dict[str, Any]]:
+        return [d["kwargs"]["input_request"] for d in self.deliveries() if "input_request" in d["kwargs"]]
+
+    def send(self, task: str, timeout: float = 30, **kwargs: Any) -> Any:
+        return self.pipeline.send_task(task, kwargs=kwargs, queue="longcall.control").get(timeout=timeout)
+
+    def submit(self, call_node_id: str, tool: str, arguments: dict[str, Any], **extra: Any) -> uuid.UUID:
+        on_terminal = dict(self.pipeline.signature("pipeline.record", queue="pipeline"))
+        on_input = dict(self.pipeline.signature("pipeline.record", queue="pipeline"))
+        answer = self.send(
+            "longcall.submit",
+            call_node_id=call_node_id,
+            server="reports",
+            tool=tool,
+            arguments=arguments,
+            on_terminal=on_terminal,
+            on_input=on_input,
+            **extra,
+        )
+        return uuid.UUID(answer["op_id"])
+
+    def wait_state(self, op_id: uuid.UUID, *states: OpState, timeout: float = 30) -> Operation:
+        return support.wait_for(
+            f"operation {op_id} to reach {[s.value for s in states]}",
+            lambda: op if (op := self.ledger.get(op_id)).state in states else None,
+            timeout=timeout,
+        )
+
+    def wait_receipt(self, call_node_id: str, timeout: float = 30) -> dict[str, Any]:
+        return support.wait_for(
+            f"the receipt of {call_node_id}",
+            lambda: next((r for r in self.receipts() if r["call_node_id"] == call_node_id), None),
+            timeout=timeout,
+        )
+
+    def start_worker(
+        self, name: str, queues: str = "longcall.control,longcall.poll,longcall.outbox", concurrency: int = 2
+    ) -> support.CeleryProcess:
+        process = support.start_worker(
+            "workers.app",
+            queues=queues,
+            env=self.env,
+            log_dir=self.log_dir,
+            name=name,
+            concurrency=concurrency,
+        )
+        self.processes.append(process)
+        return process
+
+
+@contextmanager
+def running_fleet(
+    ledger: Ledger,
+    database_url: str,
+    broker_prefix: str,
+    redis_client: redis.Redis,
+    tmp_path: Path,
+    log_dir: Path,
+    *,
+    mcp_flags: tuple[str, ...] = (),
+    poll_interval_ms: int = 200,
+    server: dict[str, Any] | None = None,
+    workers: int = 2,
+    env: dict[str, str] | None = None,
+) -> Iterator[Fleet]:
+    mcp = start_mcp_server(log_dir, *mcp_flags, poll_interval_ms=poll_interval_ms)
+    config = tmp_path / "longcall.toml"
+    config.write_text(fleet_config(mcp.url, **(server or {})))
+    sink = f"{broker_prefix}sink"
+    longcall_env = {
+        "LONGCALL_DATABASE_URL": database_url,
+        "LONGCALL_REDIS_URL": support.REDIS_URL,
+        "LONGCALL_BROKER_KEYPREFIX": broker_prefix,
+        "LONGCALL_CONFIG": str(config),
+        "LONGCALL_OUTBOX_INTERVAL_S": "0.5",
+        "LONGCALL_LEASE_S": "3",
+        **(env or {}),
+    }
+    pipeline_env = {
+        "PIPELINE_BROKER_URL": support.REDIS_URL,
+        "PIPELINE_KEYPREFIX": broker_prefix,
+        "PIPELINE_SINK": sink,
+    }
+    fleet = Fleet(
+        ledger,
+        make_app(support.REDIS_URL, broker_prefix, sink),
+        sink,
+        redis_client,
+        mcp,
+        longcall_env,
+        log_dir,
+    )
+    try:
+        for index in range(workers):
+            fleet.start_worker(f"longcall{index}")
+        fleet.processes.append(
+            support.start_celery(
+                ["-A", "workers.app", "beat", "-s", str(tmp_path / "beat-schedule"), "--loglevel", "INFO"],
+                env=longcall_env,
+                log_dir=log_dir,
+                name="beat",
+                ready_marker="beat: Starting",
+            )
+        )
+        fleet.processes.append(
+            support.start_worker(
+                "tests.integration.pipeline_app",
+                queues="pipeline",
+                env=pipeline_env,
+                log_dir=log_dir,
+                name="pipeline",
+                concurrency=1,
+            )
+        )
+        yield fleet
+    finally:
+        for process in [*fleet.processes, mcp.process]:
+            process.stop()

@@ -1,0 +1,77 @@
+"""The Redis side of the fleet: per-server token buckets and the cancel-generation CAS (rules 4 and 6).
+
+Both are single Lua scripts, so each decision is one atomic step on Redis whatever the number of worker
+processes. Redis may lose everything (it keeps nothing on disk here): a lost bucket starts afresh, a lost
+generation is re-seeded from the ledger, which stays the record of truth.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass
+from importlib import resources
+from typing import Literal
+
+import redis
+
+Budget = Literal["poll", "control"]
+
+#: Spacing at 1/rate exactly would let a request that left a little late share a one-second window with
+#: one that left on time; ten percent of headroom keeps the server's own count within ``*_qps``.
+RATE_HEADROOM = 0.9
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    granted: bool
+    wait_s: float
+
+
+class HotState:
+    def __init__(self, client: redis.Redis, *, prefix: str = "longcall:") -> None:
+        self.client = client
+        self.prefix = prefix
+        self._bucket = client.register_script(_lua("token_bucket.lua"))
+        self._cas = client.register_script(_lua("cancel_cas.lua"))
+
+    @classmethod
+    def from_url(cls, url: str, *, prefix: str = "longcall:") -> HotState:
+        return cls(
+            redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5, retry_on_timeout=True),
+            prefix=prefix,
+        )
+
+    def take(self, server: str, budget: Budget, rate_per_s: float) -> Token:
+        """Take one token for a call to ``server`` from the ``budget`` bucket, or learn how long to wait."""
+        interval_us = max(1, math.ceil(1_000_000 / (rate_per_s * RATE_HEADROOM)))
+        key = f"{self.prefix}bucket:{server}:{budget}"
+        granted, wait_us = self._call(self._bucket, [key], [interval_us])
+        return Token(bool(granted), int(wait_us) / 1_000_000)
+
+    def bump_cancel_generation(
+        self, op_id: uuid.UUID, expected: int, *, keep_s: int = 86_400
+    ) -> tuple[bool, int]:
+        """CAS the hot generation from ``expected`` to ``expected + 1``; (won, generation now)."""
+        key = f"{self.prefix}cancel:{op_id}"
+        won, generation = self._call(self._cas, [key], [expected, keep_s])
+        return bool(won), int(generation)
+
+    def seed_cancel_generation(self, op_id: uuid.UUID, generation: int, *, keep_s: int = 86_400) -> None:
+        """Reset the hot copy from the ledger (after a lost CAS or a Redis restart)."""
+        self.client.set(f"{self.prefix}cancel:{op_id}", generation, ex=keep_s)
+
+    def _call(self, script: redis.commands.core.Script, keys: list[str], args: list[int]) -> list[int]:
+        try:
+            return list(script(keys=keys, args=args))
+        except redis.ConnectionError:
+            # One reconnect: a restarted Redis answers the next attempt (and has lost its scripts, which
+            # redis-py reloads on NOSCRIPT).
+            return list(script(keys=keys, args=args))
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _lua(name: str) -> str:
+    return resources.files("workers").joinpath(name).read_text(encoding="utf-8")
