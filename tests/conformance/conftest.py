@@ -70,6 +70,7 @@ QUIRKS: dict[str, str] = {
     "elicitation_not_on_result_stream": "a task's elicitation goes to the GET stream, not to tasks/result",
     "input_required_not_in_status": "tasks/get never shows input_required (only status notifications do)",
     "elicitation_lacks_related_task": "the task's elicitation/create carries no related-task _meta",
+    "tasks_not_bound_to_session": "stateful, yet any session can read any task (spec binds to auth only)",
     "task_param_ignored": "no tasks capability: a task-augmented tools/call runs synchronously",
     "error_messages_prefixed": "JSON-RPC error messages start with 'MCP error <code>: '",
 }
@@ -190,6 +191,7 @@ PEERS: tuple[PeerSpec, ...] = (
                 "elicitation_not_on_result_stream",
                 "input_required_not_in_status",
                 "elicitation_lacks_related_task",
+                "tasks_not_bound_to_session",
             }
         ),
     ),
