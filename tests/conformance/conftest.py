@@ -25,6 +25,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 PEER_PROGRAMS = Path(__file__).resolve().parent / "peers"
 START_TIMEOUT_S = 30.0
+START_ATTEMPTS = 3
 STOP_TIMEOUT_S = 10.0
 
 
@@ -239,23 +240,18 @@ def _free_port() -> int:
         return port
 
 
-def _wait_until_listening(process: subprocess.Popen[bytes], port: int, stderr_path: Path, name: str) -> None:
+def _wait_until_listening(process: subprocess.Popen[bytes], port: int) -> str:
+    """'listening', 'exited' or 'timeout' (bounded by START_TIMEOUT_S)."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            break
+            return "exited"
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.settimeout(0.5)
             if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
+                return "listening" if process.poll() is None else "exited"
         time.sleep(0.05)  # a bounded retry interval, not a wait for a result
-    _stop(process)
-    state = f"exited with {process.returncode}" if process.returncode is not None else "not listening"
-    pytest.fail(
-        f"peer {name} {state} after start (limit {START_TIMEOUT_S:.0f} s); stderr:\n"
-        f"{stderr_path.read_text(errors='replace')[-4000:]}",
-        pytrace=False,
-    )
+    return "timeout"
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
@@ -269,16 +265,33 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         process.wait(timeout=STOP_TIMEOUT_S)
 
 
+def _launch(spec: PeerSpec, log_dir: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """Start the peer on a free port; a start that exits at once (the port taken meanwhile) is retried."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        port = _free_port()
+        argv = spec.argv(port)
+        _check_runtime(spec, argv)
+        stderr_path = log_dir / f"{spec.name}-{attempt}.stderr"
+        with stderr_path.open("wb") as stderr:
+            process = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr)
+        state = _wait_until_listening(process, port)
+        if state == "listening":
+            return process, port
+        _stop(process)
+        if state == "timeout" or attempt == START_ATTEMPTS:
+            what = "not listening" if state == "timeout" else f"exited with {process.returncode}"
+            pytest.fail(
+                f"peer {spec.name} {what} after start (attempt {attempt}, limit {START_TIMEOUT_S:.0f} s); "
+                f"stderr:\n{stderr_path.read_text(errors='replace')[-4000:]}",
+                pytrace=False,
+            )
+    raise AssertionError("unreachable")
+
+
 def start_peer(spec: PeerSpec, log_dir: Path) -> Iterator[McpPeer]:
     """Run one peer until the generator is closed."""
-    port = _free_port()
-    argv = spec.argv(port)
-    _check_runtime(spec, argv)
-    stderr_path = log_dir / f"{spec.name}.stderr"
-    with stderr_path.open("wb") as stderr:
-        process = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr)
+    process, port = _launch(spec, log_dir)
     try:
-        _wait_until_listening(process, port, stderr_path, spec.name)
         yield McpPeer(
             name=spec.name,
             url=f"http://127.0.0.1:{port}/mcp",
