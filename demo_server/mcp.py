@@ -118,7 +118,6 @@ class ServerOptions:
 @dataclass(eq=False)
 class Session:
     session_id: str
-    protocol_version: str = LATEST_VERSION
     client_capabilities: dict[str, Any] = field(default_factory=dict)
     stream: asyncio.Queue[object] | None = None
 
@@ -134,7 +133,6 @@ class Incoming:
 
     message: dict[str, Any]
     session: Session | None
-    headers: dict[str, str]
 
     @property
     def method(self) -> str | None:
@@ -295,7 +293,7 @@ class DemoMcpServer:
         ok, session = await self._check_session(headers, send)
         if not ok:
             return
-        incoming = Incoming(message, session, headers)
+        incoming = Incoming(message, session)
         if raw_method is None:
             self._client_response(incoming)
             await respond(send, 202, headers=self._session_headers(incoming.session))
@@ -332,7 +330,6 @@ class DemoMcpServer:
         capabilities = params.get("capabilities")
         session = Session(
             session_id=uuid.uuid4().hex,
-            protocol_version=str(version),
             client_capabilities=capabilities if isinstance(capabilities, dict) else {},
         )
         if not self.options.stateless:
