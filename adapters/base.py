@@ -253,11 +253,13 @@ class Timeouts:
 
 @dataclass(frozen=True)
 class Limits:
-    """``max_body_bytes`` caps any one HTTP answer (JSON body or SSE stream); ``max_pages`` caps
-    paginated listings."""
+    """``max_body_bytes`` caps any one HTTP answer (JSON body or SSE stream, resumptions included);
+    ``max_pages`` caps paginated listings; ``max_resumptions`` caps how often an SSE stream that closed
+    before its response is resumed with ``Last-Event-ID``."""
 
     max_body_bytes: int = 4 * 1024 * 1024
     max_pages: int = 50
+    max_resumptions: int = 3
 
 
 @dataclass(frozen=True)

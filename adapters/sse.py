@@ -34,6 +34,17 @@ class SseDecoder:
         self._event = ""
         self._id: str | None = None
         self._retry: int | None = None
+        self._reconnect_ms: int | None = None
+
+    @property
+    def last_event_id(self) -> str | None:
+        """The last ``id`` field seen (kept across events, as the standard's last-event-ID buffer)."""
+        return self._id or None
+
+    @property
+    def reconnect_ms(self) -> int | None:
+        """The last ``retry`` field seen: how long to wait before reconnecting."""
+        return self._reconnect_ms
 
     def feed(self, chunk: bytes) -> list[SseEvent]:
         """Decode one chunk; return the events it completed.
@@ -97,7 +108,7 @@ class SseDecoder:
             if "\0" not in value:
                 self._id = value
         elif name == "retry" and value.isascii() and value.isdigit():
-            self._retry = int(value)
+            self._retry = self._reconnect_ms = int(value)
         return None
 
     def _dispatch(self) -> SseEvent | None:

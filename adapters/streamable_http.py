@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -124,9 +124,26 @@ class _Deadline:
     def expired(self) -> bool:
         return time.monotonic() > self._end
 
+    def remaining(self) -> float:
+        return self._end - time.monotonic()
+
 
 class _ReadBudgetExceeded(Exception):
     """The whole answer took longer than its read budget."""
+
+
+@dataclass
+class _StreamState:
+    """What the legs of one (possibly resumed) SSE answer share."""
+
+    messages: list[Message] = field(default_factory=list)
+    size: int = 0
+    last_event_id: str | None = None
+    reconnect_ms: int | None = None
+
+
+class _Resume(Exception):
+    """The stream closed before the response after an event id: resume it with ``Last-Event-ID``."""
 
 
 class StreamableHttpClient:
@@ -186,21 +203,63 @@ class StreamableHttpClient:
         budget = read_timeout if read_timeout is not None else self._timeouts.read
         deadline = _Deadline(budget)
         headers = request_headers(session, bearer_token=self._token, include_version=include_version)
-        try:
+        state = _StreamState()
+
+        def read(answer: httpx.Response, *, resuming: bool) -> Exchange:
+            return self._read_answer(
+                answer,
+                request_id=request_id,
+                method=method,
+                session=session,
+                idempotent=idempotent,
+                deadline=deadline,
+                until=until,
+                patient=patient,
+                on_request=on_request,
+                state=state,
+                resuming=resuming,
+            )
+
+        def post() -> Exchange:
             with self._http.stream(
                 "POST", self._url, json=body, headers=headers, timeout=self._timeout(budget)
             ) as answer:
-                return self._read_answer(
-                    answer,
-                    request_id=request_id,
-                    method=method,
-                    session=session,
-                    idempotent=idempotent,
-                    deadline=deadline,
-                    until=until,
-                    patient=patient,
-                    on_request=on_request,
-                )
+                return read(answer, resuming=False)
+
+        def resume() -> Exchange:
+            resume_headers = {
+                **headers,
+                "Accept": "text/event-stream",
+                "Last-Event-ID": state.last_event_id or "",
+            }
+            del resume_headers["Content-Type"]
+            with self._http.stream(
+                "GET", self._url, headers=resume_headers, timeout=self._timeout(budget)
+            ) as answer:
+                return read(answer, resuming=True)
+
+        leg = post
+        for _ in range(self._limits.max_resumptions + 1):
+            try:
+                return self._mapped(leg, method=method, idempotent=idempotent, patient=patient, budget=budget)
+            except _Resume:
+                wait_s = (state.reconnect_ms or 0) / 1000
+                if deadline.remaining() <= wait_s:
+                    break
+                # The server asked for this pause before reconnecting (SSE ``retry``), bounded by the budget.
+                time.sleep(wait_s)
+                leg = resume
+        text = f"{method}: event stream closed without a response (resumed {self._limits.max_resumptions}x)"
+        if idempotent:
+            raise Transient(text)
+        raise OutcomeUnknown(text)
+
+    def _mapped(
+        self, leg: Callable[[], Exchange], *, method: str, idempotent: bool, patient: bool, budget: float
+    ) -> Exchange:
+        """Run one leg of a request, mapping every foreign exception at this edge."""
+        try:
+            return leg()
         except httpx.ReadTimeout as exc:
             if patient:
                 return Exchange(response=None, waited_out=True)
@@ -310,11 +369,19 @@ class StreamableHttpClient:
         until: Callable[[Message], bool] | None,
         patient: bool,
         on_request: Callable[[Request], None] | None,
+        state: _StreamState | None = None,
+        resuming: bool = False,
     ) -> Exchange:
         status = answer.status_code
         session_header = answer.headers.get("mcp-session-id")
         if status == 404 and session is not None and session.session_id is not None:
             raise SessionGone(f"{method}: session {session.session_id} not found (HTTP 404)")
+        if resuming and status != 200:
+            # The server cannot resume the stream: the answer is lost, as if the stream had simply ended.
+            text = f"{method}: stream could not be resumed (HTTP {status})"
+            if idempotent:
+                raise Transient(text)
+            raise OutcomeUnknown(text)
         if status in (202, 204):
             message = f"{method}: HTTP {status}, accepted without an answer"
             if idempotent:
@@ -324,7 +391,7 @@ class StreamableHttpClient:
             body = self._read_bounded(answer, _ERROR_BODY_LIMIT, None)
             raise classify_http_status(status, headers=answer.headers, body=body, idempotent=idempotent)
         content_type = answer.headers.get("content-type", "").split(";")[0].strip().lower()
-        if content_type == "application/json":
+        if content_type == "application/json" and not resuming:
             body = self._read_bounded(answer, self._limits.max_body_bytes, deadline)
             messages = parse_messages(decode_json(body))
             exchange = self._collect(messages, request_id, method, session_header, from_stream=False)
@@ -340,6 +407,7 @@ class StreamableHttpClient:
                 until=until,
                 patient=patient,
                 on_request=on_request,
+                state=state,
             )
         raise ProtocolViolation(f"{method}: unexpected content type {content_type!r}")
 
@@ -392,30 +460,39 @@ class StreamableHttpClient:
         until: Callable[[Message], bool] | None,
         patient: bool,
         on_request: Callable[[Request], None] | None = None,
+        state: _StreamState | None = None,
     ) -> Exchange:
+        state = state if state is not None else _StreamState()
         decoder = SseDecoder()
-        messages: list[Message] = []
-        size = 0
+        messages = state.messages
         limit = self._limits.max_body_bytes
-        for chunk in answer.iter_bytes():
-            size += len(chunk)
-            if size > limit:
-                raise ProtocolViolation(f"{method}: event stream larger than {limit} bytes")
-            for event in decoder.feed(chunk):
-                if not event.data.strip():
-                    continue
-                message = parse_message(decode_json(event.data))
-                messages.append(message)
-                if on_request is not None and isinstance(message, Request):
-                    on_request(message)
-                if self._is_ours(message, request_id) or (until is not None and until(message)):
-                    return self._collect(messages, request_id, method, session_header, from_stream=True)
-            if deadline.expired():
-                raise _ReadBudgetExceeded
-        messages.extend(parse_message(decode_json(e.data)) for e in decoder.close() if e.data.strip())
+        try:
+            for chunk in answer.iter_bytes():
+                state.size += len(chunk)
+                if state.size > limit:
+                    raise ProtocolViolation(f"{method}: event stream larger than {limit} bytes")
+                for event in decoder.feed(chunk):
+                    if not event.data.strip():
+                        continue
+                    message = parse_message(decode_json(event.data))
+                    messages.append(message)
+                    if on_request is not None and isinstance(message, Request):
+                        on_request(message)
+                    if self._is_ours(message, request_id) or (until is not None and until(message)):
+                        return self._collect(messages, request_id, method, session_header, from_stream=True)
+                if deadline.expired():
+                    raise _ReadBudgetExceeded
+            decoder.close()
+        finally:
+            state.last_event_id = decoder.last_event_id or state.last_event_id
+            state.reconnect_ms = (
+                decoder.reconnect_ms if decoder.reconnect_ms is not None else state.reconnect_ms
+            )
         exchange = self._collect(messages, request_id, method, session_header, from_stream=True)
         if exchange.response is not None or patient:
             return replace(exchange, waited_out=exchange.response is None)
+        if request_id is not None and state.last_event_id is not None:
+            raise _Resume
         text = f"{method}: event stream ended without a response"
         if idempotent:
             raise Transient(text)

@@ -262,3 +262,72 @@ def test_error_responses_in_a_stream_are_returned_for_the_caller_to_classify() -
     )
     assert answer.response is not None
     assert not isinstance(answer.response, Response)
+
+
+def resumable(*legs: httpx.Response) -> tuple[Handler, list[httpx.Request]]:
+    """A server whose POST stream closes early; each later GET (with Last-Event-ID) gets the next leg."""
+    seen: list[httpx.Request] = []
+    answers = list(legs)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return answers.pop(0)
+
+    return handler, seen
+
+
+def sse_raw(text: str) -> httpx.Response:
+    return httpx.Response(200, content=text.encode(), headers={"content-type": "text/event-stream"})
+
+
+def test_a_stream_closed_after_an_event_id_is_resumed_with_last_event_id() -> None:
+    final = json.dumps(result_message("req-1", {"task": "ok"}))
+    handler, seen = resumable(
+        sse_raw("id: e1\r\nretry: 5\r\ndata:\r\n\r\n"),
+        sse_raw(f"id: e2\r\nevent: message\r\ndata: {final}\r\n\r\n"),
+    )
+    answer = client(handler).request("tools/call", {}, session=SESSION, idempotent=False)
+    assert answer.response == Response(id="req-1", result={"task": "ok"})
+    post, get = seen
+    assert (post.method, get.method) == ("POST", "GET")
+    assert get.headers["last-event-id"] == "e1"
+    assert get.headers["accept"] == "text/event-stream"
+    assert get.headers["mcp-session-id"] == "abc"
+
+
+def test_server_requests_before_the_break_are_kept_across_resumption() -> None:
+    ask = json.dumps({"jsonrpc": "2.0", "id": "srv-1", "method": "elicitation/create", "params": {}})
+    final = json.dumps(result_message("req-1", {}))
+    handler, _ = resumable(
+        sse_raw(f"id: 1\ndata: {ask}\n\n"),
+        sse_raw(f"id: 2\ndata: {final}\n\n"),
+    )
+    answer = client(handler).request("tasks/result", {}, session=SESSION, idempotent=True)
+    assert [r.id for r in answer.server_requests] == ["srv-1"]
+    assert answer.response is not None
+
+
+@pytest.mark.parametrize(("idempotent", "error"), [(True, Transient), (False, OutcomeUnknown)])
+def test_a_stream_the_server_cannot_resume_is_lost(idempotent: bool, error: type[Exception]) -> None:
+    handler, seen = resumable(sse_raw("id: e1\ndata:\n\n"), httpx.Response(405))
+    with pytest.raises(error, match="could not be resumed"):
+        client(handler).request("tools/call", {}, session=SESSION, idempotent=idempotent)
+    assert len(seen) == 2
+
+
+def test_resumption_is_bounded() -> None:
+    legs = [sse_raw(f"id: e{n}\ndata:\n\n") for n in range(10)]
+    handler, seen = resumable(*legs)
+    with pytest.raises(OutcomeUnknown, match="closed without a response"):
+        client(handler, limits=Limits(max_resumptions=2)).request(
+            "tools/call", {}, session=SESSION, idempotent=False
+        )
+    assert [r.method for r in seen] == ["POST", "GET", "GET"]
+    assert seen[-1].headers["last-event-id"] == "e1"
+
+
+def test_a_stream_without_event_ids_is_not_resumed() -> None:
+    handler, seen = resumable(sse([{"jsonrpc": "2.0", "method": "n", "params": {}}]))
+    with pytest.raises(OutcomeUnknown, match="ended without a response"):
+        client(handler).request("tools/call", {}, session=SESSION, idempotent=False)
+    assert len(seen) == 1
