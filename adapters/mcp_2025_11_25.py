@@ -534,6 +534,7 @@ class McpTasksAdapter:
             {"jsonrpc": "2.0", "method": "notifications/initialized"},
             session=session,
             what="notifications/initialized",
+            idempotent=True,
         )
         self._session, self._facts, self._tools = session, facts, None
         return session, facts

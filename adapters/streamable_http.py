@@ -234,22 +234,25 @@ class StreamableHttpClient:
             }
             del resume_headers["Content-Type"]
             with self._http.stream(
-                "GET", self._url, headers=resume_headers, timeout=self._timeout(budget)
+                "GET",
+                self._url,
+                headers=resume_headers,
+                timeout=self._timeout(max(deadline.remaining(), 0.01)),
             ) as answer:
                 return read(answer, resuming=True)
 
-        leg = post
-        for _ in range(self._limits.max_resumptions + 1):
+        leg, resumed = post, 0
+        while True:
             try:
                 return self._mapped(leg, method=method, idempotent=idempotent, patient=patient, budget=budget)
             except _Resume:
                 wait_s = (state.reconnect_ms or 0) / 1000
-                if deadline.remaining() <= wait_s:
+                if resumed >= self._limits.max_resumptions or deadline.remaining() <= wait_s:
                     break
                 # The server asked for this pause before reconnecting (SSE ``retry``), bounded by the budget.
                 time.sleep(wait_s)
-                leg = resume
-        text = f"{method}: event stream closed without a response (resumed {self._limits.max_resumptions}x)"
+                leg, resumed = resume, resumed + 1
+        text = f"{method}: event stream closed without a response (resumed {resumed}x)"
         if idempotent:
             raise Transient(text)
         raise OutcomeUnknown(text)
@@ -276,7 +279,9 @@ class StreamableHttpClient:
         except UnicodeDecodeError as exc:
             raise ProtocolViolation(f"{method}: answer is not UTF-8") from exc
 
-    def post_message(self, message: Mapping[str, Any], *, session: Session | None, what: str) -> None:
+    def post_message(
+        self, message: Mapping[str, Any], *, session: Session | None, what: str, idempotent: bool = False
+    ) -> None:
         """POST a notification or a response. The server answers 202 ("accepted", nothing more).
 
         Raises:
@@ -297,10 +302,10 @@ class StreamableHttpClient:
                 if answer.status_code == 404 and session is not None and session.session_id is not None:
                     raise SessionGone(f"{what}: session {session.session_id} not found (HTTP 404)")
                 raise classify_http_status(
-                    answer.status_code, headers=answer.headers, body=body, idempotent=False
+                    answer.status_code, headers=answer.headers, body=body, idempotent=idempotent
                 )
         except httpx.HTTPError as exc:
-            raise map_transport_error(exc, idempotent=False, method=what) from exc
+            raise map_transport_error(exc, idempotent=idempotent, method=what) from exc
 
     def listen(self, *, session: Session, wait_s: float, until: Callable[[Message], bool]) -> Exchange:
         """Open the session's GET stream and read server messages until ``until`` matches or ``wait_s``
