@@ -157,6 +157,13 @@ class ToolOperation(Base):
             "next_poll_at",
             postgresql_where=text("next_poll_at IS NOT NULL"),
         ),
+        # The dispatcher claims per server, at most what that server's budgets can take in one tick.
+        Index(
+            "ix_tool_operation_server_due",
+            "server",
+            "next_poll_at",
+            postgresql_where=text("next_poll_at IS NOT NULL"),
+        ),
         Index("ix_tool_operation_state", "state"),
     )
 

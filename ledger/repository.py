@@ -728,23 +728,28 @@ class Ledger:
 
     # ----------------------------------------------------------------------------------------- polling
 
-    def claim_due(self, *, limit: int, lease_s: float, epoch: int | None = None) -> list[Claim]:
+    def claim_due(
+        self, *, limit: int, lease_s: float, epoch: int | None = None, server: str | None = None
+    ) -> list[Claim]:
         """Claim up to ``limit`` due operations (SKIP LOCKED), lease them and bump their poll cursor.
 
         A claim is not a transition; the step's outcome, written under the returned cursor, is. A lease that
         ran out (a crashed worker) makes the row claimable again, under a new cursor, so the crashed worker's
         late answer is fenced off. With ``epoch``, a row of an older execution epoch is taken over by it
-        (rule 13): its old-epoch writers are refused from then on.
+        (rule 13): its old-epoch writers are refused from then on. With ``server``, only that server's rows.
         """
         if limit <= 0:
             return []
         with self._tx() as conn:
+            conditions = [
+                OP.c.next_poll_at <= func.now(),
+                or_(OP.c.lease_until.is_(None), OP.c.lease_until < func.now()),
+            ]
+            if server is not None:
+                conditions.append(OP.c.server == server)
             due = (
                 select(OP.c.id)
-                .where(
-                    OP.c.next_poll_at <= func.now(),
-                    or_(OP.c.lease_until.is_(None), OP.c.lease_until < func.now()),
-                )
+                .where(*conditions)
                 .order_by(OP.c.next_poll_at)
                 .limit(limit)
                 .with_for_update(skip_locked=True)
