@@ -172,9 +172,7 @@ class Executor:
             log.info("stale step on %s: %s", op.id, stale)
             return StepOutcome(op.id, "stale", None, detail={"found": stale.found})
         except NoToken as no_token:
-            return self._reschedule(
-                op, fence, no_token.wait_s, "no_token", {"wait_s": round(no_token.wait_s, 3)}
-            )
+            return self._no_token(op, fence, no_token)
 
     def _create(self, op: Operation, fence: Fence) -> StepOutcome:
         if op.submit_attempted_at is not None:
@@ -422,9 +420,7 @@ class Executor:
         try:
             self._take(op.server, "control")
         except NoToken as no_token:
-            return self._reschedule(
-                op, fence, no_token.wait_s, "no_token", {"wait_s": round(no_token.wait_s, 3)}
-            )
+            return self._no_token(op, fence, no_token)
         if op.state is S.TERMINAL_OBSERVED:
             op = self._move(op, fence, S.FETCHING_RESULT, {}, "fetching_result", {})
         if op.observed_terminal is TerminalKind.CANCELLED:
@@ -730,6 +726,11 @@ class Executor:
             detail=detail,
         )
         return StepOutcome(op.id, event, op.state, detail={"delay_s": round(delay_s, 3)})
+
+    def _no_token(self, op: Operation, fence: Fence, no_token: NoToken) -> StepOutcome:
+        # A little spread, so operations refused together do not all come back at the same instant.
+        delay = no_token.wait_s + random.uniform(0.0, 0.05)  # noqa: S311
+        return self._reschedule(op, fence, delay, "no_token", {"wait_s": round(no_token.wait_s, 3)})
 
     def _retry_later(self, op: Operation, fence: Fence, exc: AdapterError, event: str) -> StepOutcome:
         return self._reschedule(op, fence, self._retry_s(exc), event, {"error": _describe(exc)})
