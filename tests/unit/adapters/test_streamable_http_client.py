@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from adapters import Limits, Timeouts
 from adapters.errors import NotFound, OutcomeUnknown, ProtocolViolation, RateLimited, Rejected, Transient
@@ -331,3 +334,40 @@ def test_a_stream_without_event_ids_is_not_resumed() -> None:
     with pytest.raises(OutcomeUnknown, match="ended without a response"):
         client(handler).request("tools/call", {}, session=SESSION, idempotent=False)
     assert len(seen) == 1
+
+
+_other = st.one_of(
+    st.builds(
+        lambda n: {"jsonrpc": "2.0", "method": f"notifications/n{n}", "params": {"n": n}},
+        st.integers(0, 99),
+    ),
+    st.builds(
+        lambda n: {"jsonrpc": "2.0", "id": f"srv-{n}", "method": "elicitation/create", "params": {"n": n}},
+        st.integers(0, 99),
+    ),
+)
+
+
+@given(
+    before=st.lists(_other, max_size=5),
+    after=st.lists(_other, max_size=3),
+    newline=st.sampled_from(["\n", "\r\n", "\r"]),
+    cuts=st.lists(st.integers(min_value=0, max_value=4000), max_size=10),
+)
+def test_the_response_is_found_among_any_interleaving_and_chunking(
+    before: list[dict[str, object]], after: list[dict[str, object]], newline: str, cuts: list[int]
+) -> None:
+    messages = [*before, result_message("req-1", {"ok": True}), *after]
+    raw = sse_body(messages, newline=newline)
+    bounds = sorted({c % (len(raw) + 1) for c in cuts} | {0, len(raw)})
+    chunks = [raw[a:b] for a, b in itertools.pairwise(bounds)]
+
+    def handler(_: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            200, stream=ChunkedStream(chunks), headers={"content-type": "text/event-stream"}
+        )
+
+    answer = client(handler).request("tasks/result", {}, session=SESSION, idempotent=True)
+    assert answer.response == Response(id="req-1", result={"ok": True})
+    assert [r.id for r in answer.server_requests] == [m["id"] for m in before if "id" in m]
+    assert [n.method for n in answer.notifications] == [m["method"] for m in before if "id" not in m]
