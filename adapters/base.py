@@ -255,11 +255,13 @@ class Timeouts:
 class Limits:
     """``max_body_bytes`` caps any one HTTP answer (JSON body or SSE stream, resumptions included);
     ``max_pages`` caps paginated listings; ``max_resumptions`` caps how often an SSE stream that closed
-    before its response is resumed with ``Last-Event-ID``."""
+    before its response is resumed with ``Last-Event-ID``; ``tool_list_max_age_s`` is how long a tool list
+    (and so a descriptor digest) is reused before it is read again."""
 
     max_body_bytes: int = 4 * 1024 * 1024
     max_pages: int = 50
     max_resumptions: int = 3
+    tool_list_max_age_s: float = 300.0
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import hashlib
 import json
 import math
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -481,6 +482,7 @@ class McpTasksAdapter:
         self._session: Session | None = None
         self._facts: ServerFacts | None = None
         self._tools: list[Mapping[str, Any]] | None = None
+        self._tools_read_at = 0.0
 
     # -- identity ----------------------------------------------------------------------------------
 
@@ -569,7 +571,8 @@ class McpTasksAdapter:
     def _tool_list(self) -> list[Mapping[str, Any]]:
         with self._lock:
             session = self._current_session()
-            if self._tools is not None:
+            fresh = time.monotonic() - self._tools_read_at < self._config.limits.tool_list_max_age_s
+            if self._tools is not None and fresh:
                 return self._tools
             tools: list[Mapping[str, Any]] = []
             cursor: str | None = None
@@ -579,7 +582,7 @@ class McpTasksAdapter:
                 page, cursor = parse_tools_page(self._result_of("tools/list", exchange))
                 tools.extend(page)
                 if cursor is None:
-                    self._tools = tools
+                    self._tools, self._tools_read_at = tools, time.monotonic()
                     return tools
             raise ProtocolViolation(
                 f"server {self.name!r}: tools/list has more than {self._config.limits.max_pages} pages"

@@ -12,6 +12,7 @@ import pytest
 from adapters import (
     CapabilityRefused,
     InputRequest,
+    Limits,
     NotFound,
     OutcomeUnknown,
     ProtocolViolation,
@@ -621,3 +622,16 @@ def test_an_unreadable_cancel_answer_is_outcome_unknown_but_an_unreadable_poll_i
         adapter.cancel(REF)
     with pytest.raises(ProtocolViolation):
         adapter.get(REF)
+
+
+def test_the_tool_list_is_read_again_once_it_is_older_than_its_max_age() -> None:
+    server = FakeMcpServer()
+    adapter = make_adapter(server, limits=Limits(tool_list_max_age_s=0.0))
+    adapter.capabilities("slow_count")
+    adapter.capabilities("slow_count")
+    assert len(server.calls("tools/list")) == 2
+    cached = FakeMcpServer()
+    adapter = make_adapter(cached)
+    adapter.capabilities("slow_count")
+    adapter.capabilities("echo")
+    assert len(cached.calls("tools/list")) == 1
