@@ -2,10 +2,14 @@ from __future__ import annotations
 
 import ast
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import adapters
 from adapters import (
@@ -125,3 +129,46 @@ def test_adapters_import_nothing_of_the_ledger_the_workers_or_celery() -> None:
             else:
                 continue
             assert not roots & forbidden, f"{path.name} imports {roots & forbidden}"
+
+
+def test_importing_adapters_loads_no_celery_ledger_or_workers_module() -> None:
+    probe = (
+        "import sys, adapters; "
+        "roots = {'celery', 'kombu', 'ledger', 'workers'}; "
+        "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in roots)))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == ""
+
+
+_json_text = st.text(max_size=20)
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | _json_text,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_json_text, inner, max_size=3),
+    max_leaves=10,
+)
+
+
+@given(
+    remote_id=st.text(min_size=1, max_size=40),
+    session_ref=st.none() | st.text(min_size=1, max_size=40),
+)
+def test_any_remote_ref_round_trips_through_json(remote_id: str, session_ref: str | None) -> None:
+    ref = RemoteRef(remote_id=remote_id, session_ref=session_ref, protocol_version="2025-11-25")
+    assert RemoteRef.from_json(json.loads(json.dumps(ref.to_json()))) == ref
+
+
+@given(
+    request_id=st.text(min_size=1, max_size=30) | st.integers(-(2**53), 2**53),
+    params=st.dictionaries(_json_text, _json_values, max_size=4),
+    schema=st.none() | st.dictionaries(_json_text, _json_values, max_size=3),
+)
+def test_any_input_request_round_trips_through_json(
+    request_id: str | int, params: dict[str, object], schema: dict[str, object] | None
+) -> None:
+    request = InputRequest(
+        request_id=request_id, method="elicitation/create", params=params, schema=schema, task_id="t"
+    )
+    assert InputRequest.from_json(json.loads(json.dumps(request.to_json()))) == request
