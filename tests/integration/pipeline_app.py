@@ -35,6 +35,17 @@ def make_app(broker_url: str, keyprefix: str, sink: str) -> Celery:
         client.rpush(sink, json.dumps({"task_id": self.request.id, "kwargs": kwargs}))
         client.close()
 
+    @app.task(name="pipeline.flaky", bind=True, max_retries=3, default_retry_delay=0.2)  # type: ignore[untyped-decorator]
+    def flaky(self: Any, **kwargs: Any) -> None:
+        """Fails its first attempt; every attempt is recorded, so a test sees what each one received."""
+        client = redis.Redis.from_url(broker_url)
+        client.rpush(
+            sink, json.dumps({"task_id": self.request.id, "attempt": self.request.retries, "kwargs": kwargs})
+        )
+        client.close()
+        if self.request.retries == 0:
+            raise self.retry()
+
     return app
 
 
