@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import sys
+import time
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 import click
 from celery.exceptions import TimeoutError as CeleryTimeout
@@ -15,7 +18,10 @@ from rich.table import Table
 from ledger import migrate as migrations
 from ledger.errors import LedgerError
 from ledger.repository import Ledger, Operation
+from ledger.states import TerminalKind
 from workers.app import create_app
+from workers.executor import Executor, Resolution, WrongState
+from workers.runtime import Runtime
 from workers.settings import ConfigError, Settings, load_settings
 
 console = Console()
@@ -80,17 +86,7 @@ def submit(
         kwargs["on_terminal"] = _json_option("--on-terminal", on_terminal)
     if ttl_ms is not None:
         kwargs["ttl_ms"] = ttl_ms
-    app = create_app(_settings())
-    try:
-        answer = app.send_task("longcall.submit", kwargs=kwargs, queue="longcall.control").get(
-            timeout=timeout
-        )
-    except CeleryTimeout:
-        raise click.ClickException(
-            f"no longcall worker answered within {timeout:g}s; is one consuming longcall.control?"
-        ) from None
-    except Exception as exc:  # noqa: BLE001 - the worker's refusal arrives as a rebuilt exception class
-        raise click.ClickException(f"refused: {exc}") from None
+    answer = _send("longcall.submit", kwargs, timeout)
     if as_json:
         click.echo(json.dumps(answer, indent=2))
     else:
@@ -161,6 +157,187 @@ def status(ref: str, show_events: bool, as_json: bool) -> None:
                 event["server_state"] or "",
             )
         console.print(events_table)
+
+
+def _send(task: str, kwargs: dict[str, Any], timeout: float) -> Any:
+    app = create_app(_settings())
+    try:
+        return app.send_task(task, kwargs=kwargs, queue="longcall.control").get(timeout=timeout)
+    except CeleryTimeout:
+        raise click.ClickException(
+            f"no longcall worker answered within {timeout:g}s; is one consuming longcall.control?"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - the worker's refusal arrives as a rebuilt exception class
+        raise click.ClickException(f"refused: {exc}") from None
+
+
+@main.command()
+@click.argument("ref")
+@click.option("--timeout", type=float, default=15.0, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def cancel(ref: str, timeout: float, as_json: bool) -> None:
+    """Request the cancel of one operation (a request: the server's answer decides the outcome)."""
+    op = _lookup(ref)
+    answer = _send("longcall.cancel", {"op_id": str(op.id)}, timeout)
+    if as_json:
+        click.echo(json.dumps(answer, indent=2))
+    else:
+        console.print(f"operation {op.id}: {answer['action']}")
+
+
+@main.command("input")
+@click.argument("ref")
+@click.option("--round", "input_round", type=int, required=True, help="The input round being answered.")
+@click.option(
+    "--response", required=True, help='The reply body, e.g. {"action": "accept", "content": {...}}.'
+)
+@click.option("--timeout", type=float, default=15.0, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def input_(ref: str, input_round: int, response: str, timeout: float, as_json: bool) -> None:
+    """Answer an operation's input request for its current round (the approval gate, by hand)."""
+    op = _lookup(ref)
+    kwargs = {
+        "op_id": str(op.id),
+        "input_round": input_round,
+        "response": _json_option("--response", response),
+    }
+    answer = _send("longcall.provide_input", kwargs, timeout)
+    if as_json:
+        click.echo(json.dumps(answer, indent=2))
+    else:
+        console.print(f"operation {op.id}: {answer['action']}")
+
+
+@main.command()
+@click.argument("ref", required=False)
+@click.option(
+    "--found", "remote_id", default=None, help="Evidence says it exists on the server as REMOTE_ID."
+)
+@click.option("--session", "session_ref", default=None, help="With --found: the MCP session it is bound to.")
+@click.option("--never-created", is_flag=True, help="Evidence says the server never created it: resubmit.")
+@click.option("--terminal", type=click.Choice(["completed", "failed", "cancelled"]), default=None)
+@click.option(
+    "--close", "close_id", type=int, default=None, help="Close reconciliation record ID as handled."
+)
+@click.option("--evidence", default=None, help="What the decision rests on (kept in the ledger).")
+@click.option("--json", "as_json", is_flag=True)
+def reconcile(
+    ref: str | None,
+    remote_id: str | None,
+    session_ref: str | None,
+    never_created: bool,
+    terminal: str | None,
+    close_id: int | None,
+    evidence: str | None,
+    as_json: bool,
+) -> None:
+    """List what waits for an operator, or resolve one operation (or close one record) with evidence."""
+    settings = _settings()
+    decisions = [remote_id is not None, never_created, terminal is not None, close_id is not None]
+    if sum(decisions) > 1:
+        raise click.UsageError("choose one of --found, --never-created, --terminal, --close")
+    ledger = Ledger.from_url(settings.database_url, pool_size=1)
+    try:
+        if not any(decisions):
+            records = [r for r in ledger.open_reconciliations() if ref is None or str(r.op_id) == ref]
+            rows = [_jsonable(dataclasses.asdict(r)) for r in records]
+            if as_json:
+                click.echo(json.dumps(rows, indent=2))
+                return
+            table = Table("id", "op_id", "reason", "opened", "deadline")
+            for r in records:
+                table.add_row(
+                    str(r.id),
+                    str(r.op_id),
+                    r.reason.value,
+                    r.opened_at.isoformat(timespec="seconds"),
+                    r.deadline.isoformat(timespec="seconds"),
+                )
+            console.print(table if records else "nothing waits for an operator")
+            return
+        if not evidence:
+            raise click.UsageError("a decision needs --evidence (what it rests on; it is kept in the ledger)")
+        actor = os.environ.get("USER", "operator")
+        if close_id is not None:
+            if not ledger.resolve_reconciliation(
+                close_id,
+                resolution=f"closed by {actor}: {evidence}",
+                detail={"actor": actor, "evidence": evidence},
+            ):
+                raise click.ClickException(f"no open reconciliation record {close_id}")
+            console.print(f"record {close_id} closed")
+            return
+        if ref is None:
+            raise click.UsageError("name the operation to resolve")
+        op = _find(ledger, ref)
+        kind: Literal["found", "never_created", "terminal"] = (
+            "found" if remote_id is not None else "never_created" if never_created else "terminal"
+        )
+        resolution = Resolution(
+            kind,
+            evidence,
+            actor,
+            remote_id=remote_id,
+            session_ref=session_ref,
+            terminal=TerminalKind(terminal) if terminal else None,
+        )
+        runtime = Runtime.from_settings(settings)
+        try:
+            after = Executor(runtime).resolve(op.id, resolution)
+        except (WrongState, ValueError, LedgerError) as exc:
+            raise click.ClickException(str(exc)) from exc
+        finally:
+            runtime.close()
+    finally:
+        ledger.dispose()
+    if as_json:
+        click.echo(json.dumps(_operation_json(after), indent=2))
+    else:
+        console.print(f"operation {after.id}: {after.state.value}")
+
+
+@main.command()
+@click.argument("ref")
+@click.option(
+    "--timeout", type=float, default=600.0, show_default=True, help="Stop watching after this long."
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON line per event.")
+def watch(ref: str, timeout: float, as_json: bool) -> None:
+    """Follow one operation's events until it is final (or the timeout)."""
+    ledger = Ledger.from_url(_settings().database_url, pool_size=1)
+    deadline = time.monotonic() + timeout
+    seen = 0
+    try:
+        op = _find(ledger, ref)
+        with console.status(f"{op.id}: {op.state.value}") as spinner:
+            while True:
+                for event in ledger.events(op.id)[seen:]:
+                    seen += 1
+                    if as_json:
+                        click.echo(json.dumps(_jsonable(event)))
+                    else:
+                        console.print(
+                            f"{event['at'].isoformat(timespec='milliseconds')}  {event['kind']:<24} "
+                            f"{event['from_state'] or '':>20} -> {event['to_state'] or ''}"
+                            f"  {event['server_state'] or ''}"
+                        )
+                op = ledger.get(op.id)
+                spinner.update(f"{op.id}: {op.state.value} ({op.server_state or '-'})")
+                if op.is_final or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+    finally:
+        ledger.dispose()
+    if not op.is_final:
+        raise click.ClickException(f"still {op.state.value} after {timeout:g}s")
+
+
+def _lookup(ref: str) -> Operation:
+    ledger = Ledger.from_url(_settings().database_url, pool_size=1)
+    try:
+        return _find(ledger, ref)
+    finally:
+        ledger.dispose()
 
 
 def _find(ledger: Ledger, ref: str) -> Operation:

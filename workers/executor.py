@@ -16,7 +16,7 @@ import random
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import jsonschema
 
@@ -102,11 +102,27 @@ class Dispatch:
         return f"{self.task}:{self.op_id}:{self.cursor}"
 
 
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """An operator's evidence-backed decision (``longcall reconcile``)."""
+
+    kind: Literal["found", "never_created", "terminal"]
+    evidence: str
+    actor: str
+    remote_id: str | None = None
+    session_ref: str | None = None
+    terminal: TerminalKind | None = None
+
+
 class InputRefused(ValueError):
     """``longcall.provide_input`` refused the reply; the refusal was recorded as an event."""
 
 
-class NotCancellable(ValueError):
+class WrongState(ValueError):
+    """The request does not apply to the operation in its current state."""
+
+
+class NotCancellable(WrongState):
     """The operation is in a state a cancel cannot apply to (yet)."""
 
 
@@ -673,6 +689,66 @@ class Executor:
                 "reconciliation %s of %s (%s) is past its deadline", record.id, record.op_id, record.reason
             )
         return {"open": len(records), "newly_overdue": len(overdue)}
+
+    def resolve(self, op_id: uuid.UUID, resolution: Resolution) -> Operation:
+        """An operator's decision on an operation in MANUAL_RECONCILIATION, with the evidence for it.
+
+        ``found``: the operation exists on the server under ``remote_id`` -> WORKING, polled at once.
+        ``never_created``: the operator proved it never ran -> NOT_FOUND_SAFE -> SUBMITTING with the same
+        submission key (the only resubmission there is). ``terminal``: it ended on the server -> its result is
+        fetched and accepted like any other. Open records of the operation are closed with the evidence.
+        """
+        op = self.ledger.get(op_id)
+        if op.state is not S.MANUAL_RECONCILIATION:
+            raise WrongState(f"operation {op.id} is {op.state}, not waiting for an operator")
+        fence = Fence(op.execution_epoch, op.cancel_generation)
+        note = f"{resolution.kind} by {resolution.actor}: {resolution.evidence}"
+        detail = {"actor": resolution.actor, "evidence": resolution.evidence}
+        if resolution.kind == "found":
+            if not resolution.remote_id:
+                raise ValueError("a 'found' resolution names the remote id")
+            return self._move(
+                op,
+                fence,
+                S.WORKING,
+                {
+                    "remote_id": resolution.remote_id,
+                    "session_ref": resolution.session_ref or op.session_ref,
+                    "next_poll_at": due_in(0),
+                },
+                "resolved_found",
+                detail,
+                resolve=note,
+            )
+        if resolution.kind == "never_created":
+            op = self._move(op, fence, S.NOT_FOUND_SAFE, {}, "resolved_never_created", detail, resolve=note)
+            return self._move(
+                op,
+                fence,
+                S.SUBMITTING,
+                {"submit_attempted_at": None, "next_poll_at": due_in(0)},
+                "resubmission",
+                {"submission_key": str(op.submission_key)},
+            )
+        if resolution.terminal is None:
+            raise ValueError("a 'terminal' resolution names the terminal state")
+        remote_id = resolution.remote_id or op.remote_id
+        if remote_id is None and resolution.terminal is not TerminalKind.CANCELLED:
+            raise ValueError("the result of a completed or failed operation is fetched by its remote id")
+        return self._move(
+            op,
+            fence,
+            S.TERMINAL_OBSERVED,
+            {
+                "remote_id": remote_id,
+                "observed_terminal": resolution.terminal,
+                "server_state": None,
+                "next_poll_at": due_in(0),
+            },
+            "resolved_terminal",
+            {**detail, "terminal": resolution.terminal.value},
+            resolve=note,
+        )
 
     # ------------------------------------------------------------------------------------------ helpers
 

@@ -1,0 +1,116 @@
+"""The ``longcall`` command against a real ledger: migrate, status, reconcile, watch, and clear refusals."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import create_engine, inspect
+
+from ledger.reasons import ReconciliationReason
+from ledger.repository import Fence, Ledger, NewReconciliation, normalize_database_url
+from ledger.states import OpState, TerminalKind
+from tests.integration.helpers import evidence_for, place
+from workers.cli import main
+
+CONFIG = """
+[servers.reports]
+protocol = "mcp"
+protocol_version = "2025-11-25"
+url = "http://127.0.0.1:9/mcp"
+"""
+
+
+@pytest.fixture
+def cli_env(monkeypatch: pytest.MonkeyPatch, database_url: str, broker_prefix: str, tmp_path: Path) -> None:
+    config = tmp_path / "longcall.toml"
+    config.write_text(CONFIG)
+    monkeypatch.setenv("LONGCALL_DATABASE_URL", database_url)
+    monkeypatch.setenv("LONGCALL_BROKER_KEYPREFIX", broker_prefix)
+    monkeypatch.setenv("LONGCALL_CONFIG", str(config))
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+def test_migrate_creates_the_database_and_its_tables(
+    monkeypatch: pytest.MonkeyPatch, empty_database_url: str
+) -> None:
+    monkeypatch.setenv("LONGCALL_DATABASE_URL", empty_database_url)
+    code, output = run("migrate")
+    assert code == 0, output
+    assert "at head" in output
+    engine = create_engine(normalize_database_url(empty_database_url))
+    assert "terminal_receipt" in inspect(engine).get_table_names()
+    engine.dispose()
+
+
+def test_status_by_op_id_call_node_and_remote_id(cli_env: None, ledger: Ledger) -> None:
+    op = place(ledger, OpState.FETCHING_RESULT)
+    ledger.accept_terminal(op.id, evidence_for(op, TerminalKind.COMPLETED))
+    for ref in (str(op.id), op.call_node_id, f"reports:{op.remote_id}"):
+        code, output = run("status", ref, "--json", "--events")
+        assert code == 0, output
+        data = json.loads(output)
+        assert (data["op_id"], data["state"]) == (str(op.id), "ACCEPTED")
+        assert data["receipt"]["terminal_state"] == "completed"
+        assert data["events"][-1]["kind"] == "terminal_accepted"
+    code, output = run("status", "no-such-node")
+    assert code == 1
+    assert "no operation with op id, call node id or SERVER:REMOTE_ID 'no-such-node'" in output
+
+
+def test_reconcile_lists_and_resolves_with_evidence(cli_env: None, ledger: Ledger) -> None:
+    op = place(ledger, OpState.SUBMISSION_UNKNOWN)
+    ledger.transition(
+        op.id,
+        Fence(op.execution_epoch, op.cancel_generation),
+        OpState.MANUAL_RECONCILIATION,
+        from_states=[OpState.SUBMISSION_UNKNOWN],
+        reconcile=NewReconciliation(ReconciliationReason.SUBMISSION_UNKNOWN, dt.timedelta(hours=1)),
+    )
+    code, output = run("reconcile", "--json")
+    assert code == 0, output
+    [record] = json.loads(output)
+    assert (record["op_id"], record["reason"]) == (str(op.id), "SUBMISSION_UNKNOWN")
+
+    code, output = run("reconcile", str(op.id), "--found", "task-abc")
+    assert code == 2
+    assert "needs --evidence" in output
+    code, output = run(
+        "reconcile", str(op.id), "--found", "task-abc", "--evidence", "seen in the server's tasks/list"
+    )
+    assert code == 0, output
+    after = ledger.get(op.id)
+    assert (after.state, after.remote_id) == (OpState.WORKING, "task-abc")
+    assert ledger.open_reconciliations() == []
+    [closed] = ledger.reconciliations_for(op.id)
+    assert "seen in the server's tasks/list" in (closed.resolution or "")
+
+    code, output = run("reconcile", str(op.id), "--never-created", "--evidence", "x")
+    assert code == 1
+    assert "not waiting for an operator" in output
+
+
+def test_watch_ends_when_the_operation_is_final(cli_env: None, ledger: Ledger) -> None:
+    op = place(ledger, OpState.CANCEL_REQUESTED)
+    ledger.accept_terminal(op.id, evidence_for(op, TerminalKind.CANCELLED))
+    code, output = run("watch", op.call_node_id, "--json", "--timeout", "5")
+    assert code == 0, output
+    kinds = [json.loads(line)["kind"] for line in output.splitlines() if line.startswith("{")]
+    assert kinds[-1] == "terminal_accepted"
+
+
+def test_a_command_that_needs_a_worker_says_so_when_none_answers(cli_env: None, ledger: Ledger) -> None:
+    op = place(ledger, OpState.WORKING)
+    code, output = run("cancel", str(op.id), "--timeout", "1")
+    assert code == 1
+    assert "no longcall worker answered within 1s" in output
+    code, output = run("status", str(uuid.uuid4()))
+    assert code == 1
