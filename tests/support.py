@@ -33,7 +33,7 @@ def database_url(name: str) -> str:
 
 def admin_execute(sql: str) -> None:
     with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        conn.execute(sql)  # type: ignore[arg-type]
+        conn.execute(sql.encode())
 
 
 def create_database(template: str | None = None) -> str:

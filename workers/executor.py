@@ -459,7 +459,8 @@ class Executor:
         kind = TerminalKind(result.outcome)
         if kind is not op.observed_terminal:
             op = self._set_observed(op, fence, kind)  # e.g. "completed" with isError: true is a failure
-        return self._accept(op, kind, _result_json(result))
+        audit = None if result.task_verified else {"task_verified": False, "why": "no related-task _meta"}
+        return self._accept(op, kind, _result_json(result), audit=audit)
 
     def _set_observed(self, op: Operation, fence: Fence, kind: TerminalKind) -> Operation:
         return self.ledger.update(

@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 import redis
-from celery import Celery
+from celery import Celery, Task
 
 
 def make_app(broker_url: str, keyprefix: str, sink: str) -> Celery:
@@ -29,14 +29,14 @@ def make_app(broker_url: str, keyprefix: str, sink: str) -> Celery:
         worker_hijack_root_logger=False,
     )
 
-    @app.task(name="pipeline.record", bind=True)  # type: ignore[untyped-decorator]
-    def record(self: Any, **kwargs: Any) -> None:
+    @app.task(name="pipeline.record", bind=True)
+    def record(self: Task[Any, Any], /, **kwargs: Any) -> None:
         client = redis.Redis.from_url(broker_url)
         client.rpush(sink, json.dumps({"task_id": self.request.id, "kwargs": kwargs}))
         client.close()
 
-    @app.task(name="pipeline.flaky", bind=True, max_retries=3, default_retry_delay=0.2)  # type: ignore[untyped-decorator]
-    def flaky(self: Any, **kwargs: Any) -> None:
+    @app.task(name="pipeline.flaky", bind=True, max_retries=3)
+    def flaky(self: Task[Any, Any], /, **kwargs: Any) -> None:
         """Fails its first attempt; every attempt is recorded, so a test sees what each one received."""
         client = redis.Redis.from_url(broker_url)
         client.rpush(
@@ -44,7 +44,7 @@ def make_app(broker_url: str, keyprefix: str, sink: str) -> Celery:
         )
         client.close()
         if self.request.retries == 0:
-            raise self.retry()
+            raise self.retry(countdown=0.2)
 
     return app
 

@@ -171,10 +171,11 @@ def test_twenty_processes_submit_the_same_call_node_at_once(ledger: Ledger, data
 
 
 def test_two_drainers_deliver_each_outbox_row_once(ledger: Ledger, database_url: str) -> None:
-    accepted = []
+    accepted: list[int] = []
     for _ in range(120):
         op = place(ledger, OpState.FETCHING_RESULT)
         acceptance = ledger.accept_terminal(op.id, evidence_for(op, TerminalKind.COMPLETED))
+        assert acceptance.outbox_id is not None
         accepted.append(acceptance.outbox_id)
     results = dict(_spawn(races.drain, [(database_url, "a"), (database_url, "b")]))
 

@@ -163,7 +163,7 @@ def test_a_pipeline_reaches_longcall_by_name_and_gets_its_receipt_once(fleet: Fl
         assert status.scalar_one() == "dispatched"
 
 
-BAD_INPUT = [
+BAD_INPUT: list[tuple[dict[str, Any], str]] = [
     ({"server": "nowhere"}, "unknown server 'nowhere'; configured servers: reports"),
     ({"call_node_id": ""}, "call_node_id must not be empty"),
     ({"arguments": "not an object"}, "arguments must be a JSON object"),
@@ -174,7 +174,12 @@ BAD_INPUT = [
 
 def test_bad_input_is_refused_by_the_worker_and_writes_nothing(fleet: Fleet) -> None:
     for change, message in BAD_INPUT:
-        call = {"call_node_id": "run-8/report", "server": "reports", "tool": "slow_report", "arguments": {}}
+        call: dict[str, Any] = {
+            "call_node_id": "run-8/report",
+            "server": "reports",
+            "tool": "slow_report",
+            "arguments": {},
+        }
         with pytest.raises(Exception) as refused:  # noqa: PT011 - the class is rebuilt by Celery; name checked below
             _submit(fleet, **(call | change))
         assert type(refused.value).__name__ == "SubmissionRefused"

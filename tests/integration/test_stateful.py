@@ -184,8 +184,12 @@ def _fence(fence: Fence, stale: str) -> Fence:
 
 
 def test_ledger_state_machine(ledger: Ledger) -> None:
+    class Bound(LedgerMachine):
+        def __init__(self) -> None:
+            super().__init__(ledger)
+
     run_state_machine_as_test(
-        lambda: LedgerMachine(ledger),
+        Bound,
         settings=settings(
             max_examples=40,
             stateful_step_count=40,

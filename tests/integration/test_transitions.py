@@ -64,7 +64,7 @@ def test_every_pair(shared_ledger: Ledger, source: OpState, target: OpState) -> 
 
 
 def _stale_cases() -> list[tuple[OpState, OpState, str]]:
-    cases = []
+    cases: list[tuple[OpState, OpState, str]] = []
     for source, target in EDGES:
         if target in FINAL_STATES:
             continue

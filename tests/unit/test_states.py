@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import cast
+
+from sqlalchemy import CheckConstraint, Table
+
 from ledger import models
 from ledger.states import (
     ACCEPT_FROM,
@@ -63,9 +67,13 @@ def test_acceptance_edges_are_edges() -> None:
 
 
 def test_the_state_check_is_generated_from_the_table() -> None:
-    table = models.ToolOperation.__table__
-    [check] = [c for c in table.constraints if str(getattr(c, "name", "")).endswith("_state_known")]
-    listed = str(check.sqltext)  # type: ignore[attr-defined]
+    table = cast(Table, models.ToolOperation.__table__)
+    [check] = [
+        c
+        for c in table.constraints
+        if isinstance(c, CheckConstraint) and str(c.name).endswith("_state_known")
+    ]
+    listed = str(check.sqltext)
     assert all(f"'{state}'" in listed for state in OpState)
     assert listed.count("'") == 2 * len(OpState)
 
