@@ -37,10 +37,9 @@ integration: services install
 conformance: services install peers
 	$(BIN)/pytest tests/conformance -v
 
-## fleet: a worker and beat on the local Postgres and Redis (see README)
+## fleet: the demo MCP server, a worker and beat on the local Postgres and Redis (see README)
 fleet: services install
-	$(BIN)/longcall migrate
-	$(BIN)/celery -A workers.app worker -Q longcall.control,longcall.poll,longcall.outbox -c 2 -B --loglevel INFO
+	scripts/fleet
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -316,10 +316,15 @@ def watch(ref: str, timeout: float, as_json: bool) -> None:
                     if as_json:
                         click.echo(json.dumps(_jsonable(event)))
                     else:
+                        moved = (
+                            f"{event['from_state']} -> {event['to_state']}"
+                            if event["from_state"] != event["to_state"]
+                            else event["to_state"]
+                        )
                         console.print(
-                            f"{event['at'].isoformat(timespec='milliseconds')}  {event['kind']:<24} "
-                            f"{event['from_state'] or '':>20} -> {event['to_state'] or ''}"
-                            f"  {event['server_state'] or ''}"
+                            f"{event['at'].strftime('%H:%M:%S.%f')[:-3]} {event['kind']:<20} {moved}"
+                            + (f" ({event['server_state']})" if event["server_state"] else ""),
+                            soft_wrap=True,
                         )
                 op = ledger.get(op.id)
                 spinner.update(f"{op.id}: {op.state.value} ({op.server_state or '-'})")

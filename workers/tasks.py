@@ -53,9 +53,11 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:  # noqa: PLR0915
             log.warning("longcall.submit refused: %s", exc)
             raise SubmissionRefused(str(exc)) from None
         follow(step)
-        return operation_summary(submission.operation, created=submission.created) | (
-            {"step": step.action} if step is not None else {}
-        )
+        summary = operation_summary(submission.operation, created=submission.created)
+        if step is not None:
+            summary["step"] = step.action
+            summary["state"] = step.state.value if step.state is not None else summary["state"]
+        return summary
 
     @app.task(name="longcall.poll")
     def poll(op_id: str, cursor: int) -> dict[str, Any]:
