@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from adapters import default_registry
 from ledger.digests import NotJson, canonical_json, request_digest
 from ledger.repository import NewOperation, Operation, Submission
 from workers import __version__
@@ -23,6 +24,7 @@ SUBMIT_KWARGS = frozenset(
 SIGNATURE_KEYS = frozenset({"task", "args", "kwargs", "options", "subtask_type", "immutable", "chord_size"})
 MAX_TTL_MS = 7 * 24 * 3600 * 1000
 MAX_NAME = 512
+ADAPTERS = frozenset(default_registry().keys())
 
 
 class InvalidSubmission(ValueError):
@@ -72,6 +74,12 @@ def record_submission(
     if server is None:
         known = ", ".join(sorted(runtime.fleet.servers)) or "none (set LONGCALL_CONFIG)"
         raise InvalidSubmission(f"unknown server {request.server!r}; configured servers: {known}")
+    if (server.protocol, server.protocol_version) not in ADAPTERS:
+        known = ", ".join(f"{p} {v}" for p, v in sorted(ADAPTERS))
+        raise InvalidSubmission(
+            f"server {request.server!r} speaks {server.protocol} {server.protocol_version}, which this version of "
+            f"longcall has no adapter for (it has: {known})"
+        )
     try:
         body_json = canonical_json(request.arguments)
     except NotJson as exc:

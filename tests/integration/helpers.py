@@ -9,7 +9,7 @@ from sqlalchemy import text
 
 from ledger.digests import digest, request_digest
 from ledger.repository import Ledger, NewOperation, Operation, TerminalEvidence
-from ledger.states import REMOTE_ID_REQUIRED, TERMINAL_KNOWN, OpState, TerminalKind
+from ledger.states import NEVER_POLLED, REMOTE_ID_REQUIRED, TERMINAL_KNOWN, OpState, TerminalKind
 
 RESULT = {"content": [{"type": "text", "text": "report ready"}], "isError": False}
 
@@ -58,6 +58,8 @@ def place(ledger: Ledger, state: OpState, *, terminal: TerminalKind = TerminalKi
         sets["input_deadline"] = "2999-01-01T00:00:00Z"
     if state is OpState.ACCEPTED:
         sets["result_digest"] = digest(RESULT)
+    if state in NEVER_POLLED:
+        sets["next_poll_at"] = None  # a new row is due at once; these states are never polled
     assignments = ", ".join(f"{column} = :{column}" for column in sets)
     with ledger.engine.begin() as conn:
         conn.execute(text(f"UPDATE tool_operation SET {assignments} WHERE id = :id"), {**sets, "id": op.id})
