@@ -77,8 +77,8 @@ def record_submission(
     if (server.protocol, server.protocol_version) not in ADAPTERS:
         known = ", ".join(f"{p} {v}" for p, v in sorted(ADAPTERS))
         raise InvalidSubmission(
-            f"server {request.server!r} speaks {server.protocol} {server.protocol_version}, which this version of "
-            f"longcall has no adapter for (it has: {known})"
+            f"server {request.server!r} speaks {server.protocol} {server.protocol_version}, which this "
+            f"version of longcall has no adapter for (it has: {known})"
         )
     try:
         body_json = canonical_json(request.arguments)
