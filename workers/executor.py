@@ -550,13 +550,27 @@ class Executor:
             return self._not_found(op, fence, exc)
         except Rejected as exc:
             # No cancel on this server: the outcome comes from polling, as for AIP-151.
-            return self._cancel_by_polling(op, fence, adapter, exc)
+            return self._after_cancel(
+                op, fence, adapter, None, event="cancel_refused", detail={"error": _describe(exc)}
+            )
         except (Transient, OutcomeUnknown, ProtocolViolation) as exc:
             # A lost ACK is resolved by asking again: a second cancel finds the task terminal.
             return self._retry_later(op, fence, exc, "cancel_failed")
         if outcome.kind == "cancelled":
             return self._accept(op, TerminalKind.CANCELLED, None, audit={"server_state": "cancelled"})
-        status = outcome.status
+        return self._after_cancel(op, fence, adapter, outcome.status, event="cancel_pending", detail={})
+
+    def _after_cancel(
+        self,
+        op: Operation,
+        fence: Fence,
+        adapter: ToolAdapter,
+        status: RemoteStatus | None,
+        *,
+        event: str,
+        detail: Mapping[str, Any],
+    ) -> StepOutcome:
+        """Where the task stands after a cancel request that was not itself the evidence of a cancel."""
         if status is None or status.terminal is None:
             try:
                 status = adapter.get(_ref(op), read_input=False)
@@ -565,27 +579,12 @@ class Executor:
             except AdapterError as exc:
                 return self._retry_later(op, fence, exc, "cancel_read_failed")
         if status.terminal == "cancelled":
-            return self._accept(op, TerminalKind.CANCELLED, None, audit={"server_state": status.server_state})
+            return self._accept(
+                op, TerminalKind.CANCELLED, None, audit={"server_state": status.server_state, **detail}
+            )
         if status.terminal is not None:
             return self._observed(op, fence, status)  # the completion won the race
-        return self._reschedule(op, fence, self._interval_s(op, status), "cancel_pending", {})
-
-    def _cancel_by_polling(
-        self, op: Operation, fence: Fence, adapter: ToolAdapter, exc: Rejected
-    ) -> StepOutcome:
-        try:
-            status = adapter.get(_ref(op), read_input=False)
-        except NotFound as not_found:
-            return self._not_found(op, fence, not_found)
-        except AdapterError as error:
-            return self._retry_later(op, fence, error, "cancel_poll_failed")
-        if status.terminal == "cancelled":
-            return self._accept(op, TerminalKind.CANCELLED, None, audit={"cancel_refused": _describe(exc)})
-        if status.terminal is not None:
-            return self._observed(op, fence, status)
-        return self._reschedule(
-            op, fence, self._interval_s(op, status), "cancel_refused", {"error": _describe(exc)}
-        )
+        return self._reschedule(op, fence, self._interval_s(op, status), event, detail)
 
     # ----------------------------------------------------------------------------------------- input (10)
 
