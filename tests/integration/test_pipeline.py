@@ -4,42 +4,19 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
-from celery import Celery
 from sqlalchemy import text
 
 from ledger.repository import Ledger
-from ledger.states import OpState, TerminalKind
 from tests import support
-from tests.integration.helpers import evidence_for
-from tests.integration.pipeline_app import make_app
+from tests.integration.fleet import Fleet, running_fleet
 from workers.delivery import DELIVERY_NAMESPACE
-
-CONFIG = """
-[servers.reports]
-protocol = "mcp"
-protocol_version = "2025-11-25"
-url = "http://127.0.0.1:9/mcp"
-"""
-
-
-@dataclass
-class Fleet:
-    pipeline: Celery
-    sink: str
-    redis: redis.Redis
-    ledger: Ledger
-
-    def deliveries(self) -> list[dict[str, Any]]:
-        return [json.loads(raw) for raw in self.redis.lrange(self.sink, 0, -1)]
 
 
 @pytest.fixture
@@ -51,47 +28,8 @@ def fleet(
     tmp_path: Path,
     log_dir: Path,
 ) -> Iterator[Fleet]:
-    config = tmp_path / "longcall.toml"
-    config.write_text(CONFIG)
-    sink = f"{broker_prefix}sink"
-    longcall_env = {
-        "LONGCALL_DATABASE_URL": database_url,
-        "LONGCALL_REDIS_URL": support.REDIS_URL,
-        "LONGCALL_BROKER_KEYPREFIX": broker_prefix,
-        "LONGCALL_CONFIG": str(config),
-        "LONGCALL_OUTBOX_INTERVAL_S": "0.5",
-    }
-    pipeline_env = {
-        "PIPELINE_BROKER_URL": support.REDIS_URL,
-        "PIPELINE_KEYPREFIX": broker_prefix,
-        "PIPELINE_SINK": sink,
-    }
-    processes = [
-        support.start_worker(
-            "workers.app",
-            queues="longcall.control,longcall.outbox",
-            env=longcall_env,
-            log_dir=log_dir,
-            name="longcall",
-        ),
-        support.start_celery(
-            ["-A", "workers.app", "beat", "-s", str(tmp_path / "beat-schedule"), "--loglevel", "INFO"],
-            env=longcall_env,
-            log_dir=log_dir,
-            name="beat",
-            ready_marker="beat: Starting",
-        ),
-        support.start_worker(
-            "tests.integration.pipeline_app",
-            queues="pipeline",
-            env=pipeline_env,
-            log_dir=log_dir,
-            name="pipeline",
-            concurrency=1,
-        ),
-    ]
-    with support.running(processes):
-        yield Fleet(make_app(support.REDIS_URL, broker_prefix, sink), sink, redis_client, ledger)
+    with running_fleet(ledger, database_url, broker_prefix, redis_client, tmp_path, log_dir) as fleet:
+        yield fleet
 
 
 def _submit(fleet: Fleet, **kwargs: Any) -> Any:
@@ -108,35 +46,16 @@ def test_a_pipeline_reaches_longcall_by_name_and_gets_its_receipt_once(fleet: Fl
         "call_node_id": "run-7/report",
         "server": "reports",
         "tool": "slow_report",
-        "arguments": {"month": "2026-11"},
+        "arguments": {"seconds": 0.3},
         "on_terminal": on_terminal,
     }
     summary = _submit(fleet, **call)
     assert summary["created"] is True
-    assert summary["state"] == "SUBMITTING"
+    assert summary["state"] in ("WORKING", "SUBMITTING")
     again = _submit(fleet, **call)  # the same call node and request: the same operation
     assert (again["op_id"], again["created"]) == (summary["op_id"], False)
 
-    # Remote calls arrive with the executor; here acceptance is driven directly on the ledger.
-    ledger = fleet.ledger
-    op = ledger.get(uuid.UUID(summary["op_id"]))
-    op = ledger.transition(
-        op.id, op.fence, OpState.WORKING, from_states=[OpState.SUBMITTING], values={"remote_id": "task-1"}
-    )
-    op = ledger.transition(
-        op.id,
-        op.fence,
-        OpState.TERMINAL_OBSERVED,
-        from_states=[OpState.WORKING],
-        values={"observed_terminal": TerminalKind.COMPLETED, "server_state": "completed"},
-    )
-    op = ledger.transition(op.id, op.fence, OpState.FETCHING_RESULT, from_states=[OpState.TERMINAL_OBSERVED])
-    acceptance = ledger.accept_terminal(op.id, evidence_for(op, TerminalKind.COMPLETED))
-    assert acceptance.accepted
-    assert acceptance.receipt is not None
-
-    # beat's drain_outbox delivers it.
-    support.wait_for("the downstream task to receive the receipt", lambda: fleet.deliveries() or None)
+    receipt = fleet.wait_receipt("run-7/report")
 
     # More drains find nothing to send; a sentinel behind them proves the pipeline queue is empty.
     for _ in range(3):
@@ -144,23 +63,23 @@ def test_a_pipeline_reaches_longcall_by_name_and_gets_its_receipt_once(fleet: Fl
     fleet.pipeline.send_task("pipeline.record", kwargs={"sentinel": True}, queue="pipeline")
     support.wait_for("the sentinel", lambda: any("sentinel" in d["kwargs"] for d in fleet.deliveries()))
 
-    receipts = [d for d in fleet.deliveries() if "receipt" in d["kwargs"]]
-    assert len(receipts) == 1
-    [delivery] = receipts
-    receipt = delivery["kwargs"]["receipt"]
+    deliveries = [d for d in fleet.deliveries() if "receipt" in d["kwargs"]]
+    assert len(deliveries) == 1
+    [delivery] = deliveries
     assert delivery["kwargs"]["step"] == "after-report"  # the signature's own kwargs are kept
-    assert receipt["receipt_id"] == str(acceptance.receipt.id)
-    assert receipt["outbox_id"] == acceptance.outbox_id
+    ledger_receipt = fleet.ledger.receipt_for(uuid.UUID(summary["op_id"]))
+    assert ledger_receipt is not None
+    assert receipt["receipt_id"] == str(ledger_receipt.id)
     assert receipt["op_id"] == summary["op_id"]
     assert receipt["call_node_id"] == "run-7/report"
     assert receipt["terminal_state"] == "completed"
-    assert receipt["result_digest"] == acceptance.receipt.result_digest
-    assert receipt["result"] == ledger.get(op.id).result
-    assert receipt["result"]["content"][0]["text"] == "report ready"
+    assert receipt["result_digest"] == ledger_receipt.result_digest
+    assert receipt["result"]["content"][0]["text"] == "report ready after 0.3s"
     assert delivery["task_id"] == str(uuid.uuid5(DELIVERY_NAMESPACE, f"receipt:{receipt['receipt_id']}"))
-    with ledger.engine.connect() as conn:
-        status = conn.execute(text("SELECT status FROM outbox WHERE id = :id"), {"id": acceptance.outbox_id})
-        assert status.scalar_one() == "dispatched"
+    assert [e["method"] for e in fleet.mcp.log()].count("tools/call") == 1
+    with fleet.ledger.engine.connect() as conn:
+        outbox = conn.execute(text("SELECT id, status FROM outbox WHERE kind = 'terminal'")).one()
+    assert (receipt["outbox_id"], outbox.status) == (outbox.id, "dispatched")
 
 
 BAD_INPUT: list[tuple[dict[str, Any], str]] = [
