@@ -1062,6 +1062,17 @@ class Ledger:
                 detail={"reconciliation_id": record_id, "reason": row.reason},
             )
 
+    def overdue_inputs(self, *, limit: int = 100) -> list[Operation]:
+        """Operations still waiting for input after their input deadline."""
+        with self._tx() as conn:
+            rows = conn.execute(
+                select(OP)
+                .where(OP.c.state == OpState.INPUT_REQUIRED.value, OP.c.input_deadline < func.now())
+                .order_by(OP.c.input_deadline)
+                .limit(limit)
+            ).all()
+        return [Operation.from_row(r) for r in rows]
+
     def reconciliations_for(self, op_id: uuid.UUID) -> list[ReconciliationRecord]:
         with self._tx() as conn:
             rows = conn.execute(select(RECON).where(RECON.c.op_id == op_id).order_by(RECON.c.id)).all()

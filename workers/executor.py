@@ -678,9 +678,23 @@ class Executor:
         return dispatches
 
     def reconcile(self) -> dict[str, int]:
-        """``longcall.reconcile``: report what waits for an operator, and flag each record past its deadline
-        once (an ``reconciliation_overdue`` event) so alerting can key on it."""
+        """``longcall.reconcile``: hand unanswered input rounds past their deadline to an operator, report
+        what waits for one, and flag each record past its deadline once (a ``reconciliation_overdue`` event)
+        so alerting can key on it."""
         now = dt.datetime.now(dt.UTC)
+        unanswered = 0
+        for op in self.ledger.overdue_inputs():
+            # Nobody answered in time: the server still waits, so an operator decides (cancel or answer late).
+            try:
+                self._to_manual(
+                    op,
+                    Fence(op.execution_epoch, op.cancel_generation),
+                    ReconciliationReason.DEADLINE_EXCEEDED,
+                    {"why": f"input round {op.input_round} was not answered before its deadline"},
+                )
+                unanswered += 1
+            except StaleTransition:
+                continue
         records = self.ledger.open_reconciliations()
         overdue = [r for r in records if r.deadline <= now and not r.detail.get("overdue_flagged")]
         for record in overdue:
@@ -688,7 +702,7 @@ class Executor:
             log.warning(
                 "reconciliation %s of %s (%s) is past its deadline", record.id, record.op_id, record.reason
             )
-        return {"open": len(records), "newly_overdue": len(overdue)}
+        return {"open": len(records), "newly_overdue": len(overdue), "inputs_timed_out": unanswered}
 
     def resolve(self, op_id: uuid.UUID, resolution: Resolution) -> Operation:
         """An operator's decision on an operation in MANUAL_RECONCILIATION, with the evidence for it.

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import redis
 from celery import Celery
+from celery.result import AsyncResult
 
 from ledger.repository import Ledger, Operation
 from ledger.states import OpState
@@ -129,6 +130,66 @@ class Fleet:
             **extra,
         )
         return uuid.UUID(answer["op_id"])
+
+    def send_nowait(self, task: str, **kwargs: Any) -> AsyncResult[Any]:
+        """Send without waiting on the result backend (e.g. when longcall's results go to another Redis)."""
+        return self.pipeline.send_task(task, kwargs=kwargs, queue="longcall.control")
+
+    def submit_nowait(
+        self, call_node_id: str, tool: str, arguments: dict[str, Any], **extra: Any
+    ) -> AsyncResult[Any]:
+        on_terminal = dict(self.pipeline.signature("pipeline.record", queue="pipeline"))
+        return self.send_nowait(
+            "longcall.submit",
+            call_node_id=call_node_id,
+            server="reports",
+            tool=tool,
+            arguments=arguments,
+            on_terminal=on_terminal,
+            **extra,
+        )
+
+    def wait_operation(self, call_node_id: str, *states: OpState, timeout: float = 30) -> Operation:
+        """The call node's operation once it exists (and, with ``states``, is in one of them)."""
+
+        def probe() -> Operation | None:
+            op = self.ledger.find_by_call_node(call_node_id)
+            return op if op is not None and (not states or op.state in states) else None
+
+        return support.wait_for(
+            f"the operation of {call_node_id} in {[s.value for s in states] or 'any state'}",
+            probe,
+            timeout=timeout,
+        )
+
+    def workers(self) -> list[support.CeleryProcess]:
+        return [p for p in self.processes if p.name.startswith("longcall")]
+
+    def worker_that_received(self, task_id: str) -> support.CeleryProcess | None:
+        """The longcall worker whose log says it received ``task_id`` (Celery logs '<name>[<id>] received')."""
+        marker = f"[{task_id}] received"
+        found = [w for w in self.workers() if marker in w.log()]
+        return found[0] if len(found) == 1 else None
+
+    def received_count(self, task_id: str) -> int:
+        """How many times the longcall workers received ``task_id`` (a redelivery counts again)."""
+        marker = f"[{task_id}] received"
+        return sum(w.log().count(marker) for w in self.workers())
+
+    def settled(self) -> bool:
+        """No receipt or input request is waiting to be delivered, and the pipeline has nothing in hand."""
+        prefix = self.sink.removesuffix("sink")
+        # kombu keeps a message being worked on in the "unacked" hash as [message, exchange, routing key].
+        in_hand = [
+            raw
+            for raw in self.redis.hvals(f"{prefix}unacked")
+            if json.loads(raw)[2] == "pipeline"  # the longcall queues share this prefix
+        ]
+        return (
+            self.ledger.ready_outbox_count() == 0
+            and self.redis.llen(f"{prefix}pipeline") == 0
+            and not in_hand
+        )
 
     def wait_state(self, op_id: uuid.UUID, *states: OpState, timeout: float = 30) -> Operation:
         return support.wait_for(

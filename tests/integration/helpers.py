@@ -42,7 +42,7 @@ def submit(ledger: Ledger, call_node_id: str | None = None, **overrides: Any) ->
 def place(ledger: Ledger, state: OpState, *, terminal: TerminalKind = TerminalKind.COMPLETED) -> Operation:
     """A fresh operation put straight into ``state`` with the columns that state requires (setup only)."""
     op = submit(ledger)
-    sets = {"state": state.value}
+    sets: dict[str, str | None] = {"state": state.value}
     if state not in (OpState.SUBMITTING, OpState.NOT_FOUND_SAFE, OpState.SUBMISSION_UNKNOWN):
         sets["remote_id"] = f"task-{op.id.hex[:12]}"
     if state is not OpState.SUBMITTING:

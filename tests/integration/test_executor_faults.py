@@ -1,0 +1,432 @@
+"""The terminal-state protocol under faults (issue 4): workers killed mid-call, pollers answering out of
+order, cancel racing completion in both orders, and the hot Redis restarted mid-run.
+
+Real processes (longcall's MCP server, longcall workers, beat, a pipeline worker), real Postgres and Redis.
+Every wait is bounded (``support.wait_for``)."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from sqlalchemy import text
+
+from ledger.repository import Ledger
+from ledger.states import OpState, TerminalKind
+from tests import support
+from tests.integration.fleet import Fleet, fleet_config, free_port, running_fleet, start_mcp_server
+from tests.integration.helpers import evidence_for
+from workers.executor import Executor, StepOutcome
+from workers.runtime import Runtime
+from workers.settings import Settings
+from workers.submission import parse_submit_kwargs
+
+S = OpState
+
+
+@pytest.fixture
+def fleet_args(
+    ledger: Ledger,
+    database_url: str,
+    broker_prefix: str,
+    redis_client: redis.Redis,
+    tmp_path: Path,
+    log_dir: Path,
+) -> tuple[Any, ...]:
+    return (ledger, database_url, broker_prefix, redis_client, tmp_path, log_dir)
+
+
+@pytest.fixture
+def fleet(fleet_args: tuple[Any, ...]) -> Iterator[Fleet]:
+    with running_fleet(*fleet_args) as fleet:
+        yield fleet
+
+
+def kinds(ledger: Ledger, op_id: uuid.UUID) -> list[str]:
+    return [e["kind"] for e in ledger.events(op_id)]
+
+
+def in_order(sequence: list[str], *wanted: str) -> bool:
+    """``wanted`` occurs in ``sequence`` in this order (other items may come between)."""
+    rest = iter(sequence)
+    return all(any(item == w for item in rest) for w in wanted)
+
+
+def methods(fleet: Fleet) -> list[str]:
+    return [e["method"] for e in fleet.mcp.log()]
+
+
+def receipt_rows(ledger: Ledger, op_id: uuid.UUID) -> int:
+    with ledger.engine.begin() as conn:
+        count = conn.execute(
+            text("SELECT count(*) FROM terminal_receipt WHERE op_id = :id"), {"id": op_id}
+        ).scalar_one()
+    return int(count)
+
+
+def kill_pool_of(fleet: Fleet, task_id: str) -> support.CeleryProcess:
+    """SIGKILL the pool processes of the worker that received ``task_id``; its main process lives on.
+
+    Only the pool children die, on purpose: the main process sees them go (WorkerLostError), and with
+    ``task_acks_late`` + ``task_reject_on_worker_lost`` it rejects the message with requeue, so the task is
+    redelivered at once. A kill -9 of the whole process group (``CeleryProcess.kill``) would leave the
+    message unacknowledged in the broker's "unacked" hash until the Redis transport's visibility timeout
+    (1 h in ``workers.app``) restores it: that is a different (and much slower) test.
+    """
+    worker = support.wait_for(f"the worker that received {task_id}", lambda: fleet.worker_that_received(task_id))
+    killed = worker.kill_children()
+    assert killed, f"{worker.name} has no pool processes to kill"
+    support.wait_for(
+        f"{worker.name} to see its pool processes die",
+        lambda: "WorkerLostError" in worker.log(),
+        timeout=15,
+    )
+    return worker
+
+
+# ---------------------------------------------------------------------------------- 1. kill -9 in submit
+
+
+def test_kill_9_during_the_create_call_never_creates_twice(fleet: Fleet) -> None:
+    fleet.mcp.faults(delay_ms={"tools/call": 5000})
+    sent = fleet.submit_nowait("n/killed-submit", "slow_report", {"seconds": 60})
+    support.wait_for(
+        "the tools/call to reach the server", lambda: "tools/call" in methods(fleet), timeout=30
+    )
+    op = fleet.ledger.find_by_call_node("n/killed-submit")
+    assert op is not None
+    assert (op.state, op.submit_attempted_at is not None) == (S.SUBMITTING, True)  # committed before the call
+
+    kill_pool_of(fleet, sent.id)
+
+    # The submit message is redelivered (reject on worker lost): the second run finds the operation, which
+    # the dispatcher takes over when the lease runs out, and rule 1 sends it to SUBMISSION_UNKNOWN.
+    support.wait_for(
+        "the submit message to be delivered again", lambda: fleet.received_count(sent.id) >= 2, timeout=30
+    )
+    answer = sent.get(timeout=30)
+    assert (answer["op_id"], answer["created"]) == (str(op.id), False)
+    op = fleet.wait_state(op.id, S.MANUAL_RECONCILIATION, timeout=45)
+
+    [record] = fleet.ledger.reconciliations_for(op.id)
+    assert (record.reason.value, record.resolved_at) == ("SUBMISSION_UNKNOWN", None)
+    assert record.detail["submission_key"] == str(op.submission_key)
+    assert fleet.ledger.find_by_submission_key(op.submission_key) == op
+    assert (op.remote_id, op.next_poll_at, op.lease_until) == (None, None, None)  # nobody polls it
+    assert fleet.ledger.receipt_for(op.id) is None
+    assert fleet.receipts() == []
+
+    events = fleet.ledger.events(op.id)
+    trail = [e["kind"] for e in events]
+    assert in_order(trail, "submitted", "create_attempted", "submission_unknown", "manual_reconciliation"), trail
+    assert "created" not in trail
+    unknown = next(e for e in events if e["kind"] == "submission_unknown")
+    assert (unknown["from_state"], unknown["to_state"]) == ("SUBMITTING", "SUBMISSION_UNKNOWN")
+    assert "attempted before" in unknown["detail"]["why"]
+    manual = next(e for e in events if e["kind"] == "manual_reconciliation")
+    assert (manual["from_state"], manual["to_state"]) == ("SUBMISSION_UNKNOWN", "MANUAL_RECONCILIATION")
+    assert manual["detail"]["reason"] == "SUBMISSION_UNKNOWN"
+
+    # The server did create the task (the answer went to a dead process): one create, ever.
+    support.wait_for("the delayed create to finish on the server", lambda: len(fleet.mcp.tasks()) == 1)
+    assert methods(fleet).count("tools/call") == 1
+
+
+# ------------------------------------------------------------------------------------ 2. kill -9 in poll
+
+
+def test_kill_9_during_a_poll_gives_one_receipt_delivered_once(fleet: Fleet) -> None:
+    fleet.mcp.faults(delay_ms={"tasks/get": 3000})
+    op_id = fleet.submit("n/killed-poll", "slow_report", {"seconds": 1})
+    support.wait_for("a poll to reach the server", lambda: "tasks/get" in methods(fleet), timeout=30)
+    op = fleet.ledger.get(op_id)
+    assert op.state is S.WORKING
+    poll_id = f"longcall.poll:{op_id}:{op.poll_cursor}"
+    assert kinds(fleet.ledger, op_id)[-1] == "created"  # the poll's answer is not written yet
+
+    kill_pool_of(fleet, poll_id)
+    assert kinds(fleet.ledger, op_id)[-1] == "created"  # and never will be: its process is gone
+    fleet.mcp.faults(delay_ms={})
+
+    support.wait_for("the poll message to be delivered again", lambda: fleet.received_count(poll_id) >= 2)
+    receipt = fleet.wait_receipt("n/killed-poll", timeout=45)
+    assert (receipt["terminal_state"], receipt["result"]["content"][0]["text"]) == (
+        "completed",
+        "report ready after 1s",
+    )
+    support.wait_for("the outbox and the pipeline to settle", fleet.settled)
+    assert [r["call_node_id"] for r in fleet.receipts()] == ["n/killed-poll"]
+    assert receipt_rows(fleet.ledger, op_id) == 1
+    assert fleet.ledger.get(op_id).state is S.ACCEPTED
+    assert methods(fleet).count("tools/call") == 1
+    assert len(fleet.mcp.tasks()) == 1
+
+
+# ------------------------------------------------------------------------ 3. two pollers out of order
+
+
+@pytest.fixture
+def runtimes(database_url: str, broker_prefix: str, tmp_path: Path, log_dir: Path) -> Iterator[Any]:
+    """A running MCP server and a factory of in-process runtimes (each one a 'worker': its own pools)."""
+    mcp = start_mcp_server(log_dir, poll_interval_ms=200)
+    config = tmp_path / "longcall.toml"
+    config.write_text(fleet_config(mcp.url))
+    settings = Settings(
+        database_url=database_url,
+        redis_url=support.REDIS_URL,
+        broker_keyprefix=broker_prefix,
+        config=config,
+        lease_s=30,
+    )
+    made: list[Runtime] = []
+
+    def make() -> Runtime:
+        made.append(Runtime.from_settings(settings))
+        return made[-1]
+
+    try:
+        yield mcp, make
+    finally:
+        for runtime in made:
+            runtime.close()
+        mcp.process.stop()
+
+
+def test_two_pollers_answering_out_of_order_never_move_the_state_back(runtimes: Any) -> None:
+    mcp, make = runtimes
+    first, second = Executor(make()), Executor(make())
+    ledger = first.ledger
+    submission, created = first.submit(
+        parse_submit_kwargs(
+            {
+                "call_node_id": "n/reordered",
+                "server": "reports",
+                "tool": "slow_report",
+                "arguments": {"seconds": 1},
+            }
+        )
+    )
+    op_id = submission.operation.id
+    assert created is not None and created.action == "created"
+    assert ledger.get(op_id).state is S.WORKING
+
+    # The older poller: claimed with a short lease, its tasks/get sees "working" and its answer is held by
+    # the server until the next tasks/get answer has gone out (the reorder fault).
+    mcp.faults(reorder=1)
+    old_claim = ledger.claim(op_id, lease_s=0.3)
+    assert old_claim is not None
+    outcomes: dict[str, StepOutcome] = {}
+    older = threading.Thread(
+        target=lambda: outcomes.__setitem__("older", first.advance(op_id, old_claim.poll_cursor))
+    )
+    older.start()
+    try:
+        support.wait_for(
+            "the older poll to reach the server",
+            lambda: [e["method"] for e in mcp.log()].count("tasks/get") == 1,
+        )
+        support.wait_for(
+            "the task to complete on the server", lambda: mcp.tasks()[0]["status"] == "completed"
+        )
+        # The newer poller takes over once the older lease ran out (a new cursor), and sees "completed".
+        new_claim = support.wait_for("the older lease to run out", lambda: ledger.claim(op_id, lease_s=30))
+        assert new_claim.poll_cursor == old_claim.poll_cursor + 1
+        outcomes["newer"] = second.advance(op_id, new_claim.poll_cursor)
+    finally:
+        older.join(timeout=20)
+    assert not older.is_alive()
+
+    assert outcomes["newer"].action == "accepted"
+    assert outcomes["older"].action == "stale"
+    op = ledger.get(op_id)
+    assert (op.state, op.server_state, op.observed_terminal) == (
+        S.ACCEPTED,
+        "completed",
+        TerminalKind.COMPLETED,
+    )
+    receipt = ledger.receipt_for(op_id)
+    assert receipt is not None and receipt.terminal_state is TerminalKind.COMPLETED
+
+    events = ledger.events(op_id)
+    [stale] = [e for e in events if e["kind"] == "stale_write_rejected"]
+    assert stale["detail"]["attempted"] == "polled"
+    assert stale["detail"]["write_detail"] == {"server_state": "working"}  # the older answer
+    assert stale["detail"]["expected"]["poll_cursor"] == old_claim.poll_cursor
+    assert stale["detail"]["found"]["poll_cursor"] == new_claim.poll_cursor
+    # The older answer arrived last: the newer poller had already observed the terminal state.
+    seq_of = {e["kind"]: e["seq"] for e in events}
+    assert seq_of["terminal_observed"] < stale["seq"]
+    # The state never moved backwards: once terminal was observed, no write went back to WORKING.
+    states = [e["to_state"] for e in events if e["kind"] != "stale_write_rejected"]
+    observed_at = states.index("TERMINAL_OBSERVED")
+    assert "WORKING" not in states[observed_at:], states
+    polled = [e["server_state"] for e in events if e["kind"] in ("polled", "terminal_observed")]
+    assert polled == ["completed"], polled
+
+
+# ------------------------------------------------------------------------- 4. cancel racing completion
+
+
+@pytest.mark.parametrize("held_in", [S.TERMINAL_OBSERVED, S.FETCHING_RESULT])
+def test_a_cancel_after_completion_was_observed_never_gives_a_cancelled_receipt(
+    fleet_args: tuple[Any, ...], held_in: OpState
+) -> None:
+    """The order test_executor does not cover: a poll has already seen ``completed`` when the cancel comes.
+
+    TERMINAL_OBSERVED is held by a control budget so small that the result fetch finds no token (one
+    control call per 5.6 s: the create took the token); FETCHING_RESULT by a slow ``tasks/result``."""
+    server = {"control_qps": 0.2} if held_in is S.TERMINAL_OBSERVED else {}
+    with running_fleet(*fleet_args, server=server) as fleet:
+        if held_in is S.FETCHING_RESULT:
+            fleet.mcp.faults(delay_ms={"tasks/result": 4000})
+        op_id = fleet.submit("n/observed", "slow_report", {"seconds": 0.3})
+        op = fleet.wait_state(op_id, held_in, timeout=20)
+        assert (op.observed_terminal, op.server_state) == (TerminalKind.COMPLETED, "completed")
+
+        try:
+            answer: Any = fleet.send("longcall.cancel", op_id=str(op_id))
+        except Exception as exc:  # noqa: BLE001 - a refusal is a right answer too; what matters follows
+            answer = exc
+        receipt = fleet.wait_receipt("n/observed", timeout=30)
+        assert (receipt["terminal_state"], receipt["result"]["content"][0]["text"]) == (
+            "completed",
+            "report ready after 0.3s",
+        ), answer
+        support.wait_for("the outbox and the pipeline to settle", fleet.settled)
+        assert [r["terminal_state"] for r in fleet.receipts()] == ["completed"]
+        op = fleet.ledger.get(op_id)
+        assert (op.state, op.cancel_generation) == (S.ACCEPTED, 0)
+        assert receipt_rows(fleet.ledger, op_id) == 1
+        assert fleet.ledger.reconciliations_for(op_id) == []
+        assert "cancel_requested" not in kinds(fleet.ledger, op_id)
+        assert fleet.mcp.tasks()[0]["status"] == "completed"
+
+
+def test_a_completion_offered_after_an_accepted_cancel_is_never_accepted(fleet: Fleet) -> None:
+    op_id = fleet.submit("n/cancelled-first", "slow_report", {"seconds": 2})
+    fleet.wait_state(op_id, S.WORKING)
+    fleet.send("longcall.cancel", op_id=str(op_id))
+    receipt = fleet.wait_receipt("n/cancelled-first")
+    assert (receipt["terminal_state"], receipt["result"]) == ("cancelled", None)
+    op = fleet.ledger.get(op_id)
+    assert (op.state, op.cancel_generation) == (S.CANCELLED_ACCEPTED, 1)
+
+    # The task would have completed 2 s after its creation; the server stopped it, and it stays cancelled.
+    created_at = op.created_at.timestamp()
+    support.wait_for(
+        "the time the task would have completed, with the task still cancelled",
+        lambda: time.time() > created_at + 3 and fleet.mcp.tasks()[0]["status"] == "cancelled",
+    )
+    assert fleet.mcp.tasks()[0]["result"] is None
+
+    # Something later offers a completion that matches the row in every field: it is not accepted.
+    late = fleet.ledger.accept_terminal(op_id, evidence_for(op, TerminalKind.COMPLETED))
+    assert late.outcome == "effect_reconciliation"
+    assert late.receipt is not None and late.receipt.terminal_state is TerminalKind.CANCELLED
+    [record] = fleet.ledger.reconciliations_for(op_id)
+    assert (record.reason.value, record.resolved_at) == ("EFFECT_RECONCILIATION_REQUIRED", None)
+    assert record.detail["late_terminal_state"] == "completed"
+    assert record.detail["cancelled_receipt_id"] == receipt["receipt_id"]
+
+    support.wait_for("the outbox and the pipeline to settle", fleet.settled)
+    assert [r["terminal_state"] for r in fleet.receipts()] == ["cancelled"]
+    assert receipt_rows(fleet.ledger, op_id) == 1
+    op = fleet.ledger.get(op_id)
+    assert (op.state, op.observed_terminal, op.result) == (S.CANCELLED_ACCEPTED, TerminalKind.CANCELLED, None)
+    assert methods(fleet).count("tasks/result") == 0
+
+
+# ------------------------------------------------------------------------ 5. the hot Redis restarted
+
+
+def start_redis(port: int, data_dir: Path, log_dir: Path, name: str) -> support.CeleryProcess:
+    """A throwaway redis-server that keeps nothing on disk (a restart loses every key)."""
+    return support.start_celery_like(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(data_dir),
+        ],
+        env={},
+        log_dir=log_dir,
+        name=name,
+        ready_marker="Ready to accept connections",
+    )
+
+
+def test_a_restarted_hot_redis_is_reseeded_from_the_ledger(
+    ledger: Ledger,
+    database_url: str,
+    broker_prefix: str,
+    redis_client: redis.Redis,
+    tmp_path: Path,
+    log_dir: Path,
+) -> None:
+    port = free_port()
+    hot_url = f"redis://127.0.0.1:{port}/0"
+    hot = redis.Redis.from_url(hot_url, socket_timeout=5)
+    servers = [start_redis(port, tmp_path, log_dir, "hot-redis")]
+    # Buckets, the cancel CAS and longcall's result backend go to the hot Redis; the broker (and with it the
+    # pipeline app, whose result backend is the broker Redis) stays on 6379. So nothing here waits on a
+    # longcall task's AsyncResult: every wait is on the ledger or on the pipeline's sink.
+    env = {"LONGCALL_REDIS_URL": hot_url, "LONGCALL_BROKER_URL": support.REDIS_URL}
+    bucket = f"{broker_prefix}longcall:bucket:reports:poll"
+    try:
+        with running_fleet(
+            ledger, database_url, broker_prefix, redis_client, tmp_path, log_dir, env=env
+        ) as fleet:
+            fleet.submit_nowait("n/before-restart", "slow_report", {"seconds": 120})
+            op = fleet.wait_operation("n/before-restart", S.WORKING)
+            support.wait_for("a poll to go through the hot bucket", lambda: hot.exists(bucket) == 1)
+            assert redis_client.exists(bucket) == 0  # the buckets are not on the broker's Redis
+
+            run_id = hot.info("server")["run_id"]
+            subprocess.run(["redis-cli", "-p", str(port), "shutdown", "nosave"], check=True, timeout=10)
+            servers[0].proc.wait(timeout=15)
+            servers.append(start_redis(port, tmp_path, log_dir, "hot-redis-again"))
+            assert hot.info("server")["run_id"] != run_id  # a new server, which kept nothing
+
+            # Polling resumes on the new Redis (its buckets start afresh).
+            restarted = time.time()
+            support.wait_for(
+                "a poll after the restart",
+                lambda: any(
+                    e["method"] == "tasks/get" and e["t"] > restarted for e in fleet.mcp.log()
+                ),
+            )
+            assert fleet.ledger.get(op.id).state is S.WORKING
+
+            # The cancel's CAS finds no hot generation: it is re-seeded from the ledger, and the cancel wins.
+            fleet.send_nowait("longcall.cancel", op_id=str(op.id))
+            op = fleet.wait_state(op.id, S.CANCELLED_ACCEPTED)
+            assert op.cancel_generation == 1
+            assert hot.get(f"{broker_prefix}longcall:cancel:{op.id}") == b"1"
+            receipt = fleet.wait_receipt("n/before-restart")
+            assert (receipt["terminal_state"], receipt["result"]) == ("cancelled", None)
+
+            # The token buckets work again: a new operation goes all the way.
+            fleet.submit_nowait("n/after-restart", "slow_report", {"seconds": 0.3})
+            after = fleet.wait_operation("n/after-restart", S.ACCEPTED, timeout=30)
+            assert fleet.wait_receipt("n/after-restart")["terminal_state"] == "completed"
+            assert hot.exists(bucket) == 1 or hot.exists(f"{broker_prefix}longcall:bucket:reports:control")
+            assert fleet.ledger.receipt_for(after.id) is not None
+            assert [e["method"] for e in fleet.mcp.log()].count("tools/call") == 2
+    finally:
+        hot.close()
+        for server in servers:
+            server.stop()
