@@ -95,6 +95,31 @@ class CeleryProcess:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=10)
 
+    def kill_children(self) -> list[int]:
+        """kill -9 the direct children of the main process (a prefork worker's pool processes), not the main
+        process itself: it sees its children die and acts on the tasks they ran. Returns the killed pids."""
+        children = child_pids(self.proc.pid)
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return children
+
+
+def child_pids(pid: int) -> list[int]:
+    """The live direct children of ``pid``, read from /proc (field 4 of /proc/<pid>/stat is the parent)."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rpartition(")")[2].split()  # the command name may hold spaces and parentheses
+        if int(fields[1]) == pid and fields[0] != "Z":
+            children.append(int(entry.name))
+    return children
+
 
 def celery_env(overrides: Mapping[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LONGCALL_")}

@@ -166,7 +166,7 @@ class Fleet:
         return [p for p in self.processes if p.name.startswith("longcall")]
 
     def worker_that_received(self, task_id: str) -> support.CeleryProcess | None:
-        """The longcall worker whose log says it received ``task_id`` (Celery logs '<name>[<id>] received')."""
+        """The one longcall worker whose log says it received ``task_id`` ('<name>[<id>] received')."""
         marker = f"[{task_id}] received"
         found = [w for w in self.workers() if marker in w.log()]
         return found[0] if len(found) == 1 else None

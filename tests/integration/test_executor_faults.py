@@ -80,7 +80,9 @@ def kill_pool_of(fleet: Fleet, task_id: str) -> support.CeleryProcess:
     message unacknowledged in the broker's "unacked" hash until the Redis transport's visibility timeout
     (1 h in ``workers.app``) restores it: that is a different (and much slower) test.
     """
-    worker = support.wait_for(f"the worker that received {task_id}", lambda: fleet.worker_that_received(task_id))
+    worker = support.wait_for(
+        f"the worker that received {task_id}", lambda: fleet.worker_that_received(task_id)
+    )
     killed = worker.kill_children()
     assert killed, f"{worker.name} has no pool processes to kill"
     support.wait_for(
@@ -97,9 +99,7 @@ def kill_pool_of(fleet: Fleet, task_id: str) -> support.CeleryProcess:
 def test_kill_9_during_the_create_call_never_creates_twice(fleet: Fleet) -> None:
     fleet.mcp.faults(delay_ms={"tools/call": 5000})
     sent = fleet.submit_nowait("n/killed-submit", "slow_report", {"seconds": 60})
-    support.wait_for(
-        "the tools/call to reach the server", lambda: "tools/call" in methods(fleet), timeout=30
-    )
+    support.wait_for("the tools/call to reach the server", lambda: "tools/call" in methods(fleet), timeout=30)
     op = fleet.ledger.find_by_call_node("n/killed-submit")
     assert op is not None
     assert (op.state, op.submit_attempted_at is not None) == (S.SUBMITTING, True)  # committed before the call
@@ -125,7 +125,8 @@ def test_kill_9_during_the_create_call_never_creates_twice(fleet: Fleet) -> None
 
     events = fleet.ledger.events(op.id)
     trail = [e["kind"] for e in events]
-    assert in_order(trail, "submitted", "create_attempted", "submission_unknown", "manual_reconciliation"), trail
+    expected = ("submitted", "create_attempted", "submission_unknown", "manual_reconciliation")
+    assert in_order(trail, *expected), trail
     assert "created" not in trail
     unknown = next(e for e in events if e["kind"] == "submission_unknown")
     assert (unknown["from_state"], unknown["to_state"]) == ("SUBMITTING", "SUBMISSION_UNKNOWN")
@@ -214,7 +215,8 @@ def test_two_pollers_answering_out_of_order_never_move_the_state_back(runtimes: 
         )
     )
     op_id = submission.operation.id
-    assert created is not None and created.action == "created"
+    assert created is not None
+    assert created.action == "created"
     assert ledger.get(op_id).state is S.WORKING
 
     # The older poller: claimed with a short lease, its tasks/get sees "working" and its answer is held by
@@ -252,7 +254,8 @@ def test_two_pollers_answering_out_of_order_never_move_the_state_back(runtimes: 
         TerminalKind.COMPLETED,
     )
     receipt = ledger.receipt_for(op_id)
-    assert receipt is not None and receipt.terminal_state is TerminalKind.COMPLETED
+    assert receipt is not None
+    assert receipt.terminal_state is TerminalKind.COMPLETED
 
     events = ledger.events(op_id)
     [stale] = [e for e in events if e["kind"] == "stale_write_rejected"]
@@ -329,7 +332,8 @@ def test_a_completion_offered_after_an_accepted_cancel_is_never_accepted(fleet: 
     # Something later offers a completion that matches the row in every field: it is not accepted.
     late = fleet.ledger.accept_terminal(op_id, evidence_for(op, TerminalKind.COMPLETED))
     assert late.outcome == "effect_reconciliation"
-    assert late.receipt is not None and late.receipt.terminal_state is TerminalKind.CANCELLED
+    assert late.receipt is not None
+    assert late.receipt.terminal_state is TerminalKind.CANCELLED
     [record] = fleet.ledger.reconciliations_for(op_id)
     assert (record.reason.value, record.resolved_at) == ("EFFECT_RECONCILIATION_REQUIRED", None)
     assert record.detail["late_terminal_state"] == "completed"
@@ -405,9 +409,7 @@ def test_a_restarted_hot_redis_is_reseeded_from_the_ledger(
             restarted = time.time()
             support.wait_for(
                 "a poll after the restart",
-                lambda: any(
-                    e["method"] == "tasks/get" and e["t"] > restarted for e in fleet.mcp.log()
-                ),
+                lambda: any(e["method"] == "tasks/get" and e["t"] > restarted for e in fleet.mcp.log()),
             )
             assert fleet.ledger.get(op.id).state is S.WORKING
 

@@ -4,6 +4,8 @@ processes competing for one server's poll budget."""
 from __future__ import annotations
 
 import bisect
+import itertools
+import statistics
 import time
 from pathlib import Path
 
@@ -43,8 +45,8 @@ def rate_limited_events(ledger: Ledger) -> int:
     with ledger.engine.begin() as conn:
         count = conn.execute(
             text(
-                "SELECT count(*) FROM operation_event WHERE kind = 'rate_limited'"
-                " OR detail::text LIKE '%429%'"
+                "SELECT count(*) FROM operation_event"
+                " WHERE kind = 'rate_limited' OR detail->>'error' LIKE '%HTTP 429%'"
             )
         ).scalar_one()
     return int(count)
@@ -67,7 +69,7 @@ def test_polls_never_exceed_poll_qps_in_any_window_and_use_the_budget(
         redis_client,
         tmp_path,
         log_dir,
-        server={"poll_qps": POLL_QPS, "control_qps": 30},
+        server={"poll_qps": POLL_QPS, "control_qps": 50},
         workers=2,
     ) as fleet:
         for index in range(OPERATIONS):
@@ -93,15 +95,14 @@ def test_polls_never_exceed_poll_qps_in_any_window_and_use_the_budget(
     busiest_overall = max_in_any_window(polls, WINDOW_S)
     busiest = max_in_any_window(measured, WINDOW_S)
     rate = len(measured) / (end - start)
+    gaps = sorted(b - a for a, b in itertools.pairwise(measured))
     print(
         f"\nQPS: {len(measured)} polls in {end - start:.2f} s = {rate:.2f}/s (budget {POLL_QPS}/s, "
         f"utilization {rate / POLL_QPS:.0%}); max per 1-s window: {busiest} in the measured period, "
-        f"{busiest_overall} over the whole run ({len(polls)} polls)"
+        f"{busiest_overall} over the whole run ({len(polls)} polls); gaps between polls: "
+        f"median {statistics.median(gaps) * 1000:.0f} ms, "
+        f"{sum(g > 0.2 for g in gaps) / max(1, len(gaps)):.0%} longer than 200 ms"
     )
-    gaps = [round(b - a, 2) for a, b in zip(measured, measured[1:])]
-    import collections
-    print("GAPS", sorted(collections.Counter(round(g, 1) for g in gaps).items()))
-    print("SEQ", gaps[:60])
     assert busiest_overall <= POLL_QPS, f"{busiest_overall} polls in one 1-s window"
     assert rate >= 0.8 * POLL_QPS, f"only {rate:.2f} polls/s of a {POLL_QPS}/s budget"
     assert rate_limited_events(ledger) == 0  # no tasks/get was answered 429
