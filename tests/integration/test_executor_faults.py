@@ -6,6 +6,7 @@ Every wait is bounded (``support.wait_for``)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import subprocess
 import threading
 import time
@@ -18,7 +19,8 @@ import pytest
 import redis
 from sqlalchemy import text
 
-from ledger.repository import Ledger
+from ledger.reasons import ReconciliationReason
+from ledger.repository import Fence, Ledger, NewReconciliation, Operation, due_in
 from ledger.states import OpState, TerminalKind
 from tests import support
 from tests.integration.fleet import Fleet, fleet_config, free_port, running_fleet, start_mcp_server
@@ -373,6 +375,44 @@ def start_redis(port: int, data_dir: Path, log_dir: Path, name: str) -> support.
     )
 
 
+def give_cancel_history(ledger: Ledger, op: Operation) -> Operation:
+    """Through the ledger's own guarded transitions: an earlier cancel whose ``tasks/cancel`` found nothing
+    (UNKNOWN_NOT_FOUND), which an operator resolved as still running. The operation is WORKING again with
+    cancel generation 1, a value only the ledger holds once Redis has lost its keys."""
+    fence = Fence(op.execution_epoch, op.cancel_generation)
+    op = ledger.transition(
+        op.id,
+        fence,
+        S.CANCEL_REQUESTED,
+        from_states=[S.WORKING],
+        bump_generation=True,
+        values={"next_poll_at": due_in(3600)},  # not sent again before the next step
+        event="cancel_requested",
+        detail={"generation": 1},
+    )
+    fence = Fence(op.execution_epoch, op.cancel_generation)
+    op = ledger.transition(
+        op.id,
+        fence,
+        S.MANUAL_RECONCILIATION,
+        from_states=[S.CANCEL_REQUESTED],
+        values={"next_poll_at": None, "lease_until": None},
+        event="manual_reconciliation",
+        detail={"reason": "UNKNOWN_NOT_FOUND"},
+        reconcile=NewReconciliation(ReconciliationReason.UNKNOWN_NOT_FOUND, dt.timedelta(hours=1)),
+    )
+    return ledger.transition(
+        op.id,
+        fence,
+        S.WORKING,
+        from_states=[S.MANUAL_RECONCILIATION],
+        values={"next_poll_at": due_in(0)},
+        event="resolved_found",
+        detail={"actor": "test"},
+        resolve="found by test: the task is still running",
+    )
+
+
 def test_a_restarted_hot_redis_is_reseeded_from_the_ledger(
     ledger: Ledger,
     database_url: str,
@@ -397,6 +437,8 @@ def test_a_restarted_hot_redis_is_reseeded_from_the_ledger(
             fleet.submit_nowait("n/before-restart", "slow_report", {"seconds": 120})
             op = fleet.wait_operation("n/before-restart", S.WORKING)
             support.wait_for("a poll to go through the hot bucket", lambda: hot.exists(bucket) == 1)
+            op = give_cancel_history(fleet.ledger, op)
+            assert (op.state, op.cancel_generation) == (S.WORKING, 1)
             assert redis_client.exists(bucket) == 0  # the buckets are not on the broker's Redis
 
             run_id = hot.info("server")["run_id"]
@@ -416,8 +458,10 @@ def test_a_restarted_hot_redis_is_reseeded_from_the_ledger(
             # The cancel's CAS finds no hot generation: it is re-seeded from the ledger, and the cancel wins.
             fleet.send_nowait("longcall.cancel", op_id=str(op.id))
             op = fleet.wait_state(op.id, S.CANCELLED_ACCEPTED)
-            assert op.cancel_generation == 1
-            assert hot.get(f"{broker_prefix}longcall:cancel:{op.id}") == b"1"
+            # Re-seeded from the ledger's 1 (not from nothing, 0) and bumped: hot copy and ledger agree.
+            assert op.cancel_generation == 2
+            assert hot.get(f"{broker_prefix}longcall:cancel:{op.id}") == b"2"
+            assert "cancel_race_lost" not in fleet.workers()[0].log() + fleet.workers()[1].log()
             receipt = fleet.wait_receipt("n/before-restart")
             assert (receipt["terminal_state"], receipt["result"]) == ("cancelled", None)
 
