@@ -1,0 +1,83 @@
+"""The Celery apps of the lifecycle benchmark. They import nothing of longcall: they reach it by task name.
+
+* ``pipeline``: an existing pipeline's worker. ``bench.record`` is the ``on_terminal`` downstream task; it
+  appends each receipt, with the time it arrived, to a Redis list.
+* ``noop``: the Celery baseline. ``bench.noop`` does nothing; its app has the Celery settings longcall's
+  fleet runs with (``workers/app.py`` ``celery_config``: JSON, late acks, prefetch 1, task events, sent
+  events, started state, a Redis result backend), so that the baseline pays what longcall's messages pay.
+
+Worker processes build them from the environment (``celery -A _apps:pipeline worker``); the benchmark builds
+its client apps with the same functions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import redis
+from celery import Celery, Task
+
+PIPELINE_QUEUE = "bench.pipeline"
+NOOP_QUEUE = "bench.noop"
+
+
+def _common(app: Celery, keyprefix: str) -> None:
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        event_serializer="json",
+        accept_content=["json"],
+        result_accept_content=["json"],
+        broker_transport_options={"global_keyprefix": keyprefix, "visibility_timeout": 3600},
+        result_backend_transport_options={"global_keyprefix": keyprefix},
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+    )
+
+
+def make_pipeline(broker_url: str, keyprefix: str, sink: str) -> Celery:
+    """No result backend: a pipeline fires ``longcall.submit`` and forgets it; the receipt comes back."""
+    app = Celery("bench-pipeline", broker=broker_url, set_as_current=False)
+    _common(app, keyprefix)
+    app.conf.update(task_default_queue=PIPELINE_QUEUE, task_ignore_result=True)
+    clients: dict[int, redis.Redis] = {}
+
+    @app.task(name="bench.record", bind=True)
+    def record(self: Task[Any, Any], /, **kwargs: Any) -> None:
+        client = clients.get(os.getpid())
+        if client is None:
+            client = clients[os.getpid()] = redis.Redis.from_url(broker_url)
+        client.rpush(sink, json.dumps({"t": time.time(), "task_id": self.request.id, "kwargs": kwargs}))
+
+    return app
+
+
+def make_noop(broker_url: str, keyprefix: str) -> Celery:
+    app = Celery("bench-noop", broker=broker_url, backend=broker_url, set_as_current=False)
+    _common(app, keyprefix)
+    app.conf.update(
+        task_default_queue=NOOP_QUEUE,
+        result_expires=3600,
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        task_track_started=True,
+    )
+
+    @app.task(name="bench.noop")
+    def noop() -> None:
+        return None
+
+    return app
+
+
+if "BENCH_BROKER_URL" in os.environ:
+    pipeline = make_pipeline(
+        os.environ["BENCH_BROKER_URL"], os.environ["BENCH_KEYPREFIX"], os.environ["BENCH_SINK"]
+    )
+    noop = make_noop(os.environ["BENCH_BROKER_URL"], os.environ["BENCH_KEYPREFIX"])

@@ -1,0 +1,307 @@
+"""Issue 4, benchmark 1: the cost of one ``dispatch_due`` tick with 1,000 and 100,000 operations in flight.
+
+The same number of rows (``--due``) is due in both cases; everything else in flight is WORKING with a remote
+id and ``next_poll_at`` an hour away. One tick is exactly what ``longcall.dispatch_due`` does in
+``workers/tasks.py``: ``Executor.dispatch_due`` (the executor-control read plus ``Ledger.claim_due``) and the
+publication of one ``longcall.poll`` message per claim through longcall's own Celery app (its real config:
+routes, JSON, sent events) to a real Redis broker, under a unique key prefix removed afterwards.
+
+Each size has its own fresh, migrated database; the repetitions of the two sizes are interleaved, so load
+from anything else on the machine falls on both alike. Between repetitions (outside the timing) the due rows
+are made due again, the published messages are deleted and the table is vacuumed, so every tick starts from
+the same state. Target: the 100k tick costs at most 1.5 x the 1k tick (medians).
+
+Run: ``.venv/bin/python bench/dispatch_scale.py [--json]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import re
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import redis
+from _harness import (
+    SHARED_REDIS_URL,
+    database_url,
+    delete_prefixed,
+    fresh_database,
+    percentile,
+    raise_on_sigterm,
+    verdict,
+)
+from celery import Celery
+from sqlalchemy import event
+
+from ledger.repository import Ledger
+from workers.app import create_app
+from workers.executor import Executor
+from workers.runtime import Runtime
+from workers.settings import Settings
+
+TARGET_RATIO = 1.5
+
+LOAD_SQL = """
+INSERT INTO tool_operation (
+    id, call_node_id, request_digest, tool_name, body, server, protocol, protocol_version, adapter_version,
+    remote_id, submission_key, submit_attempted_at, state, server_state, poll_cursor, next_poll_at,
+    poll_interval_ms, execution_epoch, event_seq
+)
+SELECT
+    gen_random_uuid(),
+    CASE WHEN g <= %(due)s THEN 'bench-due-' ELSE 'bench-' END || g,
+    'bench-digest',
+    'slow_report',
+    jsonb_build_object('seconds', 600),
+    'reports',
+    'mcp',
+    '2025-11-25',
+    'bench',
+    'task-' || g,
+    gen_random_uuid(),
+    now() - interval '1 minute',
+    'WORKING',
+    'working',
+    1,
+    CASE
+        WHEN g <= %(due)s THEN now() - interval '1 second'
+        -- Not due: spread over the hour after the next one, never due while the benchmark runs.
+        ELSE now() + interval '1 hour' + (random() * interval '1 hour')
+    END,
+    500,
+    (SELECT execution_epoch FROM executor_control WHERE id = 1),
+    1
+FROM generate_series(1, %(total)s) AS g
+"""
+
+RESET_SQL = """
+UPDATE tool_operation SET next_poll_at = now() - interval '1 second', lease_until = NULL
+WHERE call_node_id LIKE 'bench-due-%'
+"""
+
+
+def fleet_config(due: int) -> str:
+    """One server, with budgets large enough that one tick may claim all ``due`` rows (``dispatch_due``
+    claims at most twice what a server's budgets take per tick): the tick, not the bucket, is measured."""
+    qps = max(1000, due * 4 * 2)
+    return (
+        "[servers.reports]\n"
+        'protocol = "mcp"\n'
+        'protocol_version = "2025-11-25"\n'
+        'url = "http://127.0.0.1:9/mcp"\n'
+        f"poll_qps = {qps}\ncontrol_qps = {qps}\n"
+    )
+
+
+@dataclass
+class Size:
+    """One in-flight population: its database, its executor and the claim SQL it emitted."""
+
+    in_flight: int
+    db_name: str
+    ledger: Ledger
+    executor: Executor
+    claim_sql: list[tuple[str, Any]] = field(default_factory=list)
+    ticks_s: list[float] = field(default_factory=list)
+    claims_s: list[float] = field(default_factory=list)
+
+    def summary(self) -> dict[str, float]:
+        return {
+            "median_ms": statistics.median(self.ticks_s) * 1000,
+            "p90_ms": percentile(self.ticks_s, 90) * 1000,
+            "min_ms": min(self.ticks_s) * 1000,
+            "max_ms": max(self.ticks_s) * 1000,
+            "claim_median_ms": statistics.median(self.claims_s) * 1000,
+            "claim_p90_ms": percentile(self.claims_s, 90) * 1000,
+        }
+
+
+def load(db_name: str, total: int, due: int) -> None:
+    with psycopg.connect(database_url(db_name), autocommit=True) as conn:
+        conn.execute(LOAD_SQL, {"due": due, "total": total})
+        conn.execute("VACUUM (ANALYZE) tool_operation")
+
+
+def reset(db_name: str, due: int) -> None:
+    with psycopg.connect(database_url(db_name), autocommit=True) as conn:
+        made_due = conn.execute(RESET_SQL).rowcount
+        if made_due != due:
+            raise RuntimeError(f"{db_name}: {made_due} rows made due, expected {due}")
+        conn.execute("VACUUM tool_operation")
+
+
+def tick(size: Size, app: Celery, due: int) -> tuple[float, float]:
+    """One ``longcall.dispatch_due`` tick, as ``workers/tasks.py`` runs it: (whole tick, claim part) in s."""
+    started = time.perf_counter()
+    dispatches = size.executor.dispatch_due(limit=due)
+    claimed = time.perf_counter()
+    with app.producer_or_acquire() as producer:
+        for dispatch in dispatches:
+            app.send_task(
+                dispatch.task,
+                kwargs={"op_id": str(dispatch.op_id), "cursor": dispatch.cursor},
+                task_id=dispatch.task_id,
+                producer=producer,
+            )
+    finished = time.perf_counter()
+    if len(dispatches) != due or any(d.task != "longcall.poll" for d in dispatches):
+        raise RuntimeError(
+            f"{size.in_flight} in flight: the tick dispatched {len(dispatches)}, not {due} polls"
+        )
+    return finished - started, claimed - started
+
+
+def claim_index(plan: list[str]) -> str | None:
+    """The index the claim's due scan runs on (``ix_tool_operation_due`` or its per-server sibling
+    ``ix_tool_operation_server_due``, both partial on ``next_poll_at IS NOT NULL``), or None (a seq scan)."""
+    for line in plan:
+        match = re.search(r"Index (?:Only )?Scan using (\S+) on tool_operation tool_operation_1", line)
+        if match is None:
+            match = re.search(r"Index (?:Only )?Scan using (ix_\S*due\S*)", line)
+        if match is not None:
+            return match.group(1)
+    return None
+
+
+def explain_claim(size: Size) -> list[str]:
+    """``EXPLAIN (ANALYZE, BUFFERS)`` of the exact claim statement the ledger sent, rolled back."""
+    statement, parameters = next((s, p) for s, p in reversed(size.claim_sql) if "SKIP LOCKED" in s)
+    with size.ledger.engine.connect() as conn:
+        rows = conn.exec_driver_sql("EXPLAIN (ANALYZE, BUFFERS) " + statement, parameters).all()
+        conn.rollback()
+    return [str(r[0]) for r in rows]
+
+
+@contextlib.contextmanager
+def population(in_flight: int, due: int, redis_url: str, prefix: str, config: Path) -> Iterator[Size]:
+    with fresh_database() as db_name:
+        load(db_name, in_flight, due)
+        runtime = Runtime.from_settings(
+            Settings(
+                database_url=database_url(db_name),
+                redis_url=redis_url,
+                broker_keyprefix=prefix,
+                config=config,
+            )
+        )
+        size = Size(in_flight, db_name, runtime.ledger, Executor(runtime))
+
+        @event.listens_for(size.ledger.engine, "before_cursor_execute")
+        def capture(*args: Any) -> None:
+            statement, parameters = args[2], args[3]
+            if "SKIP LOCKED" in statement:
+                size.claim_sql[:] = [(statement, parameters)]
+
+        try:
+            yield size
+        finally:
+            runtime.close()
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    prefix = f"lcbench-{uuid.uuid4().hex[:10]}:"
+    client = redis.Redis.from_url(args.redis_url)
+    sizes_wanted: list[int] = sorted(args.sizes)
+    try:
+        with contextlib.ExitStack() as stack:
+            config = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lc-bench-"))) / "fleet.toml"
+            config.write_text(fleet_config(args.due))
+            print(f"loading {', '.join(f'{n:,}' for n in sizes_wanted)} operations in flight, {args.due} due")
+            sizes = [
+                stack.enter_context(population(n, args.due, args.redis_url, prefix, config))
+                for n in sizes_wanted
+            ]
+            app = create_app(sizes[0].executor.rt.settings)
+            poll_queue = f"{prefix}longcall.poll"
+            for repetition in range(args.warmup + args.reps):
+                for size in sizes:
+                    reset(size.db_name, args.due)
+                    client.delete(poll_queue)
+                    elapsed, claim = tick(size, app, args.due)
+                    if client.llen(poll_queue) != args.due:
+                        raise RuntimeError(f"{client.llen(poll_queue)} poll messages on the broker")
+                    if repetition >= args.warmup:
+                        size.ticks_s.append(elapsed)
+                        size.claims_s.append(claim)
+            reset(sizes[-1].db_name, args.due)
+            plan = explain_claim(sizes[-1])
+            app.close()
+            small, large = sizes[0], sizes[-1]
+            ratio = statistics.median(large.ticks_s) / statistics.median(small.ticks_s)
+            return {
+                "due_per_tick": args.due,
+                "repetitions": args.reps,
+                "sizes": {str(s.in_flight): s.summary() for s in sizes},
+                "ratio_median": ratio,
+                "ratio_p90": percentile(large.ticks_s, 90) / percentile(small.ticks_s, 90),
+                "claim_ratio_median": statistics.median(large.claims_s) / statistics.median(small.claims_s),
+                "target_ratio": TARGET_RATIO,
+                "pass": ratio <= TARGET_RATIO,
+                "claim_plan": plan,
+                "claim_index": claim_index(plan),
+            }
+    finally:
+        delete_prefixed(client, prefix)
+        client.close()
+
+
+def report(figures: dict[str, Any]) -> None:
+    print(
+        f"\ndispatch_due tick (claim + publish of {figures['due_per_tick']} due rows),"
+        f" {figures['repetitions']} repetitions per size"
+    )
+    for in_flight, s in figures["sizes"].items():
+        print(
+            f"  {int(in_flight):>7,} in flight: median {s['median_ms']:7.1f} ms   p90 {s['p90_ms']:7.1f} ms"
+            f"   (min {s['min_ms']:.1f}, max {s['max_ms']:.1f};"
+            f" claim alone: median {s['claim_median_ms']:.1f} ms, p90 {s['claim_p90_ms']:.1f} ms)"
+        )
+    print(
+        f"  ratio largest/smallest: median {figures['ratio_median']:.2f}x, p90 {figures['ratio_p90']:.2f}x"
+        f" (claim alone: median {figures['claim_ratio_median']:.2f}x)"
+        f"  -> {verdict(figures['pass'])} (target <= {figures['target_ratio']}x, medians of whole ticks)"
+    )
+    largest = max(figures["sizes"], key=int)
+    print(f"\nEXPLAIN (ANALYZE, BUFFERS) of the claim statement at {int(largest):,} in flight:")
+    keep = ("Scan", "Limit", "LockRows", "Update on", "Buffers", "Execution Time", "Planning Time")
+    for line in figures["claim_plan"]:
+        if any(word in line for word in keep):
+            print("  " + line.rstrip())
+    index = figures["claim_index"]
+    print(f"  due scan runs on: {index or 'no index (sequential scan)'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
+    parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    parser.add_argument("--due", type=int, default=200, help="rows due in every tick")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000, 100_000], help="operations in flight")
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument(
+        "--redis-url", default=SHARED_REDIS_URL, help="the broker (keys under a unique prefix)"
+    )
+    args = parser.parse_args(argv)
+    if len(args.sizes) < 2 or min(args.sizes) < args.due:
+        parser.error("give at least two sizes, each at least --due")
+    raise_on_sigterm()
+    figures = run(args)
+    report(figures)
+    if args.json:
+        print(json.dumps(figures, indent=2))
+    return 0 if figures["pass"] and figures["claim_index"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

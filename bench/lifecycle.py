@@ -1,0 +1,898 @@
+"""Issue 4, benchmark 2: one operation's life through a real fleet, and what it costs.
+
+One run, on loopback: longcall's MCP server (``python -m demo_server.mcp --poll-interval-ms 500``), two
+longcall workers (concurrency 2) and beat, and a pipeline worker that imports nothing of longcall and records
+every receipt it is sent (``bench/_apps.py``). A fresh, migrated ledger database; a Redis of its own, so that
+``INFO commandstats`` counts this run and nothing else (``--redis-url`` uses a shared one instead, under a
+unique key prefix). Phases:
+
+1. warm-up, then an idle window: what the fleet costs doing nothing (beat ticks, broker polling);
+2. burst: N ``slow_report`` operations (0.2 s, less than one poll interval: each needs exactly one poll) sent
+   at once by the pipeline through ``longcall.submit``, each with an ``on_terminal`` that records the
+   receipt: operations/s, and ledger transactions, Redis calls and broker messages per operation;
+3. paced: operations of 0.1-1.6 s sent at a steady rate below capacity: detection lag, from the server's
+   completion (``lastUpdatedAt`` of the completed task in ``GET /_control/tasks``) to the
+   ``terminal_observed`` event's ``at``, against the server's poll interval;
+4. cancel: long operations, then ``longcall.cancel`` for each: time from sending the request to the
+   ``terminal_accepted`` event into CANCELLED_ACCEPTED;
+5. baselines, with the fleet stopped: raw Postgres commits/s (one connection, one-row UPDATE transactions)
+   and Celery no-op tasks/s on the same broker and worker topology (a pipelined batch, and sequential
+   send + get).
+
+How the costs are counted (burst phase, divided by N):
+
+* ledger transactions: ``pg_stat_database.xact_commit`` of the run's database, read from the admin database
+  11 s after the last receipt (backends flush their statistics within 10 s of going idle), minus the idle
+  fleet's rate over the same window. Every statement outside a transaction counts too, so the ledger's own
+  transactions are also given: the same figure divided by ``xact_commit`` per ``Ledger`` call, measured
+  through the ledger's own engine after the fleet stopped;
+* Redis calls: the sum of ``calls`` in ``INFO commandstats`` (commands inside Lua scripts included), minus
+  this process's own commands and the idle rate. Broker traffic is in it: broker messages are counted on
+  their own (see ``burst``);
+* CPU: ``/proc`` user + system time of each part of the fleet, Postgres backends included.
+
+The servers' budgets (``--qps``, poll and control) are set high: the token buckets are not what this
+measures, although their refusals (``no_token``) are counted among the step outcomes.
+
+Run: ``.venv/bin/python bench/lifecycle.py [--json]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import datetime as dt
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import httpx
+import psycopg
+import redis
+from _apps import NOOP_QUEUE, PIPELINE_QUEUE, make_noop, make_pipeline
+from _harness import (
+    Child,
+    backend_pids,
+    celery_worker_argv,
+    command_calls,
+    cpu_seconds,
+    database_url,
+    delete_prefixed,
+    free_port,
+    fresh_database,
+    logged,
+    percentile,
+    raise_on_sigterm,
+    start_child,
+    start_private_redis,
+    verdict,
+    wait_for,
+    xact_commit,
+)
+from celery import Celery
+
+from ledger.repository import Ledger
+
+LONGCALL_QUEUES = "longcall.control,longcall.poll,longcall.outbox"
+RECEIVED = re.compile(r"Task (\S+)\[[^\]]+\] received")
+BEAT_SENT = re.compile(r"Sending due task \S+ \((\S+)\)")
+SUCCEEDED = re.compile(
+    r"Task (longcall\.(?:submit|poll|fetch_result|cancel))\[[^\]]+\] succeeded in \S+: (.*)"
+)
+STEP = re.compile(r"'(?:step|action)': '(\w+)'")
+#: Backends flush their statistics at most once a second and, when they go idle, within 10 s
+#: (PGSTAT_IDLE_INTERVAL): ``xact_commit`` is read this long after the work it should include.
+PG_STATS_FLUSH_S = 11.0
+
+
+@dataclass
+class Counters:
+    """What the shared services had counted at one instant."""
+
+    t: float
+    xact: int
+    redis_calls: int
+    lpush: int
+    own_calls: int
+
+
+@dataclass
+class Fleet:
+    args: argparse.Namespace
+    log_dir: Path
+    db_name: str
+    redis_url: str
+    prefix: str
+    control: str
+    client: Celery
+    redis: redis.Redis
+    children: dict[str, Child] = field(default_factory=dict)
+    #: Commands this process sent to Redis (LLEN waits, INFO reads), subtracted from the fleet's count.
+    own_calls: int = 0
+    sent: int = 0
+    redis_pid: int | None = None
+
+    @property
+    def sink(self) -> str:
+        return f"{self.prefix}sink"
+
+    def counters(self) -> Counters:
+        calls = command_calls(self.redis)
+        self.own_calls += 1
+        return Counters(
+            time.time(), xact_commit(self.db_name), sum(calls.values()), calls.get("lpush", 0), self.own_calls
+        )
+
+    def receipts_count(self) -> int:
+        self.own_calls += 1
+        return int(self.redis.llen(self.sink))
+
+    def wait_receipts(self, count: int, timeout: float) -> None:
+        wait_for(
+            f"{count} receipts",
+            lambda: self.receipts_count() >= count,
+            timeout=timeout,
+            interval=0.05,
+        )
+
+    def submit(self, call_node_id: str, seconds: float) -> None:
+        on_terminal = dict(self.client.signature("bench.record", queue=PIPELINE_QUEUE))
+        self.client.send_task(
+            "longcall.submit",
+            kwargs={
+                "call_node_id": call_node_id,
+                "server": "reports",
+                "tool": "slow_report",
+                "arguments": {"seconds": seconds},
+                "on_terminal": on_terminal,
+            },
+            queue="longcall.control",
+        )
+        self.sent += 1
+
+    def deliveries(self) -> list[dict[str, Any]]:
+        self.own_calls += 1
+        return [json.loads(raw) for raw in self.redis.lrange(self.sink, 0, -1)]
+
+    def message_counts(self) -> tuple[collections.Counter[str], ...]:
+        """So far: messages received by every worker (per task name), those beat sent, and the outcomes of
+        the operation steps (``task:action``, e.g. ``longcall.poll:no_token``) the workers logged."""
+        received: collections.Counter[str] = collections.Counter()
+        steps: collections.Counter[str] = collections.Counter()
+        for name, child in self.children.items():
+            if name.startswith(("longcall", "pipeline")):
+                text = child.log()
+                received.update(RECEIVED.findall(text))
+                for task, answer in SUCCEEDED.findall(text):
+                    step = STEP.search(answer)
+                    steps[f"{task}:{step.group(1) if step else '?'}"] += 1
+        beat = collections.Counter(BEAT_SENT.findall(self.children["beat"].log()))
+        return received, beat, steps
+
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds so far of each part: longcall workers (pool children included), beat, the pipeline
+        worker, the MCP server, this run's Postgres backends, Redis (when private) and this process."""
+        groups = {
+            "longcall workers": {c.proc.pid for n, c in self.children.items() if n.startswith("longcall")},
+            "beat": {self.children["beat"].proc.pid},
+            "pipeline worker": {self.children["pipeline"].proc.pid},
+            "MCP server": {self.children["mcp"].proc.pid},
+        }
+        cpu = {name: cpu_seconds(set(), pgids) for name, pgids in groups.items()}
+        cpu["postgres backends"] = cpu_seconds(set(backend_pids(self.db_name)), set())
+        if self.redis_pid is not None:
+            cpu["redis"] = cpu_seconds({self.redis_pid}, set())
+        times = os.times()
+        cpu["bench client"] = times.user + times.system
+        return cpu
+
+    def server_log(self) -> list[dict[str, Any]]:
+        entries: list[dict[str, Any]] = httpx.get(f"{self.control}/log", timeout=10).json()["entries"]
+        return entries
+
+    def server_tasks(self) -> dict[str, dict[str, Any]]:
+        tasks = httpx.get(f"{self.control}/tasks", timeout=10).json()["tasks"]
+        return {t["taskId"]: t for t in tasks}
+
+
+def fleet_config(server_url: str, qps: float) -> str:
+    return (
+        "[servers.reports]\n"
+        'protocol = "mcp"\n'
+        'protocol_version = "2025-11-25"\n'
+        f'url = "{server_url}"\n'
+        f"poll_qps = {qps}\ncontrol_qps = {qps}\n"
+    )
+
+
+@contextlib.contextmanager
+def alarm(seconds: int) -> Iterator[None]:
+    """The whole run is bounded: past ``seconds``, unwind (and clean up) like Ctrl-C."""
+
+    def expired(signum: int, frame: FrameType | None) -> None:
+        raise TimeoutError(f"the benchmark ran past its {seconds}s bound")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@dataclass
+class Services:
+    redis_url: str
+    redis: redis.Redis
+    prefix: str
+    db_name: str
+    redis_pid: int | None
+
+
+@contextlib.contextmanager
+def services(args: argparse.Namespace, log_dir: Path) -> Iterator[Services]:
+    """Redis (private unless ``--redis-url``), a key prefix deleted afterwards, a fresh ledger database."""
+    with contextlib.ExitStack() as stack:
+        redis_pid = None
+        if args.redis_url:
+            redis_url = args.redis_url
+        else:
+            redis_child, redis_url = start_private_redis(log_dir)
+            stack.callback(redis_child.stop)
+            redis_pid = redis_child.proc.pid
+        prefix = f"lcbench-{uuid.uuid4().hex[:10]}:"
+        client_redis = redis.Redis.from_url(redis_url)
+        stack.callback(client_redis.close)
+        stack.callback(delete_prefixed, client_redis, prefix)
+        db_name = stack.enter_context(fresh_database())
+        yield Services(redis_url, client_redis, prefix, db_name, redis_pid)
+
+
+@contextlib.contextmanager
+def running_fleet(args: argparse.Namespace, log_dir: Path, svc: Services) -> Iterator[Fleet]:
+    """The MCP server, the longcall workers and beat, and the pipeline worker; all stopped on the way out."""
+    children: dict[str, Child] = {}
+    client: Celery | None = None
+    try:
+        port = free_port()
+        control = f"http://127.0.0.1:{port}/_control"
+
+        def listening(_: Child) -> bool:
+            try:
+                return httpx.get(f"{control}/faults", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        children["mcp"] = start_child(
+            [
+                sys.executable,
+                "-m",
+                "demo_server.mcp",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--poll-interval-ms",
+                str(args.poll_interval_ms),
+            ],
+            env={},
+            log_dir=log_dir,
+            name="mcp",
+            ready=listening,
+        )
+        config = log_dir / "longcall.toml"
+        config.write_text(fleet_config(f"http://127.0.0.1:{port}/mcp", args.qps))
+        longcall_env = {
+            "LONGCALL_DATABASE_URL": database_url(svc.db_name),
+            "LONGCALL_REDIS_URL": svc.redis_url,
+            "LONGCALL_BROKER_KEYPREFIX": svc.prefix,
+            "LONGCALL_CONFIG": str(config),
+        }
+        for index in range(args.workers):
+            name = f"longcall{index}"
+            children[name] = start_child(
+                celery_worker_argv(
+                    "workers.app", queues=LONGCALL_QUEUES, name=name, concurrency=args.concurrency
+                ),
+                env=longcall_env,
+                log_dir=log_dir,
+                name=name,
+                ready=logged(" ready."),
+            )
+        children["beat"] = start_child(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "workers.app",
+                "beat",
+                "-s",
+                str(log_dir / "beat-schedule"),
+                "--loglevel",
+                "INFO",
+            ],
+            env=longcall_env,
+            log_dir=log_dir,
+            name="beat",
+            ready=logged("beat: Starting"),
+        )
+        sink = f"{svc.prefix}sink"
+        children["pipeline"] = start_child(
+            celery_worker_argv("_apps:pipeline", queues=PIPELINE_QUEUE, name="pipeline", concurrency=1),
+            env={"BENCH_BROKER_URL": svc.redis_url, "BENCH_KEYPREFIX": svc.prefix, "BENCH_SINK": sink},
+            log_dir=log_dir,
+            name="pipeline",
+            ready=logged(" ready."),
+        )
+        client = make_pipeline(svc.redis_url, svc.prefix, sink)
+        yield Fleet(
+            args,
+            log_dir,
+            svc.db_name,
+            svc.redis_url,
+            svc.prefix,
+            control,
+            client,
+            svc.redis,
+            children=children,
+            redis_pid=svc.redis_pid,
+        )
+    finally:
+        if client is not None:
+            client.close()
+        for child in reversed(list(children.values())):
+            child.stop()
+
+
+# ------------------------------------------------------------------------------------------- phases
+
+
+def burst(fleet: Fleet, run: str) -> dict[str, Any]:
+    """Phase 2: N one-poll operations at once; returns throughput and per-operation costs.
+
+    Messages are counted from the workers' ``Task ... received`` log lines (every message a worker takes off
+    the broker, expired beat ticks included), per task name, minus what beat sent in the same window (the
+    periodic ``dispatch_due``/``drain_outbox``/``reconcile`` ticks are the fleet's, not the operations').
+    Cross-check: Redis ``LPUSH`` calls (kombu publishes a message with one LPUSH) minus beat's sends.
+    """
+    args = fleet.args
+    received0, beat0, steps0 = fleet.message_counts()
+    cpu0 = fleet.cpu()
+    before = fleet.counters()
+    started = time.time()
+    for index in range(args.n):
+        fleet.submit(f"{run}-burst-{index}", args.seconds)
+    fleet.wait_receipts(fleet.sent, timeout=args.wait_s)
+    cpu1 = fleet.cpu()
+    time.sleep(1.0)  # the workers' log lines of the last messages
+    received1, beat1, steps1 = fleet.message_counts()
+    settled = fleet.counters()
+    time.sleep(PG_STATS_FLUSH_S)
+    after = fleet.counters()
+    receipts = [
+        d for d in fleet.deliveries() if d["kwargs"]["receipt"]["call_node_id"].startswith(f"{run}-burst-")
+    ]
+    finished = max(d["t"] for d in receipts)
+    requests = collections.Counter(e["method"] for e in fleet.server_log() if started <= e["t"] <= finished)
+    received = received1 - received0
+    beat_sent = beat1 - beat0
+    per_task = {name: received[name] - beat_sent[name] for name in sorted(received)}
+    return {
+        "before": before,
+        "settled": settled,
+        "after": after,
+        "started": started,
+        "finished": finished,
+        "receipts": len(receipts),
+        "completed": sum(d["kwargs"]["receipt"]["terminal_state"] == "completed" for d in receipts),
+        "messages_by_task": per_task,
+        "beat_sent": sum(beat_sent.values()),
+        "steps": dict(sorted((steps1 - steps0).items())),
+        "server_requests": dict(sorted(requests.items())),
+        "cpu_s": {name: cpu1[name] - cpu0[name] for name in cpu0},
+    }
+
+
+def paced(fleet: Fleet, run: str) -> None:
+    """Phase 3: operations of 0.1-1.6 s at a steady rate (completion falls anywhere in a poll interval)."""
+    args = fleet.args
+    rng = random.Random(4)  # a reproducible spread
+    for index in range(args.paced):
+        tick = time.monotonic()
+        fleet.submit(f"{run}-paced-{index}", round(rng.uniform(0.1, 1.6), 3))
+        time.sleep(max(0.0, 1 / args.pace - (time.monotonic() - tick)))
+    fleet.wait_receipts(fleet.sent, timeout=args.wait_s)
+
+
+def cancels(fleet: Fleet, run: str) -> dict[str, float]:
+    """Phase 4: long operations, then ``longcall.cancel`` for each; returns op id -> time the request went."""
+    args = fleet.args
+    for index in range(args.cancels):
+        fleet.submit(f"{run}-cancel-{index}", 600)
+
+    def working() -> list[str] | None:
+        with psycopg.connect(database_url(fleet.db_name), autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT id FROM tool_operation WHERE call_node_id LIKE %s AND state = 'WORKING'",
+                (f"{run}-cancel-%",),
+            ).fetchall()
+        return [str(r[0]) for r in rows] if len(rows) == args.cancels else None
+
+    op_ids = wait_for(
+        f"{args.cancels} long operations to be WORKING", working, timeout=args.wait_s, interval=0.2
+    )
+    requested: dict[str, float] = {}
+    for op_id in op_ids:
+        tick = time.monotonic()
+        requested[op_id] = time.time()
+        fleet.client.send_task("longcall.cancel", kwargs={"op_id": op_id}, queue="longcall.control")
+        time.sleep(max(0.0, 1 / args.pace - (time.monotonic() - tick)))
+    fleet.wait_receipts(fleet.sent, timeout=args.wait_s)
+    return requested
+
+
+def ledger_view(db_name: str, run: str) -> dict[str, dict[str, Any]]:
+    """Per call node: op id, remote id, state and its events (kind, at, to_state)."""
+    ops: dict[str, dict[str, Any]] = {}
+    with psycopg.connect(database_url(db_name), autocommit=True) as conn:
+        rows = conn.execute(
+            """
+            SELECT o.call_node_id, o.id, o.remote_id, o.state, e.kind, e.at, e.to_state
+            FROM tool_operation o JOIN operation_event e ON e.op_id = o.id
+            WHERE o.call_node_id LIKE %s ORDER BY o.call_node_id, e.seq
+            """,
+            (f"{run}-%",),
+        ).fetchall()
+    for call_node_id, op_id, remote_id, state, kind, at, to_state in rows:
+        op = ops.setdefault(
+            call_node_id, {"op_id": str(op_id), "remote_id": remote_id, "state": state, "events": []}
+        )
+        op["events"].append((kind, at, to_state))
+    return ops
+
+
+def detection_lags(
+    ops: dict[str, dict[str, Any]], tasks: dict[str, dict[str, Any]], phase: str
+) -> tuple[list[float], list[int]]:
+    """Server completion -> terminal_observed, in s; and the number of polls each operation needed."""
+    lags: list[float] = []
+    polls: list[int] = []
+    for call_node_id, op in ops.items():
+        if f"-{phase}-" not in call_node_id:
+            continue
+        task = tasks[op["remote_id"]]
+        if task["status"] != "completed":
+            raise RuntimeError(f"{call_node_id}: the server's task is {task['status']}")
+        completed = dt.datetime.fromisoformat(task["lastUpdatedAt"])
+        observed = next(at for kind, at, _ in op["events"] if kind == "terminal_observed")
+        lags.append((observed - completed).total_seconds())
+        polls.append(1 + sum(kind == "polled" for kind, _, _ in op["events"]))
+    return lags, polls
+
+
+def lag_parts(
+    ops: dict[str, dict[str, Any]],
+    tasks: dict[str, dict[str, Any]],
+    log: list[dict[str, Any]],
+    poll_s: float,
+    phase: str,
+) -> dict[str, list[float]]:
+    """Where the detection lag of each operation went, in s:
+
+    * ``to_due``: from the completion to the instant the poll that saw it was due (the step before it wrote
+      ``next_poll_at`` = its own time + the poll interval; the jitter on top is not visible here): the
+      price of polling at all;
+    * ``due_to_get``: from that instant to the server receiving the ``tasks/get`` (dispatch tick, broker
+      queue, worker, token bucket);
+    * ``get_to_observed``: from that request to the ``terminal_observed`` event.
+    """
+    gets: dict[str, list[float]] = collections.defaultdict(list)
+    for entry in log:
+        if entry["method"] == "tasks/get" and entry["task_id"]:
+            gets[str(entry["task_id"])].append(float(entry["t"]))
+    parts: dict[str, list[float]] = {"to_due": [], "due_to_get": [], "get_to_observed": []}
+    for call_node_id, op in ops.items():
+        if f"-{phase}-" not in call_node_id:
+            continue
+        completed = dt.datetime.fromisoformat(tasks[op["remote_id"]]["lastUpdatedAt"]).timestamp()
+        observed = next(at for kind, at, _ in op["events"] if kind == "terminal_observed").timestamp()
+        seen = [t for t in gets[op["remote_id"]] if completed <= t <= observed]
+        if not seen:
+            continue
+        get = seen[0]
+        # The last poll (or the create) before the one that saw it set next_poll_at one interval on; a refused
+        # token in between (``no_token``) is part of ``due_to_get``.
+        steps = [
+            at.timestamp() for k, at, _ in op["events"] if k in ("created", "polled") and at.timestamp() < get
+        ]
+        if not steps:
+            continue
+        due = steps[-1] + poll_s
+        parts["to_due"].append(due - completed)
+        parts["due_to_get"].append(get - due)
+        parts["get_to_observed"].append(observed - get)
+    return parts
+
+
+def event_kinds(ops: dict[str, dict[str, Any]], phase: str) -> dict[str, float]:
+    """Ledger events per operation of one phase, by kind (each guarded write appends one)."""
+    kinds: collections.Counter[str] = collections.Counter()
+    count = 0
+    for call_node_id, op in ops.items():
+        if f"-{phase}-" in call_node_id:
+            count += 1
+            kinds.update(kind for kind, _, _ in op["events"])
+    return {k: v / count for k, v in sorted(kinds.items())} if count else {}
+
+
+def cancel_confirmations(ops: dict[str, dict[str, Any]], requested: dict[str, float]) -> list[float]:
+    seconds: list[float] = []
+    for op in ops.values():
+        if op["op_id"] not in requested:
+            continue
+        accepted = next(
+            at for kind, at, to in op["events"] if kind == "terminal_accepted" and to == "CANCELLED_ACCEPTED"
+        )
+        seconds.append(accepted.timestamp() - requested[op["op_id"]])
+    return seconds
+
+
+# ---------------------------------------------------------------------------------------- baselines
+
+
+def postgres_commit_rate(db_name: str, seconds: float) -> float:
+    """Simple one-row UPDATE transactions, one connection, as fast as they go."""
+    with psycopg.connect(database_url(db_name)) as conn:
+        conn.execute("CREATE TABLE bench_commit (id int PRIMARY KEY, n bigint NOT NULL)")
+        conn.execute("INSERT INTO bench_commit VALUES (1, 0)")
+        conn.commit()
+        done = 0
+        started = time.perf_counter()
+        while (elapsed := time.perf_counter() - started) < seconds:
+            conn.execute("UPDATE bench_commit SET n = n + 1 WHERE id = 1")
+            conn.commit()
+            done += 1
+        conn.execute("DROP TABLE bench_commit")
+        conn.commit()
+    return done / elapsed
+
+
+def xact_per_ledger_call(db_name: str, calls: int = 200) -> float:
+    """``xact_commit`` per ``Ledger`` method call (one transaction each), through the ledger's own engine: 2.0
+    while its pool pings every checkout (``pool_pre_ping``: an autocommit ``SELECT 1`` is a transaction)."""
+    ledger = Ledger.from_url(database_url(db_name))
+    ledger.control()  # connects; the backend's first statistics flush is immediate
+    time.sleep(0.2)
+    before = xact_commit(db_name)
+    for _ in range(calls):
+        ledger.control()
+    ledger.dispose()  # a backend flushes its statistics when it exits
+    time.sleep(0.5)
+    return (xact_commit(db_name) - before) / calls
+
+
+def celery_noop_rates(args: argparse.Namespace, log_dir: Path, redis_url: str) -> dict[str, float]:
+    """No-op tasks on the same broker and the same worker topology as the fleet (it is stopped by now)."""
+    prefix = f"lcbench-noop-{uuid.uuid4().hex[:8]}:"
+    client_redis = redis.Redis.from_url(redis_url)
+    app = make_noop(redis_url, prefix)
+    workers: list[Child] = []
+    try:
+        for index in range(args.workers):
+            worker = start_child(
+                celery_worker_argv(
+                    "_apps:noop", queues=NOOP_QUEUE, name=f"noop{index}", concurrency=args.concurrency
+                ),
+                env={"BENCH_BROKER_URL": redis_url, "BENCH_KEYPREFIX": prefix, "BENCH_SINK": "unused"},
+                log_dir=log_dir,
+                name=f"noop{index}",
+                ready=logged(" ready."),
+            )
+            workers.append(worker)
+        for result in [app.send_task("bench.noop") for _ in range(20)]:  # warm-up
+            result.get(timeout=30)
+        rates = []
+        for _ in range(3):  # the median of three batches: the machine is shared
+            started = time.perf_counter()
+            batch = [app.send_task("bench.noop") for _ in range(args.noop_batch)]
+            for result in batch:
+                result.get(timeout=60)
+            rates.append(args.noop_batch / (time.perf_counter() - started))
+        pipelined = statistics.median(rates)
+        started = time.perf_counter()
+        for _ in range(args.noop_sequential):
+            app.send_task("bench.noop").get(timeout=30)
+        sequential = args.noop_sequential / (time.perf_counter() - started)
+        return {"pipelined_per_s": pipelined, "sequential_per_s": sequential}
+    finally:
+        for worker in workers:
+            worker.stop()
+        app.close()
+        delete_prefixed(client_redis, prefix)
+        client_redis.close()
+
+
+# ------------------------------------------------------------------------------------------- the run
+
+
+def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    run = f"lc{uuid.uuid4().hex[:6]}"
+    with services(args, log_dir) as svc:
+        with running_fleet(args, log_dir, svc) as fleet:
+            print(f"fleet up: {args.workers} longcall workers x {args.concurrency}, beat, pipeline")
+            for index in range(args.warmup):
+                fleet.submit(f"{run}-warmup-{index}", 0.1)
+            fleet.wait_receipts(fleet.sent, timeout=args.wait_s)
+            time.sleep(PG_STATS_FLUSH_S)
+            idle_from = fleet.counters()
+            time.sleep(args.idle_s)
+            idle_to = fleet.counters()
+            print(f"idle window done; burst of {args.n} ...")
+            burst_figures = burst(fleet, run)
+            print(f"burst done; {args.paced} paced ...")
+            paced(fleet, run)
+            print(f"paced done; {args.cancels} cancels ...")
+            requested = cancels(fleet, run)
+            ops = ledger_view(svc.db_name, run)
+            tasks = fleet.server_tasks()
+            server_log = fleet.server_log()
+            if args.keep_logs:
+                (log_dir / "operations.json").write_text(
+                    json.dumps({"ops": ops, "tasks": tasks, "server_log": server_log}, default=str)
+                )
+        # The fleet is stopped: the baselines have the machine to themselves.
+        print("fleet stopped; baselines ...")
+        pg_rate = postgres_commit_rate(svc.db_name, args.baseline_s)
+        per_call = xact_per_ledger_call(svc.db_name)
+        noop = celery_noop_rates(args, log_dir, svc.redis_url)
+    burst_lags, burst_polls = detection_lags(ops, tasks, "burst")
+    paced_lags, paced_polls = detection_lags(ops, tasks, "paced")
+    return figures(
+        args,
+        idle_from,
+        idle_to,
+        burst_figures,
+        lags={"burst": burst_lags, "paced": paced_lags},
+        polls={"burst": burst_polls, "paced": paced_polls},
+        events_per_op=event_kinds(ops, "burst"),
+        paced_lag_parts=lag_parts(ops, tasks, server_log, args.poll_interval_ms / 1000, "paced"),
+        confirmations=cancel_confirmations(ops, requested),
+        pg_rate=pg_rate,
+        xact_per_call=per_call,
+        noop=noop,
+    )
+
+
+def figures(
+    args: argparse.Namespace,
+    idle_from: Counters,
+    idle_to: Counters,
+    burst_figures: dict[str, Any],
+    *,
+    lags: dict[str, list[float]],
+    polls: dict[str, list[int]],
+    events_per_op: dict[str, float],
+    paced_lag_parts: dict[str, list[float]],
+    confirmations: list[float],
+    pg_rate: float,
+    xact_per_call: float,
+    noop: dict[str, float],
+) -> dict[str, Any]:
+    n = args.n
+    idle_s = idle_to.t - idle_from.t
+    idle_xact = (idle_to.xact - idle_from.xact) / idle_s
+    idle_redis = (
+        (idle_to.redis_calls - idle_from.redis_calls) - (idle_to.own_calls - idle_from.own_calls)
+    ) / idle_s
+    before, settled, after = burst_figures["before"], burst_figures["settled"], burst_figures["after"]
+    # Ledger transactions: up to ``after``, when every backend has flushed its statistics.
+    xact_raw = (after.xact - before.xact) / n
+    xact_net = (after.xact - before.xact - idle_xact * (after.t - before.t)) / n
+    # Redis: up to ``settled``, the instant the messages were counted.
+    redis_raw = (settled.redis_calls - before.redis_calls - (settled.own_calls - before.own_calls)) / n
+    redis_net = redis_raw - idle_redis * (settled.t - before.t) / n
+    by_task = burst_figures["messages_by_task"]
+    messages = sum(by_task.values()) / n
+    ops_per_s = n / (burst_figures["finished"] - burst_figures["started"])
+    ceiling = noop["pipelined_per_s"] / messages
+    poll_s = args.poll_interval_ms / 1000
+    lag_bound = 1.1 * poll_s + 0.3
+    paced_lags = lags["paced"]
+    one_poll = sum(p == 1 for p in polls["burst"])
+    result = {
+        "operations": n,
+        "tool_seconds": args.seconds,
+        "poll_interval_s": poll_s,
+        "receipts": burst_figures["receipts"],
+        "completed": burst_figures["completed"],
+        "burst_ops_needing_one_poll": one_poll,
+        "ops_per_s": ops_per_s,
+        "ledger_tx_per_op": xact_net,
+        "ledger_tx_per_op_raw": xact_raw,
+        "xact_commit_per_ledger_call": xact_per_call,
+        "ledger_calls_per_op": xact_net / xact_per_call,
+        "redis_calls_per_op": redis_net,
+        "redis_calls_per_op_raw": redis_raw,
+        "messages_per_op": messages,
+        "messages_by_task_per_op": {k: v / n for k, v in by_task.items()},
+        "lpush_per_op": (settled.lpush - before.lpush - burst_figures["beat_sent"]) / n,
+        "step_outcomes_per_op": {k: v / n for k, v in burst_figures["steps"].items()},
+        "ledger_events_per_op": events_per_op,
+        "mcp_requests_per_op": {k: v / n for k, v in burst_figures["server_requests"].items()},
+        "cpu_ms_per_op": {k: 1000 * v / n for k, v in burst_figures["cpu_s"].items()},
+        "idle": {"ledger_tx_per_s": idle_xact, "redis_calls_per_s": idle_redis},
+        "detection_lag_s": {
+            phase: {"p50": percentile(values, 50), "p99": percentile(values, 99), "n": len(values)}
+            for phase, values in lags.items()
+        },
+        "detection_lag_parts_paced_s": {
+            part: {"p50": percentile(values, 50), "p99": percentile(values, 99), "n": len(values)}
+            for part, values in paced_lag_parts.items()
+        },
+        "polls_per_op_paced_mean": statistics.mean(polls["paced"]) if polls["paced"] else None,
+        "cancel_confirmation_s": {
+            "p50": percentile(confirmations, 50),
+            "p99": percentile(confirmations, 99),
+            "n": len(confirmations),
+        },
+        "baseline": {
+            "postgres_commits_per_s": pg_rate,
+            "celery_noop_pipelined_per_s": noop["pipelined_per_s"],
+            "celery_noop_sequential_per_s": noop["sequential_per_s"],
+        },
+        "ratios": {
+            "ops_per_s_vs_message_ceiling": ops_per_s / ceiling,
+            "ledger_commits_per_s_vs_raw": ops_per_s * xact_net / pg_rate,
+            "ops_per_s_vs_noop_per_s": ops_per_s / noop["pipelined_per_s"],
+        },
+    }
+    result["targets"] = {
+        "cancel_confirmation_p99_lt_2s": result["cancel_confirmation_s"]["p99"] < 2.0,
+        "detection_lag_p99_le_bound": percentile(paced_lags, 99) <= lag_bound,
+        "ops_per_s_ge_half_message_ceiling": ops_per_s >= 0.5 * ceiling,
+        "messages_per_op_le_6": messages <= 6,
+        "ledger_tx_per_op_le_10": xact_net <= 10,
+    }
+    result["detection_lag_bound_s"] = lag_bound
+    result["message_ceiling_ops_per_s"] = ceiling
+    return result
+
+
+def report(f: dict[str, Any]) -> None:
+    t = f["targets"]
+    b = f["baseline"]
+    lag = f["detection_lag_s"]
+    cancel = f["cancel_confirmation_s"]
+    print(
+        f"\nburst: {f['operations']} slow_report({f['tool_seconds']} s) operations, poll interval"
+        f" {f['poll_interval_s']} s; {f['receipts']} receipts ({f['completed']} completed),"
+        f" {f['burst_ops_needing_one_poll']} needed exactly one poll"
+    )
+    print(f"  end to end: {f['ops_per_s']:.1f} operations/s")
+    print(
+        f"  ledger transactions/op (xact_commit): {f['ledger_tx_per_op']:.2f} net of idle"
+        f" ({f['ledger_tx_per_op_raw']:.2f} raw; idle fleet {f['idle']['ledger_tx_per_s']:.1f}/s)"
+        f"  -> {verdict(t['ledger_tx_per_op_le_10'])} (<= 10)"
+    )
+    print(
+        f"    = {f['ledger_calls_per_op']:.2f} Ledger transactions x {f['xact_commit_per_ledger_call']:.2f}"
+        " xact_commit each (measured: the pool's pre-ping SELECT 1 commits on its own)"
+    )
+    print(
+        f"  Redis calls/op: {f['redis_calls_per_op']:.1f} net of idle ({f['redis_calls_per_op_raw']:.1f} raw;"
+        f" idle fleet {f['idle']['redis_calls_per_s']:.1f}/s; broker, results, events, buckets)"
+    )
+    by_task = ", ".join(f"{k} {v:.2f}" for k, v in f["messages_by_task_per_op"].items() if v)
+    print(
+        f"  Celery messages/op: {f['messages_per_op']:.2f} ({by_task}; LPUSH count {f['lpush_per_op']:.2f})"
+        f"  -> {verdict(t['messages_per_op_le_6'])} (<= 6)"
+    )
+    steps = ", ".join(f"{k.removeprefix('longcall.')} {v:.2f}" for k, v in f["step_outcomes_per_op"].items())
+    print(f"  step outcomes/op: {steps}")
+    events = ", ".join(f"{k} {v:.2f}" for k, v in f["ledger_events_per_op"].items())
+    print(f"  ledger events/op: {events}")
+    requests = ", ".join(f"{k} {v:.2f}" for k, v in f["mcp_requests_per_op"].items())
+    print(f"  MCP requests/op: {requests}")
+    cpu = ", ".join(f"{k} {v:.1f}" for k, v in f["cpu_ms_per_op"].items())
+    print(f"  CPU ms/op during the burst: {cpu}")
+    bound = f["detection_lag_bound_s"]
+    for phase in ("paced", "burst"):
+        d = lag[phase]
+        line = f"  detection lag ({phase}, n={d['n']}): p50 {d['p50']:.3f} s, p99 {d['p99']:.3f} s"
+        if phase == "paced":
+            line += f"  -> {verdict(t['detection_lag_p99_le_bound'])} (p99 <= {bound:.2f} s)"
+            parts = f["detection_lag_parts_paced_s"]
+            line += "\n    of which " + ", ".join(
+                f"{name} p50 {v['p50']:.3f} / p99 {v['p99']:.3f}" for name, v in parts.items()
+            )
+        else:
+            line += "  (under the burst's queueing; not the target)"
+        print(line)
+    print(
+        f"  cancel confirmation (n={cancel['n']}): p50 {cancel['p50']:.3f} s, p99 {cancel['p99']:.3f} s"
+        f"  -> {verdict(t['cancel_confirmation_p99_lt_2s'])} (p99 < 2 s)"
+    )
+    print(
+        f"baselines: Postgres {b['postgres_commits_per_s']:.0f} commits/s (1 connection, one-row UPDATE);"
+        f" Celery no-op {b['celery_noop_pipelined_per_s']:.0f} tasks/s pipelined batch,"
+        f" {b['celery_noop_sequential_per_s']:.0f}/s sequential send+get"
+    )
+    r = f["ratios"]
+    print(
+        f"  message ceiling = no-op/s / messages/op = {f['message_ceiling_ops_per_s']:.1f} ops/s;"
+        f" end to end is {r['ops_per_s_vs_message_ceiling']:.2f} of it"
+        f"  -> {verdict(t['ops_per_s_ge_half_message_ceiling'])} (>= 0.5)"
+    )
+    print(
+        f"  ledger commits/s at that rate = {r['ledger_commits_per_s_vs_raw']:.2f} of raw Postgres;"
+        f" operations/s = {r['ops_per_s_vs_noop_per_s']:.3f} of no-op tasks/s"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
+    parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    parser.add_argument("-n", type=int, default=150, help="operations in the burst")
+    parser.add_argument("--seconds", type=float, default=0.2, help="slow_report duration in the burst")
+    parser.add_argument("--paced", type=int, default=100, help="operations in the paced phase")
+    parser.add_argument("--cancels", type=int, default=30, help="operations cancelled")
+    parser.add_argument("--pace", type=float, default=10.0, help="paced submissions and cancels per second")
+    parser.add_argument("--poll-interval-ms", type=int, default=500)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=8)
+    parser.add_argument("--idle-s", type=float, default=6.0)
+    parser.add_argument("--baseline-s", type=float, default=3.0)
+    parser.add_argument("--noop-batch", type=int, default=300)
+    parser.add_argument("--noop-sequential", type=int, default=100)
+    parser.add_argument(
+        "--qps",
+        type=float,
+        default=500,
+        help="the server's poll_qps and control_qps (buckets are not measured)",
+    )
+    parser.add_argument("--wait-s", type=float, default=90, help="bound on every wait")
+    parser.add_argument("--max-s", type=int, default=420, help="bound on the whole run")
+    parser.add_argument("--redis-url", default=None, help="a shared Redis instead of a private one")
+    parser.add_argument(
+        "--keep-logs",
+        action="store_true",
+        help="keep the processes' logs and operations.json (ledger events)",
+    )
+    args = parser.parse_args(argv)
+    raise_on_sigterm()
+    log_dir = Path(tempfile.mkdtemp(prefix="lc-bench-lifecycle-"))
+    ok = False
+    try:
+        with alarm(args.max_s):
+            result = measure(args, log_dir)
+        ok = True
+    finally:
+        if ok and not args.keep_logs:
+            shutil.rmtree(log_dir, ignore_errors=True)
+        else:
+            print(f"logs kept in {log_dir}", file=sys.stderr)
+    report(result)
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    return 0 if all(result["targets"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
