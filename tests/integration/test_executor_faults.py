@@ -413,7 +413,9 @@ def give_cancel_history(ledger: Ledger, op: Operation) -> Operation:
     )
 
 
+@pytest.mark.parametrize("down_until_a_step_fails", [False, True], ids=["restart", "outage"])
 def test_a_restarted_hot_redis_is_reseeded_from_the_ledger(
+    down_until_a_step_fails: bool,
     ledger: Ledger,
     database_url: str,
     broker_prefix: str,
@@ -444,6 +446,11 @@ def test_a_restarted_hot_redis_is_reseeded_from_the_ledger(
             run_id = hot.info("server")["run_id"]
             subprocess.run(["redis-cli", "-p", str(port), "shutdown", "nosave"], check=True, timeout=10)
             servers[0].proc.wait(timeout=15)
+            if down_until_a_step_fails:
+                support.wait_for(
+                    "a worker step to fail on the missing Redis",
+                    lambda: any("Error 111 connecting" in w.log() for w in fleet.workers()),
+                )
             servers.append(start_redis(port, tmp_path, log_dir, "hot-redis-again"))
             assert hot.info("server")["run_id"] != run_id  # a new server, which kept nothing
 
