@@ -314,6 +314,42 @@ def test_a_cancel_after_completion_was_observed_never_gives_a_cancelled_receipt(
         assert fleet.mcp.tasks()[0]["status"] == "completed"
 
 
+def test_a_cancel_while_a_poll_carries_the_completion_gives_the_completed_receipt(fleet: Fleet) -> None:
+    """The task completed on the server and a poll is bringing that answer when the cancel comes: the cancel
+    is recorded (CANCEL_REQUESTED fences the poll off), the server says it is already completed, and the
+    completion is accepted; the late poll's write is refused."""
+    fleet.mcp.faults(delay_ms={"tasks/get": 3000})
+    op_id = fleet.submit("n/poll-carries-completion", "slow_report", {"seconds": 0.3})
+    support.wait_for("a poll to reach the server", lambda: "tasks/get" in methods(fleet))
+    support.wait_for(
+        "the task to complete on the server", lambda: fleet.mcp.tasks()[0]["status"] == "completed"
+    )
+    assert fleet.ledger.get(op_id).state is S.WORKING  # the poll's answer is still on its way
+    fleet.mcp.faults(delay_ms={})  # only the poll in flight stays slow
+
+    fleet.send("longcall.cancel", op_id=str(op_id))
+    receipt = fleet.wait_receipt("n/poll-carries-completion")
+    assert (receipt["terminal_state"], receipt["result"]["content"][0]["text"]) == (
+        "completed",
+        "report ready after 0.3s",
+    )
+    stale = support.wait_for(
+        "the late poll's write to be refused",
+        lambda: [e for e in fleet.ledger.events(op_id) if e["kind"] == "stale_write_rejected"] or None,
+    )
+    assert stale[0]["detail"]["write_detail"] == {"server_state": "completed"}
+    support.wait_for("the outbox and the pipeline to settle", fleet.settled)
+    assert [r["terminal_state"] for r in fleet.receipts()] == ["completed"]
+    assert receipt_rows(fleet.ledger, op_id) == 1
+    op = fleet.ledger.get(op_id)
+    assert (op.state, op.cancel_generation) == (S.ACCEPTED, 1)
+    assert fleet.ledger.reconciliations_for(op_id) == []
+    trail = kinds(fleet.ledger, op_id)
+    assert in_order(trail, "cancel_requested", "terminal_observed", "terminal_accepted"), trail
+    [observed] = [e for e in fleet.ledger.events(op_id) if e["kind"] == "terminal_observed"]
+    assert observed["from_state"] == "CANCEL_REQUESTED"  # the cancel step learnt of the completion
+
+
 def test_a_completion_offered_after_an_accepted_cancel_is_never_accepted(fleet: Fleet) -> None:
     op_id = fleet.submit("n/cancelled-first", "slow_report", {"seconds": 2})
     fleet.wait_state(op_id, S.WORKING)
