@@ -60,6 +60,7 @@ RECON = cast(Table, models.Reconciliation.__table__)
 CONTROL = cast(Table, models.ExecutorControl.__table__)
 CONTROL_AUDIT = cast(Table, models.ExecutorControlAudit.__table__)
 
+CLAIM_DELAY = func.greatest(0, func.extract("epoch", OP.c.next_poll_at - func.now())).label("delay_s")
 CLAIM_COLUMNS = (
     OP.c.id,
     OP.c.state,
@@ -67,6 +68,7 @@ CLAIM_COLUMNS = (
     OP.c.execution_epoch,
     OP.c.cancel_generation,
     OP.c.lease_until,
+    CLAIM_DELAY,
 )
 
 #: Columns a guarded write may set through ``values``. Identity, fencing and bookkeeping columns are
@@ -109,7 +111,10 @@ def normalize_database_url(url: str) -> str:
 def make_engine(url: str, *, pool_size: int = 5) -> Engine:
     return create_engine(
         normalize_database_url(url),
-        pool_pre_ping=True,
+        # No pre-ping: it would double every ledger transaction. A connection the server dropped fails
+        # its statement once (SQLAlchemy then discards the pool's stale connections) and the step is
+        # retried under a new claim when its lease runs out; recycling bounds how old a connection gets.
+        pool_recycle=600,
         pool_size=pool_size,
         max_overflow=pool_size,
         future=True,
@@ -233,6 +238,8 @@ class Claim:
     execution_epoch: int
     cancel_generation: int
     lease_until: dt.datetime
+    #: Seconds until the step is due (0 when it is due already).
+    delay_s: float = 0.0
 
     @classmethod
     def from_row(cls, row: Row[Any]) -> Claim:
@@ -243,6 +250,7 @@ class Claim:
             row.execution_epoch,
             row.cancel_generation,
             row.lease_until,
+            float(row.delay_s or 0.0),
         )
 
     @property
@@ -489,8 +497,12 @@ class Ledger:
         reconcile: NewReconciliation | None = None,
         input_outbox: Mapping[str, Any] | None = None,
         resolve: str | None = None,
+        then: OpState | None = None,
     ) -> Operation:
         """Move the operation along one edge of the state table, or record a stale write and raise.
+
+        ``then`` continues along a second edge in the same statement (two events, one transaction): for a
+        step that always follows another, e.g. TERMINAL_OBSERVED -> FETCHING_RESULT.
 
         In the same transaction: ``reconcile`` opens a reconciliation record, ``input_outbox`` writes the
         approval gate's ``input_required`` outbox row for the row's new ``input_round``, and ``resolve``
@@ -498,8 +510,10 @@ class Ledger:
         ``input_round = :round`` to the guard (a reply is accepted only for the current round).
         """
         sources = check_edges(from_states, to)
-        if to in FINAL_STATES:
-            raise IllegalTransition(f"{to} is reached only through accept_terminal (rule 8)")
+        if then is not None:
+            check_edges([to], then)
+        if to in FINAL_STATES or then in FINAL_STATES:
+            raise IllegalTransition(f"{then or to} is reached only through accept_terminal (rule 8)")
         sets = _checked_values(values)
         if to in NEVER_POLLED:
             sets.setdefault("next_poll_at", None)
@@ -517,6 +531,7 @@ class Ledger:
             reconcile=reconcile,
             input_outbox=input_outbox,
             resolve=resolve,
+            then=then,
         )
 
     def update(
@@ -563,13 +578,14 @@ class Ledger:
         reconcile: NewReconciliation | None = None,
         input_outbox: Mapping[str, Any] | None = None,
         resolve: str | None = None,
+        then: OpState | None = None,
     ) -> Operation:
         stale: StaleTransition | None = None
         with self._tx() as conn:
             prior = select(OP.c.id, OP.c.state).where(OP.c.id == op_id).with_for_update().cte("prior")
-            sets = {**sets, "event_seq": OP.c.event_seq + 1, "updated_at": func.now()}
+            sets = {**sets, "event_seq": OP.c.event_seq + (2 if then else 1), "updated_at": func.now()}
             if to_state is not None:
-                sets["state"] = to_state.value
+                sets["state"] = (then or to_state).value
             if bump_generation:
                 sets["cancel_generation"] = OP.c.cancel_generation + 1
             where = [
@@ -587,14 +603,28 @@ class Ledger:
             ).first()
             if row is not None:
                 op = Operation.from_row(row)
-                self._append_event(
-                    conn,
-                    op,
-                    seq=op.event_seq,
-                    kind=event,
-                    from_state=row.prior_state,
-                    detail=detail,
-                )
+                if then is not None and to_state is not None:
+                    halfway = dataclasses.replace(op, state=to_state)
+                    self._append_event(
+                        conn,
+                        halfway,
+                        seq=op.event_seq - 1,
+                        kind=event,
+                        from_state=row.prior_state,
+                        detail=detail,
+                    )
+                    self._append_event(
+                        conn,
+                        op,
+                        seq=op.event_seq,
+                        kind=f"then_{then.value.lower()}",
+                        from_state=to_state.value,
+                        detail={},
+                    )
+                else:
+                    self._append_event(
+                        conn, op, seq=op.event_seq, kind=event, from_state=row.prior_state, detail=detail
+                    )
                 if reconcile is not None:
                     self._open_reconciliation(
                         conn, op, reconcile.reason, reconcile.deadline, reconcile.detail
@@ -729,7 +759,13 @@ class Ledger:
     # ----------------------------------------------------------------------------------------- polling
 
     def claim_due(
-        self, *, limit: int, lease_s: float, epoch: int | None = None, server: str | None = None
+        self,
+        *,
+        limit: int,
+        lease_s: float,
+        epoch: int | None = None,
+        server: str | None = None,
+        horizon_s: float = 0.0,
     ) -> list[Claim]:
         """Claim up to ``limit`` due operations (SKIP LOCKED), lease them and bump their poll cursor.
 
@@ -737,12 +773,14 @@ class Ledger:
         ran out (a crashed worker) makes the row claimable again, under a new cursor, so the crashed worker's
         late answer is fenced off. With ``epoch``, a row of an older execution epoch is taken over by it
         (rule 13): its old-epoch writers are refused from then on. With ``server``, only that server's rows.
+        ``horizon_s`` also claims rows due within that many seconds; each claim says how long until it is
+        due (``delay_s``), so a dispatcher that ticks every ``horizon_s`` can send each step on time.
         """
         if limit <= 0:
             return []
         with self._tx() as conn:
             conditions = [
-                OP.c.next_poll_at <= func.now(),
+                OP.c.next_poll_at <= func.now() + literal(dt.timedelta(seconds=horizon_s)),
                 or_(OP.c.lease_until.is_(None), OP.c.lease_until < func.now()),
             ]
             if server is not None:

@@ -57,8 +57,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_default_queue": "longcall.control",
         "task_routes": {name: {"queue": queue, "routing_key": queue} for name, queue in ROUTES.items()},
         # Flower sees what the fleet does.
+        # (No task-sent events: one more publish per message, and Flower has the workers' own events.)
         "worker_send_task_events": True,
-        "task_send_sent_event": True,
         "task_track_started": True,
         "beat_schedule": beat_schedule(
             dispatch_interval_s=settings.dispatch_interval_s,

@@ -96,6 +96,8 @@ class Dispatch:
     task: str
     op_id: uuid.UUID
     cursor: int
+    #: Due this many seconds from now: at most one dispatch tick, so a short countdown, never a long ETA.
+    delay_s: float = 0.0
 
     @property
     def task_id(self) -> str:
@@ -310,6 +312,7 @@ class Executor:
             },
             why,
             {"outcome": result.outcome},
+            then=S.FETCHING_RESULT,
         )
         return self._fetch(op, fence)
 
@@ -385,19 +388,34 @@ class Executor:
 
     def _observed(self, op: Operation, fence: Fence, status: RemoteStatus) -> StepOutcome:
         if status.terminal is not None:
+            kind = TerminalKind(status.terminal)
+            values = {**self._status_values(status), "observed_terminal": kind}
+            detail = {"server_state": status.server_state}
+            if kind is not TerminalKind.CANCELLED:
+                try:
+                    self._take(op.server, "control")  # for the result fetch that follows at once
+                except NoToken as no_token:
+                    op = self._move(
+                        op,
+                        fence,
+                        S.TERMINAL_OBSERVED,
+                        {**values, "next_poll_at": due_in(no_token.wait_s), "lease_until": None},
+                        "terminal_observed",
+                        detail,
+                    )
+                    return StepOutcome(
+                        op.id, "no_token", op.state, detail={"wait_s": round(no_token.wait_s, 3)}
+                    )
             op = self._move(
                 op,
                 fence,
                 S.TERMINAL_OBSERVED,
-                {
-                    **self._status_values(status),
-                    "observed_terminal": TerminalKind(status.terminal),
-                    "next_poll_at": due_in(0),
-                },
+                {**values, "next_poll_at": due_in(0)},
                 "terminal_observed",
-                {"server_state": status.server_state},
+                detail,
+                then=S.FETCHING_RESULT,
             )
-            return self._fetch(op, fence, status)
+            return self._fetch(op, fence, status, token_taken=True)
         if status.input_request is not None:
             return self._input_required(op, fence, status, status.input_request)
         interval = self._interval_s(op, status)
@@ -432,11 +450,15 @@ class Executor:
 
     # ------------------------------------------------------------------------------ result, accept (7, 8)
 
-    def _fetch(self, op: Operation, fence: Fence, status: RemoteStatus | None = None) -> StepOutcome:
-        try:
-            self._take(op.server, "control")
-        except NoToken as no_token:
-            return self._no_token(op, fence, no_token)
+    def _fetch(
+        self, op: Operation, fence: Fence, status: RemoteStatus | None = None, *, token_taken: bool = False
+    ) -> StepOutcome:
+        remote_call = op.observed_terminal is not TerminalKind.CANCELLED and op.result is None
+        if remote_call and not token_taken:
+            try:
+                self._take(op.server, "control")
+            except NoToken as no_token:
+                return self._no_token(op, fence, no_token)
         if op.state is S.TERMINAL_OBSERVED:
             op = self._move(op, fence, S.FETCHING_RESULT, {}, "fetching_result", {})
         if op.observed_terminal is TerminalKind.CANCELLED:
@@ -669,9 +691,15 @@ class Executor:
             room = min(budget - len(dispatches), max(1, share))
             if room <= 0:
                 break
-            claims = self.ledger.claim_due(limit=room, lease_s=settings.lease_s, epoch=epoch, server=name)
+            claims = self.ledger.claim_due(
+                limit=room,
+                lease_s=settings.lease_s,
+                epoch=epoch,
+                server=name,
+                horizon_s=settings.dispatch_interval_s,
+            )
             dispatches.extend(
-                Dispatch(TASK_FOR_STATE[c.state], c.op_id, c.poll_cursor)
+                Dispatch(TASK_FOR_STATE[c.state], c.op_id, c.poll_cursor, c.delay_s)
                 for c in claims
                 if c.state in TASK_FOR_STATE
             )

@@ -43,10 +43,14 @@ class HotState:
         )
 
     def take(self, server: str, budget: Budget, rate_per_s: float) -> Token:
-        """Take one token for a call to ``server`` from the ``budget`` bucket, or learn how long to wait."""
+        """Take one token for a call to ``server`` from the ``budget`` bucket, or learn how long to wait.
+
+        GCRA at ``RATE_HEADROOM`` of the rate, with a burst of ``burst_for(rate)`` calls: in any one-second
+        window at most ``1 + 0.9 * rate + burst <= rate`` calls are granted (``<= 0.95 * rate`` from 40/s up).
+        """
         interval_us = max(1, math.ceil(1_000_000 / (rate_per_s * RATE_HEADROOM)))
         key = f"{self.prefix}bucket:{server}:{budget}"
-        granted, wait_us = self._call(self._bucket, [key], [interval_us])
+        granted, wait_us = self._call(self._bucket, [key], [interval_us, burst_for(rate_per_s) * interval_us])
         return Token(bool(granted), int(wait_us) / 1_000_000)
 
     def bump_cancel_generation(
@@ -71,6 +75,12 @@ class HotState:
 
     def close(self) -> None:
         self.client.close()
+
+
+def burst_for(rate_per_s: float) -> int:
+    """How many calls may go ahead of schedule while a one-second window still holds at most ``rate``."""
+    # Half of the headroom goes to bursts, half stays for calls that reach the server a little late.
+    return max(0, math.floor(rate_per_s * (1 - RATE_HEADROOM) / 2) - 1)
 
 
 def _lua(name: str) -> str:

@@ -111,6 +111,7 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:  # noqa: PLR0915
                         dispatch.task,
                         kwargs={"op_id": str(dispatch.op_id), "cursor": dispatch.cursor},
                         task_id=dispatch.task_id,
+                        countdown=dispatch.delay_s if dispatch.delay_s >= 0.005 else None,
                         producer=producer,
                     )
         return {"dispatched": len(dispatches)}

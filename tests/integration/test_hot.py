@@ -1,0 +1,73 @@
+"""Rule 4 and rule 6 on the real Redis: the token bucket holds across processes, the cancel CAS has one
+winner and re-seeds from the ledger after Redis lost it."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+import uuid
+from typing import Any
+
+import pytest
+import redis
+
+from tests import support
+from workers.hot import HotState, burst_for
+
+
+def _hammer(url: str, prefix: str, rate: float, seconds: float, out: Any) -> None:
+    hot = HotState.from_url(url, prefix=prefix)
+    granted: list[float] = []
+    stop = time.time() + seconds
+    while time.time() < stop:
+        token = hot.take("reports", "poll", rate)
+        if token.granted:
+            seconds_, micros = hot.client.time()
+            granted.append(seconds_ + micros / 1e6)
+        else:
+            time.sleep(min(token.wait_s, 0.05))  # a bounded pause before asking again
+    hot.close()
+    out.put(granted)
+
+
+@pytest.mark.parametrize("rate", [10.0, 200.0])
+def test_the_bucket_holds_the_rate_in_every_window_across_processes(
+    redis_client: redis.Redis, broker_prefix: str, rate: float
+) -> None:
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    seconds = 3.0
+    processes = [
+        context.Process(target=_hammer, args=(support.REDIS_URL, broker_prefix, rate, seconds, out))
+        for _ in range(4)
+    ]
+    for process in processes:
+        process.start()
+    grants = sorted(t for _ in processes for t in out.get(timeout=60))
+    for process in processes:
+        process.join(timeout=30)
+
+    worst = max(sum(1 for u in grants[i:] if u - t <= 1.0) for i, t in enumerate(grants))
+    steady = [t for t in grants if grants[0] + 1.0 <= t <= grants[0] + seconds - 0.5]
+    used = len(steady) / (seconds - 1.5)
+    print(f"\nbucket at {rate:g}/s, 4 processes: at most {worst} in any 1 s window, {used:.1f}/s used")
+    assert worst <= rate
+    assert used >= 0.85 * rate
+
+
+def test_burst_keeps_the_window_within_the_rate() -> None:
+    for rate in (1, 5, 10, 15, 40, 100, 500, 5000):
+        assert 1 + int(0.9 * rate) + burst_for(rate) <= rate
+
+
+def test_one_cancel_wins_the_cas_and_a_lost_key_is_reseeded(
+    redis_client: redis.Redis, broker_prefix: str
+) -> None:
+    hot = HotState(redis_client, prefix=broker_prefix)
+    op_id = uuid.uuid4()
+    assert hot.bump_cancel_generation(op_id, 3) == (True, 4)  # missing key: seeded from the ledger's 3
+    assert hot.bump_cancel_generation(op_id, 3) == (False, 4)  # a second caller with the same view loses
+    redis_client.delete(f"{broker_prefix}cancel:{op_id}")  # Redis lost it
+    assert hot.bump_cancel_generation(op_id, 4) == (True, 5)
+    hot.seed_cancel_generation(op_id, 9)
+    assert hot.bump_cancel_generation(op_id, 9) == (True, 10)
