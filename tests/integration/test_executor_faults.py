@@ -73,8 +73,8 @@ def receipt_rows(ledger: Ledger, op_id: uuid.UUID) -> int:
     return int(count)
 
 
-def kill_pool_of(fleet: Fleet, task_id: str) -> support.CeleryProcess:
-    """SIGKILL the pool processes of the worker that received ``task_id``; its main process lives on.
+def kill_pool_of(fleet: Fleet, *task_ids: str) -> support.CeleryProcess:
+    """SIGKILL the pool processes of the worker that received one of ``task_ids``; its main process lives.
 
     Only the pool children die, on purpose: the main process sees them go (WorkerLostError), and with
     ``task_acks_late`` + ``task_reject_on_worker_lost`` it rejects the message with requeue, so the task is
@@ -83,7 +83,8 @@ def kill_pool_of(fleet: Fleet, task_id: str) -> support.CeleryProcess:
     (1 h in ``workers.app``) restores it: that is a different (and much slower) test.
     """
     worker = support.wait_for(
-        f"the worker that received {task_id}", lambda: fleet.worker_that_received(task_id)
+        f"the worker that received {task_ids}",
+        lambda: next(filter(None, map(fleet.worker_that_received, task_ids)), None),
     )
     killed = worker.kill_children()
     assert killed, f"{worker.name} has no pool processes to kill"
@@ -145,20 +146,30 @@ def test_kill_9_during_the_create_call_never_creates_twice(fleet: Fleet) -> None
 # ------------------------------------------------------------------------------------ 2. kill -9 in poll
 
 
-def test_kill_9_during_a_poll_gives_one_receipt_delivered_once(fleet: Fleet) -> None:
-    fleet.mcp.faults(delay_ms={"tasks/get": 3000})
+@pytest.mark.parametrize(
+    ("method", "in_state"), [("tasks/get", S.WORKING), ("tasks/result", S.FETCHING_RESULT)]
+)
+def test_kill_9_during_a_poll_gives_one_receipt_delivered_once(
+    fleet: Fleet, method: str, in_state: OpState
+) -> None:
+    """Killed while the poll's ``tasks/get`` is in flight, or while the result fetch the poll went on to
+    (``tasks/result``) is."""
+    fleet.mcp.faults(delay_ms={method: 3000})
     op_id = fleet.submit("n/killed-poll", "slow_report", {"seconds": 1})
-    support.wait_for("a poll to reach the server", lambda: "tasks/get" in methods(fleet), timeout=30)
+    support.wait_for(f"a {method} to reach the server", lambda: method in methods(fleet), timeout=30)
     op = fleet.ledger.get(op_id)
-    assert op.state is S.WORKING
-    poll_id = f"longcall.poll:{op_id}:{op.poll_cursor}"
-    assert kinds(fleet.ledger, op_id)[-1] == "created"  # the poll's answer is not written yet
+    step_ids = [f"{task}:{op_id}:{op.poll_cursor}" for task in ("longcall.poll", "longcall.fetch_result")]
+    assert op.state is in_state
 
-    kill_pool_of(fleet, poll_id)
-    assert kinds(fleet.ledger, op_id)[-1] == "created"  # and never will be: its process is gone
+    kill_pool_of(fleet, *step_ids)
+    after = fleet.ledger.get(op_id)  # the answer in flight was never written: its process is gone
+    assert (after.state, after.event_seq) == (in_state, op.event_seq)
     fleet.mcp.faults(delay_ms={})
 
-    support.wait_for("the poll message to be delivered again", lambda: fleet.received_count(poll_id) >= 2)
+    support.wait_for(
+        "the step's message to be delivered again",
+        lambda: sum(fleet.received_count(i) for i in step_ids) >= 2,
+    )
     receipt = fleet.wait_receipt("n/killed-poll", timeout=45)
     assert (receipt["terminal_state"], receipt["result"]["content"][0]["text"]) == (
         "completed",
@@ -170,6 +181,32 @@ def test_kill_9_during_a_poll_gives_one_receipt_delivered_once(fleet: Fleet) -> 
     assert fleet.ledger.get(op_id).state is S.ACCEPTED
     assert methods(fleet).count("tools/call") == 1
     assert len(fleet.mcp.tasks()) == 1
+
+
+def test_kill_9_during_the_cancel_call_gives_one_cancelled_receipt(fleet: Fleet) -> None:
+    """The cancel's ACK dies with the worker: the cancel is sent again under a new claim, and the one
+    receipt is the cancelled one."""
+    op_id = fleet.submit("n/killed-cancel", "slow_report", {"seconds": 60})
+    fleet.wait_state(op_id, S.WORKING)
+    fleet.mcp.faults(delay_ms={"tasks/cancel": 3000})
+    sent = fleet.send_nowait("longcall.cancel", op_id=str(op_id))
+    support.wait_for("the tasks/cancel to reach the server", lambda: "tasks/cancel" in methods(fleet))
+    assert fleet.ledger.get(op_id).state is S.CANCEL_REQUESTED
+
+    kill_pool_of(fleet, sent.id)
+    fleet.mcp.faults(delay_ms={})
+    support.wait_for("the cancel message to be delivered again", lambda: fleet.received_count(sent.id) >= 2)
+    assert sent.get(timeout=30)["action"] == "already_requested"  # the redelivery does not cancel twice
+
+    receipt = fleet.wait_receipt("n/killed-cancel", timeout=45)
+    assert (receipt["terminal_state"], receipt["result"]) == ("cancelled", None)
+    support.wait_for("the outbox and the pipeline to settle", fleet.settled)
+    assert [r["terminal_state"] for r in fleet.receipts()] == ["cancelled"]
+    assert receipt_rows(fleet.ledger, op_id) == 1
+    op = fleet.ledger.get(op_id)
+    assert (op.state, op.cancel_generation) == (S.CANCELLED_ACCEPTED, 1)
+    assert fleet.ledger.reconciliations_for(op_id) == []
+    assert fleet.mcp.tasks()[0]["status"] == "cancelled"
 
 
 # ------------------------------------------------------------------------ 3. two pollers out of order
