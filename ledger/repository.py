@@ -617,7 +617,7 @@ class Ledger:
                         conn,
                         op,
                         seq=op.event_seq,
-                        kind=f"then_{then.value.lower()}",
+                        kind=then.value.lower(),
                         from_state=to_state.value,
                         detail={},
                     )
