@@ -59,7 +59,6 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # Flower sees what the fleet does.
         # (No task-sent events: one more publish per message, and Flower has the workers' own events.)
         "worker_send_task_events": True,
-        "task_track_started": True,
         "beat_schedule": beat_schedule(
             dispatch_interval_s=settings.dispatch_interval_s,
             outbox_interval_s=settings.outbox_interval_s,

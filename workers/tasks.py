@@ -36,6 +36,8 @@ def _op_id(value: Any) -> uuid.UUID:
         raise RequestRefused(f"op_id {value!r} is not an operation id (a UUID)") from None
 
 
+# Internal steps keep no result in the backend (the ledger is the record; nobody waits on them); the tasks
+# a caller may wait on (submit, cancel, provide_input) keep theirs.
 def register_tasks(app: Celery, holder: RuntimeHolder) -> None:  # noqa: PLR0915 - one closure per task
     def executor() -> Executor:
         return Executor(holder.get())
@@ -59,13 +61,13 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:  # noqa: PLR0915
             summary["state"] = step.state.value if step.state is not None else summary["state"]
         return summary
 
-    @app.task(name="longcall.poll")
+    @app.task(name="longcall.poll", ignore_result=True)
     def poll(op_id: str, cursor: int) -> dict[str, Any]:
         step = executor().advance(_op_id(op_id), int(cursor))
         follow(step)
         return step.as_dict()
 
-    @app.task(name="longcall.fetch_result")
+    @app.task(name="longcall.fetch_result", ignore_result=True)
     def fetch_result(op_id: str, cursor: int) -> dict[str, Any]:
         step = executor().fetch_result(_op_id(op_id), int(cursor))
         follow(step)
@@ -101,7 +103,7 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:  # noqa: PLR0915
         follow(step)
         return step.as_dict()
 
-    @app.task(name="longcall.dispatch_due")
+    @app.task(name="longcall.dispatch_due", ignore_result=True)
     def dispatch_due() -> dict[str, int]:
         dispatches = executor().dispatch_due()
         if dispatches:
@@ -116,13 +118,13 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:  # noqa: PLR0915
                     )
         return {"dispatched": len(dispatches)}
 
-    @app.task(name="longcall.drain_outbox")
+    @app.task(name="longcall.drain_outbox", ignore_result=True)
     def drain_outbox(limit: int = 200) -> dict[str, int]:
         report = holder.get().ledger.drain_outbox(publisher(app), limit=limit)
         if report.failed:
             log.warning("outbox rows %s could not be published; they stay ready", list(report.failed))
         return {"dispatched": len(report.dispatched), "failed": len(report.failed)}
 
-    @app.task(name="longcall.reconcile")
+    @app.task(name="longcall.reconcile", ignore_result=True)
     def reconcile() -> dict[str, int]:
         return executor().reconcile()

@@ -113,6 +113,16 @@ class Fleet:
     def input_requests(self) -> list[dict[str, Any]]:
         return [d["kwargs"]["input_request"] for d in self.deliveries() if "input_request" in d["kwargs"]]
 
+    def drains_run(self) -> int:
+        """How many ``longcall.drain_outbox`` runs the longcall workers have finished (from their logs)."""
+        return sum(
+            line.count("longcall.drain_outbox[")
+            for p in self.processes
+            if p.name.startswith("longcall")
+            for line in p.log().splitlines()
+            if "succeeded" in line
+        )
+
     def send(self, task: str, timeout: float = 30, **kwargs: Any) -> Any:
         return self.pipeline.send_task(task, kwargs=kwargs, queue="longcall.control").get(timeout=timeout)
 
