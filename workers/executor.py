@@ -13,6 +13,7 @@ import datetime as dt
 import logging
 import math
 import random
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -798,10 +799,19 @@ class Executor:
         return self.rt.remote.adapter(op.server)
 
     def _take(self, server: str, budget: Budget) -> None:
+        """Book a slot on the server's bucket (rule 4). A slot within one dispatch tick is waited for here;
+        none within reach means NoToken: the step is rescheduled, never blocked."""
         config = self.rt.remote.server(server)
-        token = self.rt.hot.take(server, budget, config.poll_qps if budget == "poll" else config.control_qps)
+        token = self.rt.hot.take(
+            server,
+            budget,
+            config.poll_qps if budget == "poll" else config.control_qps,
+            horizon_s=self.rt.settings.dispatch_interval_s,
+        )
         if not token.granted:
             raise NoToken(token.wait_s)
+        if token.wait_s > 0:
+            time.sleep(token.wait_s)  # bounded by the horizon: at most one dispatch tick
 
     def _move(  # noqa: PLR0917 - one call shape for every move of a step
         self,

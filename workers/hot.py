@@ -24,6 +24,9 @@ RATE_HEADROOM = 0.9
 
 @dataclass(frozen=True, slots=True)
 class Token:
+    """``granted``: make the call after ``wait_s`` (a booked slot, at most the horizon away).
+    Refused: no slot within the horizon; ask again in ``wait_s``."""
+
     granted: bool
     wait_s: float
 
@@ -42,15 +45,21 @@ class HotState:
             prefix=prefix,
         )
 
-    def take(self, server: str, budget: Budget, rate_per_s: float) -> Token:
-        """Take one token for a call to ``server`` from the ``budget`` bucket, or learn how long to wait.
+    def take(self, server: str, budget: Budget, rate_per_s: float, *, horizon_s: float = 0.0) -> Token:
+        """Book one call to ``server`` on the ``budget`` bucket, at most ``horizon_s`` ahead.
 
         GCRA at ``RATE_HEADROOM`` of the rate, with a burst of ``burst_for(rate)`` calls: in any one-second
-        window at most ``1 + 0.9 * rate + burst <= rate`` calls are granted (``<= 0.95 * rate`` from 40/s up).
+        window at most ``1 + 0.9 * rate + burst <= rate`` slots are handed out. A slot booked ahead is a
+        promise to wait for it: slots are spaced, so calls made at their slots keep that bound, and a token
+        that comes due is never wasted because no caller happened to ask at that instant.
         """
         interval_us = max(1, math.ceil(1_000_000 / (rate_per_s * RATE_HEADROOM)))
         key = f"{self.prefix}bucket:{server}:{budget}"
-        granted, wait_us = self._call(self._bucket, [key], [interval_us, burst_for(rate_per_s) * interval_us])
+        granted, wait_us = self._call(
+            self._bucket,
+            [key],
+            [interval_us, burst_for(rate_per_s) * interval_us, math.floor(max(0.0, horizon_s) * 1_000_000)],
+        )
         return Token(bool(granted), int(wait_us) / 1_000_000)
 
     def bump_cancel_generation(

@@ -1,19 +1,26 @@
--- A rate limit per (server, budget) that holds across every worker process: GCRA.
+-- A rate limit per (server, budget) that holds across every worker process: GCRA with reservations.
 -- KEYS[1]  the bucket key
 -- ARGV[1]  emission interval in microseconds (1e6 / rate)
--- ARGV[2]  burst tolerance in microseconds (how far ahead of its schedule a call may be)
--- Returns {granted (1|0), wait_us}: when refused, how long until a token is due.
+-- ARGV[2]  burst tolerance in microseconds (how far ahead of its schedule a call may go)
+-- ARGV[3]  reservation horizon in microseconds (how far ahead a caller may book a slot and wait for it)
+-- Returns {1, delay_us}: granted; make the call after delay_us (0 = now). {0, wait_us}: refused; the next
+-- slot within reach is wait_us away, so ask again then.
 -- Redis TIME is the one clock, so worker clocks never matter.
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000000 + tonumber(now_parts[2])
 local interval = tonumber(ARGV[1])
 local tolerance = tonumber(ARGV[2])
+local horizon = tonumber(ARGV[3])
 local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
 if tat < now then
   tat = now
 end
-if tat - now > tolerance then
-  return {0, tat - now - tolerance}
+local ahead = tat - now - tolerance
+if ahead > horizon then
+  return {0, ahead - horizon}
 end
 redis.call('SET', KEYS[1], tat + interval, 'PX', math.ceil((tat + interval - now) / 1000) + 1000)
-return {1, 0}
+if ahead < 0 then
+  ahead = 0
+end
+return {1, ahead}

@@ -20,8 +20,9 @@ def _hammer(url: str, prefix: str, rate: float, seconds: float, out: Any) -> Non
     granted: list[float] = []
     stop = time.time() + seconds
     while time.time() < stop:
-        token = hot.take("reports", "poll", rate)
+        token = hot.take("reports", "poll", rate, horizon_s=0.25)
         if token.granted:
+            time.sleep(token.wait_s)  # the booked slot: at most the horizon away
             seconds_, micros = hot.client.time()
             granted.append(seconds_ + micros / 1e6)
         else:
@@ -53,6 +54,18 @@ def test_the_bucket_holds_the_rate_in_every_window_across_processes(
     print(f"\nbucket at {rate:g}/s, 4 processes: at most {worst} in any 1 s window, {used:.1f}/s used")
     assert worst <= rate
     assert used >= 0.85 * rate
+
+
+def test_a_slot_is_booked_only_within_the_horizon(redis_client: redis.Redis, broker_prefix: str) -> None:
+    hot = HotState(redis_client, prefix=broker_prefix)
+    first = hot.take("reports", "control", 2.0, horizon_s=0.0)
+    refused = hot.take("reports", "control", 2.0, horizon_s=0.0)
+    booked = hot.take("reports", "control", 2.0, horizon_s=1.0)
+    assert (first.granted, first.wait_s) == (True, 0.0)
+    assert not refused.granted
+    assert 0.4 < refused.wait_s <= 1 / (2.0 * 0.9)
+    assert booked.granted
+    assert 0.4 < booked.wait_s <= 1 / (2.0 * 0.9)  # the caller waits for its slot
 
 
 def test_burst_keeps_the_window_within_the_rate() -> None:
