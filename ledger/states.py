@@ -150,10 +150,37 @@ _check_table()
 
 
 def mermaid() -> str:
-    """The state diagram for the docs, generated from the table."""
+    """The state diagram for the docs, generated from the table (extensions marked ``ext``)."""
     lines = ["stateDiagram-v2"]
-    for (source, target), reason in EDGES.items():
-        style = "" if (source, target) in SEED_EDGES else " (ext)"
-        lines.append(f"    {source} --> {target}: {reason.split(';')[0].split(':')[0][:48]}{style}")
+    for source, target in EDGES:
+        lines.append(f"    {source} --> {target}" + ("" if (source, target) in SEED_EDGES else ": ext"))
     lines.extend(f"    {final} --> [*]" for final in sorted(FINAL_STATES))
     return "\n".join(lines)
+
+
+def states_document() -> str:
+    """docs/states.md: ``python -m ledger.states > docs/states.md`` (a test checks it is current)."""
+    lines = [
+        "# The states of an operation",
+        "",
+        "Generated from `ledger/states.py` by `python -m ledger.states > docs/states.md`; do not edit.",
+        "",
+        "```mermaid",
+        mermaid(),
+        "```",
+        "",
+        "| from | to | kind | why |",
+        "| --- | --- | --- | --- |",
+    ]
+    for (source, target), reason in EDGES.items():
+        kind = "seed" if (source, target) in SEED_EDGES else "extension"
+        lines.append(f"| {source} | {target} | {kind} | {reason} |")
+    lines.append("")
+    lines.append(
+        f"Final: {', '.join(sorted(FINAL_STATES))}. Never polled: {', '.join(sorted(NEVER_POLLED))}."
+    )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    print(states_document(), end="")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import cast
 
 from sqlalchemy import CheckConstraint, Table
@@ -16,6 +17,7 @@ from ledger.states import (
     SEED_EDGES,
     OpState,
     mermaid,
+    states_document,
     successors,
 )
 
@@ -81,3 +83,8 @@ def test_the_state_check_is_generated_from_the_table() -> None:
 def test_the_diagram_shows_every_edge() -> None:
     diagram = mermaid()
     assert all(f"{s} --> {t}" in diagram for s, t in EDGES)
+
+
+def test_the_docs_diagram_is_current() -> None:
+    document = (Path(__file__).resolve().parents[2] / "docs" / "states.md").read_text()
+    assert document == states_document(), "run: python -m ledger.states > docs/states.md"
