@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
 from kombu import Queue
 
 from beat_schedule import beat_schedule
 from workers.runtime import RuntimeHolder
-from workers.settings import Settings
+from workers.settings import ConfigError, Settings
 from workers.tasks import register_tasks
 
 QUEUES = ("longcall.control", "longcall.poll", "longcall.outbox")
@@ -76,6 +76,18 @@ def create_app(settings: Settings | None = None) -> Celery:
     app.longcall_runtime = holder  # type: ignore[attr-defined]
 
     register_tasks(app, holder)
+
+    def refuse_bad_config(sender: Any = None, **_: Any) -> None:
+        # A worker or beat starts only with a usable configuration: settings and LONGCALL_CONFIG are read
+        # and validated now, not on the first task.
+        if getattr(sender, "app", None) is app:
+            try:
+                holder.get()
+            except ConfigError as exc:
+                raise SystemExit(f"longcall: {exc}") from None
+
+    signals.worker_init.connect(refuse_bad_config, weak=False)
+    signals.beat_init.connect(refuse_bad_config, weak=False)
     return app
 
 
