@@ -2,29 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
-import redis
 
-from ledger.repository import Ledger
 from ledger.states import OpState
 from tests import support
-from tests.integration.fleet import Fleet, running_fleet
-
-
-@pytest.fixture
-def fleet(
-    ledger: Ledger,
-    database_url: str,
-    broker_prefix: str,
-    redis_client: redis.Redis,
-    tmp_path: Path,
-    log_dir: Path,
-) -> Iterator[Fleet]:
-    with running_fleet(ledger, database_url, broker_prefix, redis_client, tmp_path, log_dir) as fleet:
-        yield fleet
+from tests.integration.fleet import Fleet
 
 
 def test_happy_path_completed_failed_and_synchronous(fleet: Fleet) -> None:

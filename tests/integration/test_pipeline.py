@@ -5,31 +5,14 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from sqlalchemy import text
 
-from ledger.repository import Ledger
 from tests import support
-from tests.integration.fleet import Fleet, running_fleet
+from tests.integration.fleet import Fleet
 from workers.delivery import DELIVERY_NAMESPACE
-
-
-@pytest.fixture
-def fleet(
-    ledger: Ledger,
-    database_url: str,
-    broker_prefix: str,
-    redis_client: redis.Redis,
-    tmp_path: Path,
-    log_dir: Path,
-) -> Iterator[Fleet]:
-    with running_fleet(ledger, database_url, broker_prefix, redis_client, tmp_path, log_dir) as fleet:
-        yield fleet
 
 
 def _submit(fleet: Fleet, **kwargs: Any) -> Any:
