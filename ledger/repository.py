@@ -11,16 +11,19 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal, TypeVar, cast
 
 from sqlalchemy import (
+    ClauseElement,
     Connection,
     Engine,
+    Interval,
     Row,
     Table,
+    bindparam,
     create_engine,
     func,
     insert,
@@ -96,6 +99,30 @@ WRITABLE_COLUMNS = frozenset(
         "protocol_version",
     }
 )
+
+
+_Built = TypeVar("_Built")
+
+
+class _Statements:
+    """The ledger's hot statements, each built once per shape with a bind parameter for every value.
+
+    Building a SQLAlchemy statement and deriving the cache key that finds its compiled form cost more CPU than
+    running it; a statement built once keeps its key, so a call only binds its values. The shapes are few
+    (the distinct column sets and flags the code writes with), so the cache stays small.
+    """
+
+    def __init__(self) -> None:
+        self._built: dict[Hashable, Any] = {}
+
+    def get(self, key: Hashable, build: Callable[[], _Built]) -> _Built:
+        statement = self._built.get(key)
+        if statement is None:
+            statement = self._built.setdefault(key, build())
+        return cast(_Built, statement)
+
+
+STATEMENTS = _Statements()
 
 
 def normalize_database_url(url: str) -> str:
@@ -178,8 +205,8 @@ class Operation:
 
     @classmethod
     def from_row(cls, row: Row[Any] | Mapping[str, Any]) -> Operation:
-        data = dict(row._mapping) if isinstance(row, Row) else dict(row)
-        values = {f.name: data[f.name] for f in dataclasses.fields(cls)}
+        data = row._mapping if isinstance(row, Row) else row
+        values = {name: data[name] for name in _OPERATION_FIELDS}
         values["state"] = OpState(values["state"])
         if values["observed_terminal"] is not None:
             values["observed_terminal"] = TerminalKind(values["observed_terminal"])
@@ -192,6 +219,9 @@ class Operation:
     @property
     def is_final(self) -> bool:
         return self.state in FINAL_STATES
+
+
+_OPERATION_FIELDS = tuple(f.name for f in dataclasses.fields(Operation))
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,44 +420,30 @@ class Ledger:
                     raise AdmissionClosed
                 if adapter_key(new.protocol, new.protocol_version) in control.disabled_adapters:
                     raise AdapterDisabled(new.protocol, new.protocol_version)
-                wait_deadline = (
-                    func.now() + literal(dt.timedelta(seconds=new.wait_budget_s))
-                    if new.wait_budget_s is not None
-                    else None
-                )
-                stmt = (
-                    pg_insert(OP)
-                    .values(
-                        id=uuid.uuid4(),
-                        call_node_id=new.call_node_id,
-                        request_digest=new.request_digest,
-                        tool_name=new.tool_name,
-                        tool_descriptor_version=new.tool_descriptor_version,
-                        body=new.body,
-                        server=new.server,
-                        protocol=new.protocol,
-                        protocol_version=new.protocol_version,
-                        adapter_version=new.adapter_version,
-                        submission_key=uuid.uuid4(),
-                        state=OpState.SUBMITTING,
-                        ttl_ms=new.ttl_ms,
-                        wait_deadline=wait_deadline,
-                        execution_epoch=control.execution_epoch,
-                        on_terminal=new.on_terminal,
-                        on_input=new.on_input,
-                        event_seq=1,
-                        next_poll_at=func.now(),
-                        poll_cursor=1 if lease_s is not None else 0,
-                        lease_until=(
-                            func.now() + literal(dt.timedelta(seconds=lease_s))
-                            if lease_s is not None
-                            else None
-                        ),
-                    )
-                    .on_conflict_do_nothing(index_elements=[OP.c.call_node_id])
-                    .returning(*OP.c)
-                )
-                row = conn.execute(stmt).first()
+                row = conn.execute(
+                    STATEMENTS.get("insert_operation", _insert_operation),
+                    {
+                        "new_id": uuid.uuid4(),
+                        "new_call_node_id": new.call_node_id,
+                        "new_request_digest": new.request_digest,
+                        "new_tool_name": new.tool_name,
+                        "new_tool_descriptor_version": new.tool_descriptor_version,
+                        "new_body": new.body,
+                        "new_server": new.server,
+                        "new_protocol": new.protocol,
+                        "new_protocol_version": new.protocol_version,
+                        "new_adapter_version": new.adapter_version,
+                        "new_submission_key": uuid.uuid4(),
+                        "new_ttl_ms": new.ttl_ms,
+                        # NULL intervals leave NULL deadlines: no wait budget, no lease.
+                        "new_wait_budget": _interval(new.wait_budget_s),
+                        "new_execution_epoch": control.execution_epoch,
+                        "new_on_terminal": new.on_terminal,
+                        "new_on_input": new.on_input,
+                        "new_poll_cursor": 1 if lease_s is not None else 0,
+                        "new_lease": _interval(lease_s),
+                    },
+                ).first()
                 if row is not None:
                     op = Operation.from_row(row)
                     self._append_event(
@@ -446,7 +462,7 @@ class Ledger:
 
     def get(self, op_id: uuid.UUID) -> Operation:
         with self._tx() as conn:
-            row = conn.execute(select(OP).where(OP.c.id == op_id)).first()
+            row = conn.execute(STATEMENTS.get("operation_by_id", _operation_by_id), {"op_id": op_id}).first()
         if row is None:
             raise OperationNotFound(op_id)
         return Operation.from_row(row)
@@ -477,7 +493,9 @@ class Ledger:
 
     @staticmethod
     def _find_by_call_node(conn: Connection, call_node_id: str) -> Operation | None:
-        row = conn.execute(select(OP).where(OP.c.call_node_id == call_node_id)).first()
+        row = conn.execute(
+            STATEMENTS.get("operation_by_call_node", _operation_by_call_node), {"call_node_id": call_node_id}
+        ).first()
         return Operation.from_row(row) if row is not None else None
 
     # ----------------------------------------------------------------------------- guarded transitions
@@ -581,26 +599,36 @@ class Ledger:
         then: OpState | None = None,
     ) -> Operation:
         stale: StaleTransition | None = None
+        shape = _WriteShape(
+            columns=tuple(sorted((name, isinstance(value, DueIn)) for name, value in sets.items())),
+            to_state=to_state is not None,
+            two_edges=then is not None,
+            bump_generation=bump_generation,
+            with_cursor=fence.poll_cursor is not None,
+            with_round=input_round is not None,
+        )
+        params: dict[str, Any] = {
+            "fence_id": op_id,
+            "fence_states": [s.value for s in in_states],
+            "fence_epoch": fence.execution_epoch,
+            "fence_generation": fence.cancel_generation,
+            "fence_cursor": fence.poll_cursor,
+            "fence_round": input_round,
+            "new_state": (then or to_state).value if to_state is not None else None,
+        }
+        inline: dict[str, Any] = {}
+        for name, value in sets.items():
+            if isinstance(value, ClauseElement):
+                inline[name] = value  # SQL of the caller's own: built for this call only
+            else:
+                params[f"new_{name}"] = value.interval() if isinstance(value, DueIn) else value
         with self._tx() as conn:
-            prior = select(OP.c.id, OP.c.state).where(OP.c.id == op_id).with_for_update().cte("prior")
-            sets = {**sets, "event_seq": OP.c.event_seq + (2 if then else 1), "updated_at": func.now()}
-            if to_state is not None:
-                sets["state"] = (then or to_state).value
-            if bump_generation:
-                sets["cancel_generation"] = OP.c.cancel_generation + 1
-            where = [
-                OP.c.id == prior.c.id,
-                OP.c.state.in_([s.value for s in in_states]),
-                OP.c.execution_epoch == fence.execution_epoch,
-                OP.c.cancel_generation == fence.cancel_generation,
-            ]
-            if fence.poll_cursor is not None:
-                where.append(OP.c.poll_cursor == fence.poll_cursor)
-            if input_round is not None:
-                where.append(OP.c.input_round == input_round)
-            row = conn.execute(
-                update(OP).where(*where).values(sets).returning(*OP.c, prior.c.state.label("prior_state"))
-            ).first()
+            statement = (
+                _guarded_update(shape, inline)
+                if inline
+                else STATEMENTS.get(shape, lambda: _guarded_update(shape))
+            )
+            row = conn.execute(statement, params).first()
             if row is not None:
                 op = Operation.from_row(row)
                 if then is not None and to_state is not None:
@@ -729,18 +757,19 @@ class Ledger:
         detail: Mapping[str, Any] | None,
     ) -> None:
         conn.execute(
-            insert(EVENT).values(
-                op_id=op.id,
-                seq=seq,
-                kind=kind,
-                from_state=from_state,
-                to_state=op.state.value,
-                server_state=op.server_state,
-                poll_cursor=op.poll_cursor,
-                cancel_generation=op.cancel_generation,
-                execution_epoch=op.execution_epoch,
-                detail=dict(detail or {}),
-            )
+            STATEMENTS.get("insert_event", lambda: insert(EVENT)),
+            {
+                "op_id": op.id,
+                "seq": seq,
+                "kind": kind,
+                "from_state": from_state,
+                "to_state": op.state.value,
+                "server_state": op.server_state,
+                "poll_cursor": op.poll_cursor,
+                "cancel_generation": op.cancel_generation,
+                "execution_epoch": op.execution_epoch,
+                "detail": dict(detail or {}),
+            },
         )
 
     def record_event(self, op_id: uuid.UUID, kind: str, detail: Mapping[str, Any] | None = None) -> None:
@@ -837,67 +866,50 @@ class Ledger:
         with self._tx() as conn:
             row = None
             if not mismatches:
-                observed_ok = OP.c.observed_terminal == kind.value
-                if kind is TerminalKind.CANCELLED:
-                    observed_ok = or_(observed_ok, OP.c.state == OpState.CANCEL_REQUESTED.value)
-                prior = select(OP.c.id, OP.c.state).where(OP.c.id == op_id).with_for_update().cte("prior")
                 row = conn.execute(
-                    update(OP)
-                    .where(
-                        OP.c.id == prior.c.id,
-                        OP.c.state.in_([s.value for s in ACCEPT_FROM[kind]]),
-                        OP.c.call_node_id == evidence.call_node_id,
-                        OP.c.request_digest == evidence.request_digest,
-                        OP.c.remote_id.is_not_distinct_from(evidence.remote_id),
-                        OP.c.tool_descriptor_version.is_not_distinct_from(evidence.tool_descriptor_version),
-                        OP.c.execution_epoch == evidence.execution_epoch,
-                        OP.c.cancel_generation == evidence.cancel_generation,
-                        observed_ok,
-                    )
-                    .values(
-                        state=ACCEPT_TO[kind].value,
-                        observed_terminal=kind.value,
-                        result=evidence.result if kind is not TerminalKind.CANCELLED else None,
-                        result_digest=evidence.result_digest,
-                        next_poll_at=None,
-                        lease_until=None,
-                        event_seq=OP.c.event_seq + 1,
-                        updated_at=func.now(),
-                    )
-                    .returning(*OP.c, prior.c.state.label("prior_state"))
+                    STATEMENTS.get(("accept", kind), lambda: _accept_update(kind)),
+                    {
+                        "fence_id": op_id,
+                        "ev_call_node_id": evidence.call_node_id,
+                        "ev_request_digest": evidence.request_digest,
+                        "ev_remote_id": evidence.remote_id,
+                        "ev_tool_descriptor_version": evidence.tool_descriptor_version,
+                        "ev_execution_epoch": evidence.execution_epoch,
+                        "ev_cancel_generation": evidence.cancel_generation,
+                        "new_result": evidence.result if kind is not TerminalKind.CANCELLED else None,
+                        "new_result_digest": evidence.result_digest,
+                    },
                 ).first()
             if row is not None:
                 op = Operation.from_row(row)
                 receipt_row = conn.execute(
-                    insert(RECEIPT)
-                    .values(
-                        id=uuid.uuid4(),
-                        op_id=op.id,
-                        call_node_id=op.call_node_id,
-                        request_digest=op.request_digest,
-                        remote_id=op.remote_id,
-                        tool_descriptor_version=op.tool_descriptor_version,
-                        execution_epoch=op.execution_epoch,
-                        cancel_generation=op.cancel_generation,
-                        terminal_state=kind.value,
-                        result_digest=evidence.result_digest,
-                        audit=evidence.audit,
-                    )
-                    .returning(*RECEIPT.c)
+                    STATEMENTS.get("insert_receipt", lambda: insert(RECEIPT).returning(*RECEIPT.c)),
+                    {
+                        "id": uuid.uuid4(),
+                        "op_id": op.id,
+                        "call_node_id": op.call_node_id,
+                        "request_digest": op.request_digest,
+                        "remote_id": op.remote_id,
+                        "tool_descriptor_version": op.tool_descriptor_version,
+                        "execution_epoch": op.execution_epoch,
+                        "cancel_generation": op.cancel_generation,
+                        "terminal_state": kind.value,
+                        "result_digest": evidence.result_digest,
+                        "audit": evidence.audit,
+                    },
                 ).one()
                 receipt = Receipt.from_row(receipt_row)
                 outbox_id = conn.execute(
-                    insert(OUTBOX)
-                    .values(
-                        kind="terminal",
-                        receipt_id=receipt.id,
-                        op_id=op.id,
-                        payload={
+                    STATEMENTS.get("insert_terminal_outbox", lambda: insert(OUTBOX).returning(OUTBOX.c.id)),
+                    {
+                        "kind": "terminal",
+                        "receipt_id": receipt.id,
+                        "op_id": op.id,
+                        "payload": {
                             "signature": op.on_terminal,
                             "receipt": receipt_payload(receipt, op.result),
                         },
-                    )
-                    .returning(OUTBOX.c.id)
+                    },
                 ).scalar_one()
                 self._append_event(
                     conn,
@@ -966,13 +978,7 @@ class Ledger:
         dispatched: list[int] = []
         failed: list[tuple[int, str]] = []
         with self._tx() as conn:
-            rows = conn.execute(
-                select(OUTBOX)
-                .where(OUTBOX.c.status == "ready")
-                .order_by(OUTBOX.c.id)
-                .limit(limit)
-                .with_for_update(skip_locked=True)
-            ).all()
+            rows = conn.execute(STATEMENTS.get("claim_outbox", _claim_outbox), {"limit": limit}).all()
             for r in rows:
                 message = OutboxMessage(r.id, r.kind, r.op_id, r.input_round, r.payload, r.attempts)
                 try:
@@ -982,11 +988,7 @@ class Ledger:
                 else:
                     dispatched.append(r.id)
             if dispatched:
-                conn.execute(
-                    update(OUTBOX)
-                    .where(OUTBOX.c.id.in_(dispatched))
-                    .values(status="dispatched", dispatched_at=func.now(), attempts=OUTBOX.c.attempts + 1)
-                )
+                conn.execute(STATEMENTS.get("outbox_dispatched", _outbox_dispatched), {"ids": dispatched})
             for outbox_id, error in failed:
                 conn.execute(
                     update(OUTBOX)
@@ -1131,7 +1133,7 @@ class Ledger:
 
     @staticmethod
     def _control(conn: Connection) -> ControlState:
-        row = conn.execute(select(CONTROL).where(CONTROL.c.id == 1)).one()
+        row = conn.execute(STATEMENTS.get("control", lambda: select(CONTROL).where(CONTROL.c.id == 1))).one()
         return ControlState(
             execution_epoch=row.execution_epoch,
             admission_open=row.admission_open,
@@ -1172,10 +1174,170 @@ class Ledger:
             return after
 
 
-def due_in(seconds: float) -> Any:
+@dataclass(frozen=True, slots=True)
+class DueIn:
+    """A ``next_poll_at`` value (see :func:`due_in`): bound as a parameter, so the statement is built once."""
+
+    seconds: float
+
+    def interval(self) -> dt.timedelta:
+        return dt.timedelta(seconds=max(0.0, self.seconds))
+
+
+def due_in(seconds: float) -> DueIn:
     """A ``next_poll_at`` value: ``seconds`` from the database's now, never past the wait budget or expiry."""
-    return func.least(
-        func.now() + literal(dt.timedelta(seconds=max(0.0, seconds))), OP.c.wait_deadline, OP.c.expires_at
+    return DueIn(seconds)
+
+
+def _due_at(param: str) -> Any:
+    return func.least(func.now() + bindparam(param, type_=Interval()), OP.c.wait_deadline, OP.c.expires_at)
+
+
+def _interval(seconds: float | None) -> dt.timedelta | None:
+    return dt.timedelta(seconds=seconds) if seconds is not None else None
+
+
+# ----------------------------------------------------------------------------------- hot statements
+
+
+@dataclass(frozen=True, slots=True)
+class _WriteShape:
+    """What a guarded write's statement depends on: the columns it sets (and which are ``due_in`` values),
+    and its flags. Values are bound: ``fence_*`` in the guard, ``new_*`` in the SET list."""
+
+    columns: tuple[tuple[str, bool], ...]
+    to_state: bool
+    two_edges: bool
+    bump_generation: bool
+    with_cursor: bool
+    with_round: bool
+
+
+def _guarded_update(shape: _WriteShape, inline: Mapping[str, Any] | None = None) -> Any:
+    """``UPDATE ... WHERE id AND state IN AND epoch AND generation [AND cursor] [AND round] RETURNING``,
+    the row locked first (``prior``) so the statement also returns the state it found."""
+    inline = inline or {}
+    prior = select(OP.c.id, OP.c.state).where(OP.c.id == bindparam("fence_id")).with_for_update().cte("prior")
+    sets: dict[str, Any] = {
+        name: _due_at(f"new_{name}") if due else bindparam(f"new_{name}", type_=OP.c[name].type)
+        for name, due in shape.columns
+        if name not in inline
+    }
+    sets.update(inline)
+    sets["event_seq"] = OP.c.event_seq + (2 if shape.two_edges else 1)
+    sets["updated_at"] = func.now()
+    if shape.to_state:
+        sets["state"] = bindparam("new_state", type_=OP.c.state.type)
+    if shape.bump_generation:
+        sets["cancel_generation"] = OP.c.cancel_generation + 1
+    where = [
+        OP.c.id == prior.c.id,
+        OP.c.state.in_(bindparam("fence_states", expanding=True)),
+        OP.c.execution_epoch == bindparam("fence_epoch"),
+        OP.c.cancel_generation == bindparam("fence_generation"),
+    ]
+    if shape.with_cursor:
+        where.append(OP.c.poll_cursor == bindparam("fence_cursor"))
+    if shape.with_round:
+        where.append(OP.c.input_round == bindparam("fence_round"))
+    return update(OP).where(*where).values(sets).returning(*OP.c, prior.c.state.label("prior_state"))
+
+
+def _accept_update(kind: TerminalKind) -> Any:
+    """Rule 8's one guarded statement: every piece of evidence in the guard (``ev_*``)."""
+    observed_ok = OP.c.observed_terminal == kind.value
+    if kind is TerminalKind.CANCELLED:
+        observed_ok = or_(observed_ok, OP.c.state == OpState.CANCEL_REQUESTED.value)
+    prior = select(OP.c.id, OP.c.state).where(OP.c.id == bindparam("fence_id")).with_for_update().cte("prior")
+    return (
+        update(OP)
+        .where(
+            OP.c.id == prior.c.id,
+            OP.c.state.in_([s.value for s in ACCEPT_FROM[kind]]),
+            OP.c.call_node_id == bindparam("ev_call_node_id"),
+            OP.c.request_digest == bindparam("ev_request_digest"),
+            OP.c.remote_id.is_not_distinct_from(bindparam("ev_remote_id", type_=OP.c.remote_id.type)),
+            OP.c.tool_descriptor_version.is_not_distinct_from(
+                bindparam("ev_tool_descriptor_version", type_=OP.c.tool_descriptor_version.type)
+            ),
+            OP.c.execution_epoch == bindparam("ev_execution_epoch"),
+            OP.c.cancel_generation == bindparam("ev_cancel_generation"),
+            observed_ok,
+        )
+        .values(
+            state=ACCEPT_TO[kind].value,
+            observed_terminal=kind.value,
+            result=bindparam("new_result", type_=OP.c.result.type),
+            result_digest=bindparam("new_result_digest", type_=OP.c.result_digest.type),
+            next_poll_at=None,
+            lease_until=None,
+            event_seq=OP.c.event_seq + 1,
+            updated_at=func.now(),
+        )
+        .returning(*OP.c, prior.c.state.label("prior_state"))
+    )
+
+
+def _insert_operation() -> Any:
+    """The SUBMITTING row (rule 1); a concurrent insert of the same call node inserts nothing."""
+    plain = (
+        "id",
+        "call_node_id",
+        "request_digest",
+        "tool_name",
+        "tool_descriptor_version",
+        "body",
+        "server",
+        "protocol",
+        "protocol_version",
+        "adapter_version",
+        "submission_key",
+        "ttl_ms",
+        "execution_epoch",
+        "on_terminal",
+        "on_input",
+        "poll_cursor",
+    )
+    return (
+        pg_insert(OP)
+        .values(
+            {
+                **{name: bindparam(f"new_{name}", type_=OP.c[name].type) for name in plain},
+                "state": OpState.SUBMITTING.value,
+                "wait_deadline": func.now() + bindparam("new_wait_budget", type_=Interval()),
+                "event_seq": 1,
+                "next_poll_at": func.now(),
+                "lease_until": func.now() + bindparam("new_lease", type_=Interval()),
+            }
+        )
+        .on_conflict_do_nothing(index_elements=[OP.c.call_node_id])
+        .returning(*OP.c)
+    )
+
+
+def _operation_by_id() -> Any:
+    return select(OP).where(OP.c.id == bindparam("op_id"))
+
+
+def _operation_by_call_node() -> Any:
+    return select(OP).where(OP.c.call_node_id == bindparam("call_node_id"))
+
+
+def _claim_outbox() -> Any:
+    return (
+        select(OUTBOX)
+        .where(OUTBOX.c.status == "ready")
+        .order_by(OUTBOX.c.id)
+        .limit(bindparam("limit"))
+        .with_for_update(skip_locked=True)
+    )
+
+
+def _outbox_dispatched() -> Any:
+    return (
+        update(OUTBOX)
+        .where(OUTBOX.c.id.in_(bindparam("ids", expanding=True)))
+        .values(status="dispatched", dispatched_at=func.now(), attempts=OUTBOX.c.attempts + 1)
     )
 
 
