@@ -7,9 +7,11 @@ and in time; every httpx exception is mapped at this edge.
 
 from __future__ import annotations
 
+import select
+import socket
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -49,6 +51,8 @@ __all__ = [
 
 ACCEPT = "application/json, text/event-stream"
 _ERROR_BODY_LIMIT = 64 * 1024
+#: How long the end of an event stream is waited for once its response is in (see ``_finish_stream``).
+_STREAM_END_GRACE_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -471,9 +475,12 @@ class StreamableHttpClient:
         decoder = SseDecoder()
         messages = state.messages
         limit = self._limits.max_body_bytes
+        chunks = answer.iter_bytes()
+        leg_size = 0
         try:
-            for chunk in answer.iter_bytes():
+            for chunk in chunks:
                 state.size += len(chunk)
+                leg_size += len(chunk)
                 if state.size > limit:
                     raise ProtocolViolation(f"{method}: event stream larger than {limit} bytes")
                 for event in decoder.feed(chunk):
@@ -483,7 +490,10 @@ class StreamableHttpClient:
                     messages.append(message)
                     if on_request is not None and isinstance(message, Request):
                         on_request(message)
-                    if self._is_ours(message, request_id) or (until is not None and until(message)):
+                    if self._is_ours(message, request_id):
+                        _finish_stream(answer, chunks, leg_size, limit)
+                        return self._collect(messages, request_id, method, session_header, from_stream=True)
+                    if until is not None and until(message):
                         return self._collect(messages, request_id, method, session_header, from_stream=True)
                 if deadline.expired():
                     raise _ReadBudgetExceeded
@@ -502,3 +512,35 @@ class StreamableHttpClient:
         if idempotent:
             raise Transient(text)
         raise OutcomeUnknown(text)
+
+
+def _finish_stream(answer: httpx.Response, chunks: Iterator[bytes], size: int, limit: int) -> None:
+    """Read the rest of an event stream whose response is in, when it is already arriving: a whole answer
+    lets its connection go back to the pool, an unfinished one is closed with it. A server SHOULD end the
+    stream after the response; one that keeps it open is waited for ``_STREAM_END_GRACE_S`` at most."""
+    network = answer.extensions.get("network_stream")
+    sock = network.get_extra_info("socket") if network is not None else None
+    if not isinstance(sock, socket.socket):
+        return
+    length = answer.headers.get("content-length")
+    end = time.monotonic() + _STREAM_END_GRACE_S
+    try:
+        while size <= limit:
+            # A body of known length is whole once read: its end needs no more bytes from the network.
+            whole = length is not None and length.isdigit() and size >= int(length)
+            if not whole and not _readable(sock, end - time.monotonic()):
+                return
+            chunk = next(chunks, None)
+            if chunk is None:
+                return
+            size += len(chunk)
+    except httpx.HTTPError:
+        return  # the response is held; a broken end only costs the connection
+
+
+def _readable(sock: socket.socket, timeout: float) -> bool:
+    if timeout <= 0:
+        timeout = 0.0
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(timeout * 1000))
