@@ -165,6 +165,12 @@ class StreamableHttpClient:
     ) -> None:
         self._http = http
         self._url = url
+        # Parsed once: httpx would parse the string again for every request.
+        self._endpoint: httpx.URL | str
+        try:
+            self._endpoint = httpx.URL(url)
+        except httpx.InvalidURL:
+            self._endpoint = url  # refused when it is used, as before
         self._token = bearer_token
         self._timeouts = timeouts
         self._limits = limits
@@ -226,7 +232,7 @@ class StreamableHttpClient:
 
         def post() -> Exchange:
             with self._http.stream(
-                "POST", self._url, json=body, headers=headers, timeout=self._timeout(budget)
+                "POST", self._endpoint, json=body, headers=headers, timeout=self._timeout(budget)
             ) as answer:
                 return read(answer, resuming=False)
 
@@ -239,7 +245,7 @@ class StreamableHttpClient:
             del resume_headers["Content-Type"]
             with self._http.stream(
                 "GET",
-                self._url,
+                self._endpoint,
                 headers=resume_headers,
                 timeout=self._timeout(max(deadline.remaining(), 0.01)),
             ) as answer:
@@ -295,7 +301,7 @@ class StreamableHttpClient:
         try:
             with self._http.stream(
                 "POST",
-                self._url,
+                self._endpoint,
                 json=dict(message),
                 headers=headers,
                 timeout=self._timeout(self._timeouts.read),
@@ -324,7 +330,7 @@ class StreamableHttpClient:
         deadline = _Deadline(wait_s)
         try:
             with self._http.stream(
-                "GET", self._url, headers=headers, timeout=self._timeout(wait_s)
+                "GET", self._endpoint, headers=headers, timeout=self._timeout(wait_s)
             ) as answer:
                 status = answer.status_code
                 if status in (405, 409):
