@@ -113,12 +113,14 @@ class _Statements:
     """
 
     def __init__(self) -> None:
-        self._built: dict[Hashable, Any] = {}
+        self._built: dict[tuple[Hashable, ...], Any] = {}
 
-    def get(self, key: Hashable, build: Callable[[], _Built]) -> _Built:
+    def get(self, build: Callable[..., _Built], *shape: Hashable) -> _Built:
+        """``build(*shape)``, built on first use; ``build`` is a module-level function, part of the key."""
+        key = (build, *shape)
         statement = self._built.get(key)
         if statement is None:
-            statement = self._built.setdefault(key, build())
+            statement = self._built.setdefault(key, build(*shape))
         return cast(_Built, statement)
 
 
@@ -421,7 +423,7 @@ class Ledger:
                 if adapter_key(new.protocol, new.protocol_version) in control.disabled_adapters:
                     raise AdapterDisabled(new.protocol, new.protocol_version)
                 row = conn.execute(
-                    STATEMENTS.get("insert_operation", _insert_operation),
+                    STATEMENTS.get(_insert_operation),
                     {
                         "new_id": uuid.uuid4(),
                         "new_call_node_id": new.call_node_id,
@@ -462,7 +464,7 @@ class Ledger:
 
     def get(self, op_id: uuid.UUID) -> Operation:
         with self._tx() as conn:
-            row = conn.execute(STATEMENTS.get("operation_by_id", _operation_by_id), {"op_id": op_id}).first()
+            row = conn.execute(STATEMENTS.get(_operation_by_id), {"op_id": op_id}).first()
         if row is None:
             raise OperationNotFound(op_id)
         return Operation.from_row(row)
@@ -493,9 +495,7 @@ class Ledger:
 
     @staticmethod
     def _find_by_call_node(conn: Connection, call_node_id: str) -> Operation | None:
-        row = conn.execute(
-            STATEMENTS.get("operation_by_call_node", _operation_by_call_node), {"call_node_id": call_node_id}
-        ).first()
+        row = conn.execute(STATEMENTS.get(_operation_by_call_node), {"call_node_id": call_node_id}).first()
         return Operation.from_row(row) if row is not None else None
 
     # ----------------------------------------------------------------------------- guarded transitions
@@ -623,11 +623,7 @@ class Ledger:
             else:
                 params[f"new_{name}"] = value.interval() if isinstance(value, DueIn) else value
         with self._tx() as conn:
-            statement = (
-                _guarded_update(shape, inline)
-                if inline
-                else STATEMENTS.get(shape, lambda: _guarded_update(shape))
-            )
+            statement = _guarded_update(shape, inline) if inline else STATEMENTS.get(_guarded_update, shape)
             row = conn.execute(statement, params).first()
             if row is not None:
                 op = Operation.from_row(row)
@@ -757,7 +753,7 @@ class Ledger:
         detail: Mapping[str, Any] | None,
     ) -> None:
         conn.execute(
-            STATEMENTS.get("insert_event", lambda: insert(EVENT)),
+            STATEMENTS.get(_insert_event),
             {
                 "op_id": op.id,
                 "seq": seq,
@@ -807,49 +803,29 @@ class Ledger:
         """
         if limit <= 0:
             return []
+        with_server, with_epoch = server is not None, epoch is not None
         with self._tx() as conn:
-            conditions = [
-                OP.c.next_poll_at <= func.now() + literal(dt.timedelta(seconds=horizon_s)),
-                or_(OP.c.lease_until.is_(None), OP.c.lease_until < func.now()),
-            ]
-            if server is not None:
-                conditions.append(OP.c.server == server)
-            due = (
-                select(OP.c.id)
-                .where(*conditions)
-                .order_by(OP.c.next_poll_at)
-                .limit(limit)
-                .with_for_update(skip_locked=True)
-                .cte("due")
-            )
             rows = conn.execute(
-                update(OP)
-                .where(OP.c.id == due.c.id)
-                .values(self._claim_values(lease_s, epoch))
-                .returning(*CLAIM_COLUMNS)
+                STATEMENTS.get(_claim_due, with_server, with_epoch),
+                {
+                    "claim_horizon": dt.timedelta(seconds=horizon_s),
+                    "claim_server": server,
+                    "claim_limit": limit,
+                    "claim_lease": dt.timedelta(seconds=lease_s),
+                    "claim_epoch": epoch,
+                },
             ).all()
         return [Claim.from_row(r) for r in rows]
 
     def claim(self, op_id: uuid.UUID, *, lease_s: float, epoch: int | None = None) -> Claim | None:
         """Claim one operation now, whether due or not, unless another worker holds its lease."""
+        with_epoch = epoch is not None
         with self._tx() as conn:
             row = conn.execute(
-                update(OP)
-                .where(OP.c.id == op_id, or_(OP.c.lease_until.is_(None), OP.c.lease_until < func.now()))
-                .values(self._claim_values(lease_s, epoch))
-                .returning(*CLAIM_COLUMNS)
+                STATEMENTS.get(_claim_one, with_epoch),
+                {"claim_id": op_id, "claim_lease": dt.timedelta(seconds=lease_s), "claim_epoch": epoch},
             ).first()
         return Claim.from_row(row) if row is not None else None
-
-    @staticmethod
-    def _claim_values(lease_s: float, epoch: int | None) -> dict[str, Any]:
-        values: dict[str, Any] = {
-            "poll_cursor": OP.c.poll_cursor + 1,
-            "lease_until": func.now() + literal(dt.timedelta(seconds=lease_s)),
-        }
-        if epoch is not None:
-            values["execution_epoch"] = func.greatest(OP.c.execution_epoch, epoch)
-        return values
 
     # -------------------------------------------------------------------------------------- acceptance
 
@@ -867,7 +843,7 @@ class Ledger:
             row = None
             if not mismatches:
                 row = conn.execute(
-                    STATEMENTS.get(("accept", kind), lambda: _accept_update(kind)),
+                    STATEMENTS.get(_accept_update, kind),
                     {
                         "fence_id": op_id,
                         "ev_call_node_id": evidence.call_node_id,
@@ -883,7 +859,7 @@ class Ledger:
             if row is not None:
                 op = Operation.from_row(row)
                 receipt_row = conn.execute(
-                    STATEMENTS.get("insert_receipt", lambda: insert(RECEIPT).returning(*RECEIPT.c)),
+                    STATEMENTS.get(_insert_receipt),
                     {
                         "id": uuid.uuid4(),
                         "op_id": op.id,
@@ -900,7 +876,7 @@ class Ledger:
                 ).one()
                 receipt = Receipt.from_row(receipt_row)
                 outbox_id = conn.execute(
-                    STATEMENTS.get("insert_terminal_outbox", lambda: insert(OUTBOX).returning(OUTBOX.c.id)),
+                    STATEMENTS.get(_insert_outbox_returning_id),
                     {
                         "kind": "terminal",
                         "receipt_id": receipt.id,
@@ -978,7 +954,7 @@ class Ledger:
         dispatched: list[int] = []
         failed: list[tuple[int, str]] = []
         with self._tx() as conn:
-            rows = conn.execute(STATEMENTS.get("claim_outbox", _claim_outbox), {"limit": limit}).all()
+            rows = conn.execute(STATEMENTS.get(_claim_outbox), {"limit": limit}).all()
             for r in rows:
                 message = OutboxMessage(r.id, r.kind, r.op_id, r.input_round, r.payload, r.attempts)
                 try:
@@ -988,7 +964,7 @@ class Ledger:
                 else:
                     dispatched.append(r.id)
             if dispatched:
-                conn.execute(STATEMENTS.get("outbox_dispatched", _outbox_dispatched), {"ids": dispatched})
+                conn.execute(STATEMENTS.get(_outbox_dispatched), {"ids": dispatched})
             for outbox_id, error in failed:
                 conn.execute(
                     update(OUTBOX)
@@ -1133,7 +1109,7 @@ class Ledger:
 
     @staticmethod
     def _control(conn: Connection) -> ControlState:
-        row = conn.execute(STATEMENTS.get("control", lambda: select(CONTROL).where(CONTROL.c.id == 1))).one()
+        row = conn.execute(STATEMENTS.get(_select_control)).one()
         return ControlState(
             execution_epoch=row.execution_epoch,
             admission_open=row.admission_open,
@@ -1313,6 +1289,66 @@ def _insert_operation() -> Any:
         .on_conflict_do_nothing(index_elements=[OP.c.call_node_id])
         .returning(*OP.c)
     )
+
+
+def _claim_values(with_epoch: bool) -> dict[str, Any]:
+    """A claim bumps the cursor and sets the lease (``claim_lease``); with ``claim_epoch``, it takes the row
+    over into that execution epoch (rule 13)."""
+    values: dict[str, Any] = {
+        "poll_cursor": OP.c.poll_cursor + 1,
+        "lease_until": func.now() + bindparam("claim_lease", type_=Interval()),
+    }
+    if with_epoch:
+        values["execution_epoch"] = func.greatest(
+            OP.c.execution_epoch, bindparam("claim_epoch", type_=OP.c.execution_epoch.type)
+        )
+    return values
+
+
+def _claim_due(with_server: bool, with_epoch: bool) -> Any:
+    conditions = [
+        OP.c.next_poll_at <= func.now() + bindparam("claim_horizon", type_=Interval()),
+        or_(OP.c.lease_until.is_(None), OP.c.lease_until < func.now()),
+    ]
+    if with_server:
+        conditions.append(OP.c.server == bindparam("claim_server"))
+    due = (
+        select(OP.c.id)
+        .where(*conditions)
+        .order_by(OP.c.next_poll_at)
+        .limit(bindparam("claim_limit"))
+        .with_for_update(skip_locked=True)
+        .cte("due")
+    )
+    return update(OP).where(OP.c.id == due.c.id).values(_claim_values(with_epoch)).returning(*CLAIM_COLUMNS)
+
+
+def _claim_one(with_epoch: bool) -> Any:
+    return (
+        update(OP)
+        .where(
+            OP.c.id == bindparam("claim_id"),
+            or_(OP.c.lease_until.is_(None), OP.c.lease_until < func.now()),
+        )
+        .values(_claim_values(with_epoch))
+        .returning(*CLAIM_COLUMNS)
+    )
+
+
+def _insert_event() -> Any:
+    return insert(EVENT)
+
+
+def _insert_receipt() -> Any:
+    return insert(RECEIPT).returning(*RECEIPT.c)
+
+
+def _insert_outbox_returning_id() -> Any:
+    return insert(OUTBOX).returning(OUTBOX.c.id)
+
+
+def _select_control() -> Any:
+    return select(CONTROL).where(CONTROL.c.id == 1)
 
 
 def _operation_by_id() -> Any:
