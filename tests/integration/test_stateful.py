@@ -77,7 +77,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.ops))
     @rule(data=st.data(), along_an_edge=st.booleans(), stale=st.sampled_from(STALE))
     def move(self, data: st.DataObject, along_an_edge: bool, stale: str) -> None:
-        op_id = data.draw(st.sampled_from(sorted(self.ops)))
+        op_id = data.draw(st.sampled_from(list(self.ops)))
         model = self.ops[op_id]
         onward = sorted(successors(model.state) - FINAL_STATES)
         target = data.draw(st.sampled_from(onward if along_an_edge and onward else MOVABLE))
@@ -98,7 +98,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.ops))
     @rule(data=st.data())
     def bump_generation(self, data: st.DataObject) -> None:
-        op_id = data.draw(st.sampled_from(sorted(self.ops)))
+        op_id = data.draw(st.sampled_from(list(self.ops)))
         model = self.ops[op_id]
         if model.state in FINAL_STATES:
             return
@@ -116,7 +116,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.ops))
     @rule(data=st.data(), kind=st.sampled_from(TerminalKind), stale=st.sampled_from(STALE[:3]))
     def accept(self, data: st.DataObject, kind: TerminalKind, stale: str) -> None:
-        op_id = data.draw(st.sampled_from(sorted(self.ops)))
+        op_id = data.draw(st.sampled_from(list(self.ops)))
         model = self.ops[op_id]
         op = self.ledger.get(op_id)
         evidence = evidence_for(op, kind)
