@@ -30,6 +30,7 @@ from sqlalchemy import (
     literal,
     or_,
     select,
+    union_all,
     update,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -444,14 +445,12 @@ class Ledger:
                         "new_on_input": new.on_input,
                         "new_poll_cursor": 1 if lease_s is not None else 0,
                         "new_lease": _interval(lease_s),
+                        "event_detail": {"server": new.server},
                     },
                 ).first()
                 if row is not None:
-                    op = Operation.from_row(row)
-                    self._append_event(
-                        conn, op, seq=1, kind="submitted", from_state=None, detail={"server": new.server}
-                    )
-                    return Submission(op, created=True)
+                    # The ``submitted`` event went in with the row, in the same statement.
+                    return Submission(Operation.from_row(row), created=True)
                 # A concurrent submit of the same call node committed first.
                 existing = self._find_by_call_node(conn, new.call_node_id)
                 if existing is None:  # pragma: no cover - the conflict implies a committed row
@@ -615,6 +614,10 @@ class Ledger:
             "fence_cursor": fence.poll_cursor,
             "fence_round": input_round,
             "new_state": (then or to_state).value if to_state is not None else None,
+            "event_kind": event,
+            "event_detail": dict(detail or {}),
+            "halfway_state": to_state.value if then is not None and to_state is not None else None,
+            "then_kind": then.value.lower() if then is not None else None,
         }
         inline: dict[str, Any] = {}
         for name, value in sets.items():
@@ -626,29 +629,7 @@ class Ledger:
             statement = _guarded_update(shape, inline) if inline else STATEMENTS.get(_guarded_update, shape)
             row = conn.execute(statement, params).first()
             if row is not None:
-                op = Operation.from_row(row)
-                if then is not None and to_state is not None:
-                    halfway = dataclasses.replace(op, state=to_state)
-                    self._append_event(
-                        conn,
-                        halfway,
-                        seq=op.event_seq - 1,
-                        kind=event,
-                        from_state=row.prior_state,
-                        detail=detail,
-                    )
-                    self._append_event(
-                        conn,
-                        op,
-                        seq=op.event_seq,
-                        kind=then.value.lower(),
-                        from_state=to_state.value,
-                        detail={},
-                    )
-                else:
-                    self._append_event(
-                        conn, op, seq=op.event_seq, kind=event, from_state=row.prior_state, detail=detail
-                    )
+                op = Operation.from_row(row)  # its event (or two) went in with the same statement
                 if reconcile is not None:
                     self._open_reconciliation(
                         conn, op, reconcile.reason, reconcile.deadline, reconcile.detail
@@ -1191,7 +1172,10 @@ class _WriteShape:
 
 def _guarded_update(shape: _WriteShape, inline: Mapping[str, Any] | None = None) -> Any:
     """``UPDATE ... WHERE id AND state IN AND epoch AND generation [AND cursor] [AND round] RETURNING``,
-    the row locked first (``prior``) so the statement also returns the state it found."""
+    the row locked first (``prior``) so the statement also returns the state it found, and the move's event
+    (``event_kind``, ``event_detail``) appended from the updated row by the same statement: a stale write
+    updates nothing, so it appends nothing either. A move along two edges appends two events, the first
+    into ``halfway_state`` and the second, ``then_kind``, on to the row's state."""
     inline = inline or {}
     prior = select(OP.c.id, OP.c.state).where(OP.c.id == bindparam("fence_id")).with_for_update().cte("prior")
     sets: dict[str, Any] = {
@@ -1216,7 +1200,64 @@ def _guarded_update(shape: _WriteShape, inline: Mapping[str, Any] | None = None)
         where.append(OP.c.poll_cursor == bindparam("fence_cursor"))
     if shape.with_round:
         where.append(OP.c.input_round == bindparam("fence_round"))
-    return update(OP).where(*where).values(sets).returning(*OP.c, prior.c.state.label("prior_state"))
+    moved = (
+        update(OP)
+        .where(*where)
+        .values(sets)
+        .returning(*OP.c, prior.c.state.label("prior_state"))
+        .cte("moved")
+    )
+    detail = bindparam("event_detail", type_=EVENT.c.detail.type)
+    kind = bindparam("event_kind", type_=EVENT.c.kind.type)
+    if shape.two_edges:
+        halfway = bindparam("halfway_state", type_=EVENT.c.to_state.type)
+        events: Any = union_all(
+            _event_from(moved, moved.c.event_seq - 1, kind, moved.c.prior_state, halfway, detail),
+            _event_from(
+                moved,
+                moved.c.event_seq,
+                bindparam("then_kind", type_=EVENT.c.kind.type),
+                halfway,
+                moved.c.state,
+                literal_json({}),
+            ),
+        )
+    else:
+        events = _event_from(moved, moved.c.event_seq, kind, moved.c.prior_state, moved.c.state, detail)
+    appended = insert(EVENT).from_select(_EVENT_COLUMNS, events).returning(EVENT.c.seq).cte("appended")
+    return select(moved).add_cte(appended)
+
+
+_EVENT_COLUMNS = (
+    "op_id",
+    "seq",
+    "kind",
+    "from_state",
+    "to_state",
+    "server_state",
+    "poll_cursor",
+    "cancel_generation",
+    "execution_epoch",
+    "detail",
+)
+
+
+def _event_from(  # noqa: PLR0917 - one row of an event, column by column
+    moved: Any, seq: Any, kind: Any, from_state: Any, to_state: Any, detail: Any
+) -> Any:
+    """An ``operation_event`` row from the moved row, as ``_append_event`` writes it."""
+    return select(
+        moved.c.id,
+        seq,
+        kind,
+        from_state,
+        to_state,
+        moved.c.server_state,
+        moved.c.poll_cursor,
+        moved.c.cancel_generation,
+        moved.c.execution_epoch,
+        detail,
+    )
 
 
 def _accept_update(kind: TerminalKind) -> Any:
@@ -1255,7 +1296,8 @@ def _accept_update(kind: TerminalKind) -> Any:
 
 
 def _insert_operation() -> Any:
-    """The SUBMITTING row (rule 1); a concurrent insert of the same call node inserts nothing."""
+    """The SUBMITTING row (rule 1) and its ``submitted`` event (``event_detail``); a concurrent insert of the
+    same call node inserts neither."""
     plain = (
         "id",
         "call_node_id",
@@ -1274,7 +1316,7 @@ def _insert_operation() -> Any:
         "on_input",
         "poll_cursor",
     )
-    return (
+    inserted = (
         pg_insert(OP)
         .values(
             {
@@ -1288,7 +1330,18 @@ def _insert_operation() -> Any:
         )
         .on_conflict_do_nothing(index_elements=[OP.c.call_node_id])
         .returning(*OP.c)
+        .cte("inserted")
     )
+    event = _event_from(
+        inserted,
+        inserted.c.event_seq,
+        literal("submitted", type_=EVENT.c.kind.type),
+        literal(None, type_=EVENT.c.from_state.type),
+        inserted.c.state,
+        bindparam("event_detail", type_=EVENT.c.detail.type),
+    )
+    appended = insert(EVENT).from_select(_EVENT_COLUMNS, event).returning(EVENT.c.seq).cte("appended")
+    return select(inserted).add_cte(appended)
 
 
 def _claim_values(with_epoch: bool) -> dict[str, Any]:
