@@ -416,13 +416,15 @@ class Ledger:
         leaves it to the dispatcher when the lease runs out.
         """
         with self._tx() as conn:
-            existing = self._find_by_call_node(conn, new.call_node_id)
-            if existing is None:
-                control = self._control(conn)
-                if not control.admission_open:
-                    raise AdmissionClosed
-                if adapter_key(new.protocol, new.protocol_version) in control.disabled_adapters:
-                    raise AdapterDisabled(new.protocol, new.protocol_version)
+            control = self._control(conn)
+            refusal: Exception | None = None
+            if not control.admission_open:
+                refusal = AdmissionClosed()
+            elif adapter_key(new.protocol, new.protocol_version) in control.disabled_adapters:
+                refusal = AdapterDisabled(new.protocol, new.protocol_version)
+            if refusal is None:
+                # Inserted unless the call node has its operation already (then it is read below): the usual
+                # case, a new call node, costs no read first.
                 row = conn.execute(
                     STATEMENTS.get(_insert_operation),
                     {
@@ -451,10 +453,14 @@ class Ledger:
                 if row is not None:
                     # The ``submitted`` event went in with the row, in the same statement.
                     return Submission(Operation.from_row(row), created=True)
-                # A concurrent submit of the same call node committed first.
-                existing = self._find_by_call_node(conn, new.call_node_id)
-                if existing is None:  # pragma: no cover - the conflict implies a committed row
-                    raise LookupError(f"call node {new.call_node_id!r} conflicted but cannot be read")
+            existing = self._find_by_call_node(conn, new.call_node_id)
+            if existing is None:
+                if refusal is not None:
+                    raise refusal
+                # The insert conflicted, so the row is committed and can be read.
+                raise LookupError(
+                    f"call node {new.call_node_id!r} conflicted but cannot be read"
+                )  # pragma: no cover
             if existing.request_digest != new.request_digest:
                 raise CallNodeConflict(new.call_node_id, existing.request_digest, new.request_digest)
             return Submission(existing, created=False)
