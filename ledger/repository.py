@@ -324,9 +324,9 @@ class Receipt:
     accepted_at: dt.datetime
 
     @classmethod
-    def from_row(cls, row: Row[Any]) -> Receipt:
-        data = dict(row._mapping)
-        values = {f.name: data[f.name] for f in dataclasses.fields(cls)}
+    def from_row(cls, row: Row[Any], *, prefix: str = "") -> Receipt:
+        data = row._mapping
+        values = {f.name: data[prefix + f.name] for f in dataclasses.fields(cls)}
         values["terminal_state"] = TerminalKind(values["terminal_state"])
         return cls(**values)
 
@@ -841,52 +841,37 @@ class Ledger:
                         "ev_cancel_generation": evidence.cancel_generation,
                         "new_result": evidence.result if kind is not TerminalKind.CANCELLED else None,
                         "new_result_digest": evidence.result_digest,
+                        "receipt_id": uuid.uuid4(),
+                        "receipt_audit": evidence.audit,
                     },
                 ).first()
             if row is not None:
+                # The receipt went in with the move; the ready outbox row and the event go in together next.
                 op = Operation.from_row(row)
-                receipt_row = conn.execute(
-                    STATEMENTS.get(_insert_receipt),
-                    {
-                        "id": uuid.uuid4(),
-                        "op_id": op.id,
-                        "call_node_id": op.call_node_id,
-                        "request_digest": op.request_digest,
-                        "remote_id": op.remote_id,
-                        "tool_descriptor_version": op.tool_descriptor_version,
-                        "execution_epoch": op.execution_epoch,
-                        "cancel_generation": op.cancel_generation,
-                        "terminal_state": kind.value,
-                        "result_digest": evidence.result_digest,
-                        "audit": evidence.audit,
-                    },
-                ).one()
-                receipt = Receipt.from_row(receipt_row)
+                receipt = Receipt.from_row(row, prefix="receipt_")
                 outbox_id = conn.execute(
-                    STATEMENTS.get(_insert_outbox_returning_id),
+                    STATEMENTS.get(_queue_terminal),
                     {
-                        "kind": "terminal",
-                        "receipt_id": receipt.id,
-                        "op_id": op.id,
-                        "payload": {
+                        "queued_receipt_id": receipt.id,
+                        "queued_op_id": op.id,
+                        "queued_payload": {
                             "signature": op.on_terminal,
                             "receipt": receipt_payload(receipt, op.result),
                         },
+                        "event_seq": op.event_seq,
+                        "event_from_state": row.prior_state,
+                        "event_to_state": op.state.value,
+                        "event_server_state": op.server_state,
+                        "event_poll_cursor": op.poll_cursor,
+                        "event_cancel_generation": op.cancel_generation,
+                        "event_execution_epoch": op.execution_epoch,
+                        "event_detail": {
+                            "receipt_id": str(receipt.id),
+                            "terminal_state": kind.value,
+                            "result_digest": evidence.result_digest,
+                        },
                     },
                 ).scalar_one()
-                self._append_event(
-                    conn,
-                    op,
-                    seq=op.event_seq,
-                    kind="terminal_accepted",
-                    from_state=row.prior_state,
-                    detail={
-                        "receipt_id": str(receipt.id),
-                        "outbox_id": outbox_id,
-                        "terminal_state": kind.value,
-                        "result_digest": evidence.result_digest,
-                    },
-                )
                 return Acceptance("accepted", receipt, outbox_id)
 
             current = conn.execute(select(OP).where(OP.c.id == op_id)).first()
@@ -1267,12 +1252,14 @@ def _event_from(  # noqa: PLR0917 - one row of an event, column by column
 
 
 def _accept_update(kind: TerminalKind) -> Any:
-    """Rule 8's one guarded statement: every piece of evidence in the guard (``ev_*``)."""
+    """Rule 8's one guarded statement: every piece of evidence in the guard (``ev_*``); the receipt
+    (``receipt_id``, ``receipt_audit``) is inserted from the accepted row by the same statement, and returned
+    with it as ``receipt_*`` columns. Nothing accepted, no receipt."""
     observed_ok = OP.c.observed_terminal == kind.value
     if kind is TerminalKind.CANCELLED:
         observed_ok = or_(observed_ok, OP.c.state == OpState.CANCEL_REQUESTED.value)
     prior = select(OP.c.id, OP.c.state).where(OP.c.id == bindparam("fence_id")).with_for_update().cte("prior")
-    return (
+    moved = (
         update(OP)
         .where(
             OP.c.id == prior.c.id,
@@ -1298,7 +1285,77 @@ def _accept_update(kind: TerminalKind) -> Any:
             updated_at=func.now(),
         )
         .returning(*OP.c, prior.c.state.label("prior_state"))
+        .cte("moved")
     )
+    receipt = (
+        insert(RECEIPT)
+        .from_select(
+            [
+                "id",
+                "op_id",
+                "call_node_id",
+                "request_digest",
+                "remote_id",
+                "tool_descriptor_version",
+                "execution_epoch",
+                "cancel_generation",
+                "terminal_state",
+                "result_digest",
+                "audit",
+            ],
+            select(
+                bindparam("receipt_id", type_=RECEIPT.c.id.type),
+                moved.c.id,
+                moved.c.call_node_id,
+                moved.c.request_digest,
+                moved.c.remote_id,
+                moved.c.tool_descriptor_version,
+                moved.c.execution_epoch,
+                moved.c.cancel_generation,
+                literal(kind.value, type_=RECEIPT.c.terminal_state.type),
+                moved.c.result_digest,
+                bindparam("receipt_audit", type_=RECEIPT.c.audit.type),
+            ),
+        )
+        .returning(*RECEIPT.c)
+        .cte("receipt")
+    )
+    return select(moved, *(column.label(f"receipt_{column.name}") for column in receipt.c)).select_from(
+        moved.join(receipt, receipt.c.op_id == moved.c.id)
+    )
+
+
+def _queue_terminal() -> Any:
+    """The accepted operation's ready outbox row (``queued_*``) and its ``terminal_accepted`` event
+    (``event_*``), whose detail names the new outbox id; the statement returns that id."""
+    queued = (
+        insert(OUTBOX)
+        .values(
+            kind="terminal",
+            receipt_id=bindparam("queued_receipt_id", type_=OUTBOX.c.receipt_id.type),
+            op_id=bindparam("queued_op_id", type_=OUTBOX.c.op_id.type),
+            payload=bindparam("queued_payload", type_=OUTBOX.c.payload.type),
+        )
+        .returning(OUTBOX.c.id)
+        .cte("queued")
+    )
+    detail = bindparam("event_detail", type_=EVENT.c.detail.type).op("||")(
+        func.jsonb_build_object(literal("outbox_id"), queued.c.id)
+    )
+    row = select(
+        bindparam("queued_op_id", type_=EVENT.c.op_id.type),
+        bindparam("event_seq", type_=EVENT.c.seq.type),
+        literal("terminal_accepted", type_=EVENT.c.kind.type),
+        bindparam("event_from_state", type_=EVENT.c.from_state.type),
+        bindparam("event_to_state", type_=EVENT.c.to_state.type),
+        bindparam("event_server_state", type_=EVENT.c.server_state.type),
+        bindparam("event_poll_cursor", type_=EVENT.c.poll_cursor.type),
+        bindparam("event_cancel_generation", type_=EVENT.c.cancel_generation.type),
+        bindparam("event_execution_epoch", type_=EVENT.c.execution_epoch.type),
+        detail,
+    ).select_from(queued)
+    appended = insert(EVENT).from_select(_EVENT_COLUMNS, row).returning(EVENT.c.seq).cte("appended")
+    return select(queued.c.id).add_cte(appended)
 
 
 def _insert_operation() -> Any:
@@ -1396,14 +1453,6 @@ def _claim_one(with_epoch: bool) -> Any:
 
 def _insert_event() -> Any:
     return insert(EVENT)
-
-
-def _insert_receipt() -> Any:
-    return insert(RECEIPT).returning(*RECEIPT.c)
-
-
-def _insert_outbox_returning_id() -> Any:
-    return insert(OUTBOX).returning(OUTBOX.c.id)
 
 
 def _select_control() -> Any:
