@@ -792,7 +792,7 @@ def report(f: dict[str, Any]) -> None:
     )
     print(
         f"    = {f['ledger_calls_per_op']:.2f} Ledger transactions x {f['xact_commit_per_ledger_call']:.2f}"
-        " xact_commit each (measured: the pool's pre-ping SELECT 1 commits on its own)"
+        " xact_commit each (1.00: every Ledger call is one transaction, nothing commits beside it)"
     )
     print(
         f"  Redis calls/op: {f['redis_calls_per_op']:.1f} net of idle ({f['redis_calls_per_op_raw']:.1f} raw;"
