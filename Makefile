@@ -37,6 +37,11 @@ integration: services install
 conformance: services install peers
 	$(BIN)/pytest tests/conformance -v
 
+## bench: the issue-4 benchmarks (figures and PASS/FAIL against their targets; not part of `make test`)
+bench: services install
+	$(BIN)/python bench/dispatch_scale.py
+	$(BIN)/python bench/lifecycle.py
+
 ## fleet: the demo MCP server, a worker and beat on the local Postgres and Redis (see README)
 fleet: services install
 	scripts/fleet
