@@ -1050,6 +1050,27 @@ class Ledger:
                 detail={"reconciliation_id": record_id, "reason": row.reason},
             )
 
+    def waiting_for_input(self, *, limit: int = 500) -> list[Operation]:
+        """Operations whose server waits for an answer from the approval gate, oldest deadline first."""
+        with self._tx() as conn:
+            rows = conn.execute(
+                select(OP)
+                .where(OP.c.state == OpState.INPUT_REQUIRED.value)
+                .order_by(OP.c.input_deadline)
+                .limit(limit)
+            ).all()
+        return [Operation.from_row(r) for r in rows]
+
+    def in_flight_by_adapter(self) -> dict[str, int]:
+        """How many operations of each ``protocol/protocol_version`` are not final yet (rule 14)."""
+        with self._tx() as conn:
+            rows = conn.execute(
+                select(OP.c.protocol, OP.c.protocol_version, func.count())
+                .where(OP.c.state.not_in([s.value for s in FINAL_STATES]))
+                .group_by(OP.c.protocol, OP.c.protocol_version)
+            ).all()
+        return {adapter_key(p, v): int(n) for p, v, n in rows}
+
     def overdue_inputs(self, *, limit: int = 100) -> list[Operation]:
         """Operations still waiting for input after their input deadline."""
         with self._tx() as conn:

@@ -23,6 +23,7 @@ from workers.app import create_app
 from workers.executor import Executor, Resolution, WrongState
 from workers.runtime import Runtime
 from workers.settings import ConfigError, Settings, load_settings
+from workers.submission import ADAPTERS
 
 console = Console()
 errors = Console(stderr=True)
@@ -335,6 +336,121 @@ def watch(ref: str, timeout: float, as_json: bool) -> None:
         ledger.dispose()
     if not op.is_final:
         raise click.ClickException(f"still {op.state.value} after {timeout:g}s")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+def gate(as_json: bool) -> None:
+    """The approval gate: operations whose server waits for input, with round, deadline and request."""
+    ledger = Ledger.from_url(_settings().database_url, pool_size=1)
+    try:
+        waiting = ledger.waiting_for_input()
+    finally:
+        ledger.dispose()
+    rows: list[dict[str, Any]] = [
+        {
+            "op_id": str(op.id),
+            "call_node_id": op.call_node_id,
+            "input_round": op.input_round,
+            "deadline": _jsonable(op.input_deadline),
+            "method": (op.input_request or {}).get("method"),
+            "request": (op.input_request or {}).get("params"),
+            "schema": (op.input_request or {}).get("schema"),
+            "schema_digest": op.input_schema_digest,
+        }
+        for op in waiting
+    ]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        console.print("nothing waits for input")
+        return
+    table = Table("op_id", "call node", "round", "deadline", "asks")
+    for row in rows:
+        message = (row["request"] or {}).get("message", row["method"])
+        table.add_row(
+            row["op_id"], row["call_node_id"], str(row["input_round"]), str(row["deadline"]), str(message)
+        )
+    console.print(table)
+    console.print(
+        'answer with: longcall input OP --round N --response \'{"action": "accept", "content": {...}}\''
+    )
+
+
+@main.command()
+@click.option("--disable", "disable", default=None, metavar="PROTOCOL/VERSION", help="e.g. mcp/2025-11-25")
+@click.option("--enable", "enable", default=None, metavar="PROTOCOL/VERSION")
+@click.option("--json", "as_json", is_flag=True)
+def adapters(disable: str | None, enable: str | None, as_json: bool) -> None:
+    """Adapters by protocol version: in-flight operations, and disabling one for new operations (rule 14).
+
+    A disabled adapter refuses new submissions; query, cancel and reconciliation of its operations keep
+    working until the last one is final.
+    """
+    ledger = Ledger.from_url(_settings().database_url, pool_size=1)
+    actor = os.environ.get("USER", "operator")
+    try:
+        for key, disabled in ((disable, True), (enable, False)):
+            if key is not None:
+                protocol, _, version = key.partition("/")
+                if (protocol, version) not in ADAPTERS:
+                    known = ", ".join(f"{p}/{v}" for p, v in sorted(ADAPTERS))
+                    raise click.BadParameter(f"no adapter {key!r} (known: {known})")
+                ledger.set_adapter_disabled(protocol, version, disabled=disabled, actor=actor)
+        control = ledger.control()
+        in_flight = ledger.in_flight_by_adapter()
+    finally:
+        ledger.dispose()
+    rows: list[dict[str, Any]] = [
+        {
+            "adapter": f"{p}/{v}",
+            "disabled": f"{p}/{v}" in control.disabled_adapters,
+            "in_flight": in_flight.get(f"{p}/{v}", 0),
+        }
+        for p, v in sorted(ADAPTERS)
+    ]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = Table("adapter", "new operations", "in flight")
+    for row in rows:
+        table.add_row(row["adapter"], "disabled" if row["disabled"] else "enabled", str(row["in_flight"]))
+    console.print(table)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+def rollback(as_json: bool) -> None:
+    """Close admission and bump the execution epoch (rule 13): the executor that runs next takes over the
+    in-flight operations on its next claim, and every write of the old epoch is refused from then on."""
+    ledger = Ledger.from_url(_settings().database_url, pool_size=1)
+    actor = os.environ.get("USER", "operator")
+    try:
+        ledger.set_admission(open_=False, actor=actor)
+        control = ledger.bump_epoch(actor=actor)
+    finally:
+        ledger.dispose()
+    _print_control(control, as_json, f"admission closed; execution epoch now {control.execution_epoch}")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+def rollout(as_json: bool) -> None:
+    """Open admission of new operations (after a rollback, once the executor to keep runs)."""
+    ledger = Ledger.from_url(_settings().database_url, pool_size=1)
+    try:
+        control = ledger.set_admission(open_=True, actor=os.environ.get("USER", "operator"))
+    finally:
+        ledger.dispose()
+    _print_control(control, as_json, f"admission open; execution epoch {control.execution_epoch}")
+
+
+def _print_control(control: Any, as_json: bool, text: str) -> None:
+    if as_json:
+        click.echo(json.dumps(_jsonable(dataclasses.asdict(control)), indent=2))
+    else:
+        console.print(text)
 
 
 def _lookup(ref: str) -> Operation:

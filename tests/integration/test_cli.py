@@ -114,3 +114,42 @@ def test_a_command_that_needs_a_worker_says_so_when_none_answers(cli_env: None, 
     assert "no longcall worker answered within 1s" in output
     code, output = run("status", str(uuid.uuid4()))
     assert code == 1
+
+
+def test_rollback_closes_admission_and_bumps_the_epoch_rollout_reopens(cli_env: None, ledger: Ledger) -> None:
+    code, output = run("rollback", "--json")
+    assert code == 0, output
+    assert json.loads(output) == {
+        "execution_epoch": 2,
+        "admission_open": False,
+        "disabled_adapters": [],
+        "rollout": {},
+    }
+    code, output = run("rollout")
+    assert (code, "admission open; execution epoch 2" in output) == (0, True)
+    with ledger.engine.connect() as conn:
+        actions = [
+            r.action for r in conn.exec_driver_sql("SELECT action FROM executor_control_audit ORDER BY id")
+        ]
+    assert actions == ["set_admission", "bump_epoch", "set_admission"]
+
+
+def test_adapters_can_be_disabled_for_new_operations_and_listed(cli_env: None, ledger: Ledger) -> None:
+    place(ledger, OpState.WORKING)
+    code, output = run("adapters", "--disable", "mcp/2025-11-25", "--json")
+    assert code == 0, output
+    assert json.loads(output) == [{"adapter": "mcp/2025-11-25", "disabled": True, "in_flight": 1}]
+    assert ledger.control().disabled_adapters == ("mcp/2025-11-25",)
+    code, output = run("adapters", "--disable", "grpc/1")
+    assert code == 2
+    assert "no adapter 'grpc/1'" in output
+    code, output = run("adapters", "--enable", "mcp/2025-11-25", "--json")
+    assert json.loads(output)[0]["disabled"] is False
+
+
+def test_gate_lists_what_waits_for_input(cli_env: None, ledger: Ledger) -> None:
+    op = place(ledger, OpState.INPUT_REQUIRED)
+    code, output = run("gate", "--json")
+    assert code == 0, output
+    [row] = json.loads(output)
+    assert (row["op_id"], row["input_round"], row["method"]) == (str(op.id), 1, "elicitation/create")
