@@ -304,7 +304,8 @@ class TerminalEvidence:
     terminal_state: TerminalKind
     result: Any = None
     result_digest: str | None = None
-    #: For a cancelled terminal: whatever could be read, kept on the receipt for audit only.
+    #: Kept on the receipt for audit only: what a cancelled task left, or what to know about the evidence
+    #: (e.g. a result whose task id the server did not confirm).
     audit: Any = None
 
 
