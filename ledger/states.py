@@ -117,10 +117,6 @@ class IllegalTransition(ValueError):
     """A programming error: the code asked for an edge the state table does not have."""
 
 
-def is_allowed(source: OpState, target: OpState) -> bool:
-    return (source, target) in EDGES
-
-
 def check_edges(sources: Iterable[OpState], target: OpState) -> tuple[OpState, ...]:
     """Return ``sources`` as a tuple if every one of them has an edge to ``target``; raise otherwise."""
     sources = tuple(sources)

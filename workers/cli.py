@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ledger import migrate as migrations
-from ledger.errors import LedgerError
+from ledger.errors import LedgerError, OperationNotFound
 from ledger.repository import Ledger, Operation
 from ledger.states import TerminalKind
 from workers.app import create_app
@@ -462,16 +462,25 @@ def _lookup(ref: str) -> Operation:
 
 
 def _find(ledger: Ledger, ref: str) -> Operation:
+    """An operation by op id, submission key, call node id, or SERVER:REMOTE_ID (in that order)."""
+    op: Operation | None = None
     try:
-        return ledger.get(uuid.UUID(ref))
+        key = uuid.UUID(ref)
     except ValueError:
         pass
-    op = ledger.find_by_call_node(ref)
+    else:
+        try:
+            return ledger.get(key)
+        except OperationNotFound:
+            op = ledger.find_by_submission_key(key)
+    op = op or ledger.find_by_call_node(ref)
     if op is None and ":" in ref:
         server, _, remote_id = ref.partition(":")
         op = ledger.find_by_remote(server, remote_id)
     if op is None:
-        raise click.ClickException(f"no operation with op id, call node id or SERVER:REMOTE_ID {ref!r}")
+        raise click.ClickException(
+            f"no operation with op id, submission key, call node id or SERVER:REMOTE_ID {ref!r}"
+        )
     return op
 
 

@@ -54,7 +54,7 @@ def test_migrate_creates_the_database_and_its_tables(
 def test_status_by_op_id_call_node_and_remote_id(cli_env: None, ledger: Ledger) -> None:
     op = place(ledger, OpState.FETCHING_RESULT)
     ledger.accept_terminal(op.id, evidence_for(op, TerminalKind.COMPLETED))
-    for ref in (str(op.id), op.call_node_id, f"reports:{op.remote_id}"):
+    for ref in (str(op.id), str(op.submission_key), op.call_node_id, f"reports:{op.remote_id}"):
         code, output = run("status", ref, "--json", "--events")
         assert code == 0, output
         data = json.loads(output)
@@ -63,7 +63,9 @@ def test_status_by_op_id_call_node_and_remote_id(cli_env: None, ledger: Ledger) 
         assert data["events"][-1]["kind"] == "terminal_accepted"
     code, output = run("status", "no-such-node")
     assert code == 1
-    assert "no operation with op id, call node id or SERVER:REMOTE_ID 'no-such-node'" in output
+    assert (
+        "no operation with op id, submission key, call node id or SERVER:REMOTE_ID 'no-such-node'" in output
+    )
 
 
 def test_reconcile_lists_and_resolves_with_evidence(cli_env: None, ledger: Ledger) -> None:
