@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -11,14 +12,20 @@ from tests.integration.fleet import Fleet, running_fleet
 
 
 @pytest.fixture
-def fleet(
+def fleet_args(
     ledger: Ledger,
     database_url: str,
     broker_prefix: str,
     redis_client: redis.Redis,
     tmp_path: Path,
     log_dir: Path,
-) -> Iterator[Fleet]:
+) -> tuple[Any, ...]:
+    """What ``running_fleet`` needs, for a test that starts its fleet with options of its own."""
+    return (ledger, database_url, broker_prefix, redis_client, tmp_path, log_dir)
+
+
+@pytest.fixture
+def fleet(fleet_args: tuple[Any, ...]) -> Iterator[Fleet]:
     """longcall's MCP server, two longcall workers, beat and a pipeline worker, on this test's database."""
-    with running_fleet(ledger, database_url, broker_prefix, redis_client, tmp_path, log_dir) as fleet:
+    with running_fleet(*fleet_args) as fleet:
         yield fleet

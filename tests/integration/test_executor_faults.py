@@ -33,24 +33,6 @@ from workers.submission import parse_submit_kwargs
 S = OpState
 
 
-@pytest.fixture
-def fleet_args(
-    ledger: Ledger,
-    database_url: str,
-    broker_prefix: str,
-    redis_client: redis.Redis,
-    tmp_path: Path,
-    log_dir: Path,
-) -> tuple[Any, ...]:
-    return (ledger, database_url, broker_prefix, redis_client, tmp_path, log_dir)
-
-
-@pytest.fixture
-def fleet(fleet_args: tuple[Any, ...]) -> Iterator[Fleet]:
-    with running_fleet(*fleet_args) as fleet:
-        yield fleet
-
-
 def kinds(ledger: Ledger, op_id: uuid.UUID) -> list[str]:
     return [e["kind"] for e in ledger.events(op_id)]
 
@@ -196,7 +178,9 @@ def test_kill_9_during_the_cancel_call_gives_one_cancelled_receipt(fleet: Fleet)
     kill_pool_of(fleet, sent.id)
     fleet.mcp.faults(delay_ms={})
     support.wait_for("the cancel message to be delivered again", lambda: fleet.received_count(sent.id) >= 2)
-    assert sent.get(timeout=30)["action"] == "already_requested"  # the redelivery does not cancel twice
+    # The redelivery never cancels twice: it finds the cancel recorded, or (if the dispatcher's resend under
+    # a new claim was quicker) already accepted; the generation below proves one cancel request.
+    assert sent.get(timeout=30)["action"] in ("already_requested", "already_final")
 
     receipt = fleet.wait_receipt("n/killed-cancel", timeout=45)
     assert (receipt["terminal_state"], receipt["result"]) == ("cancelled", None)
