@@ -85,6 +85,7 @@ from _harness import (
 )
 from celery import Celery
 
+from demo_server.command import command as demo_server_command
 from ledger.repository import Ledger
 
 LONGCALL_QUEUES = "longcall.control,longcall.poll,longcall.outbox"
@@ -279,17 +280,7 @@ def running_fleet(args: argparse.Namespace, log_dir: Path, svc: Services) -> Ite
                 return False
 
         children["mcp"] = start_child(
-            [
-                sys.executable,
-                "-m",
-                "demo_server.mcp",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--poll-interval-ms",
-                str(args.poll_interval_ms),
-            ],
+            demo_server_command(port, poll_interval_ms=args.poll_interval_ms),
             env={},
             log_dir=log_dir,
             name="mcp",

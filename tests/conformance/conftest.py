@@ -13,7 +13,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,6 +20,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from demo_server.command import command as demo_server_command
 
 REPO = Path(__file__).resolve().parents[2]
 PEER_PROGRAMS = Path(__file__).resolve().parent / "peers"
@@ -111,16 +112,7 @@ def _ts_peer(port: int) -> list[str]:
 
 
 def _longcall(*flags: str) -> Callable[[int], list[str]]:
-    return lambda port: [
-        sys.executable,
-        "-m",
-        "demo_server.mcp",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        *flags,
-    ]
+    return lambda port: demo_server_command(port, *flags)
 
 
 SDK_130_QUIRKS = frozenset(

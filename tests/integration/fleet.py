@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import socket
-import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +17,7 @@ import redis
 from celery import Celery
 from celery.result import AsyncResult
 
+from demo_server.command import command as demo_server_command
 from ledger.repository import Ledger, Operation
 from ledger.states import OpState
 from tests import support
@@ -51,18 +51,7 @@ class McpServer:
 def start_mcp_server(log_dir: Path, *flags: str, poll_interval_ms: int = 200) -> McpServer:
     port = free_port()
     process = support.start_celery_like(
-        [
-            sys.executable,
-            "-m",
-            "demo_server.mcp",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--poll-interval-ms",
-            str(poll_interval_ms),
-            *flags,
-        ],
+        demo_server_command(port, *flags, poll_interval_ms=poll_interval_ms),
         env={},
         log_dir=log_dir,
         name=f"mcp-{port}",
@@ -230,14 +219,22 @@ class Fleet:
         return process
 
 
+@dataclass(frozen=True)
+class FleetParts:
+    """What a fleet runs on: this test's ledger and database, its broker prefix on the shared Redis, and
+    the directories for its files and its processes' logs (the ``fleet_parts`` fixture builds one)."""
+
+    ledger: Ledger
+    database_url: str
+    broker_prefix: str
+    redis_client: redis.Redis
+    tmp_path: Path
+    log_dir: Path
+
+
 @contextmanager
 def running_fleet(
-    ledger: Ledger,
-    database_url: str,
-    broker_prefix: str,
-    redis_client: redis.Redis,
-    tmp_path: Path,
-    log_dir: Path,
+    parts: FleetParts,
     *,
     mcp_flags: tuple[str, ...] = (),
     poll_interval_ms: int = 200,
@@ -245,12 +242,14 @@ def running_fleet(
     workers: int = 2,
     env: dict[str, str] | None = None,
 ) -> Iterator[Fleet]:
+    """Starts the MCP server, ``workers`` longcall workers, beat and the pipeline worker; stops them all."""
+    broker_prefix, tmp_path, log_dir = parts.broker_prefix, parts.tmp_path, parts.log_dir
     mcp = start_mcp_server(log_dir, *mcp_flags, poll_interval_ms=poll_interval_ms)
     config = tmp_path / "longcall.toml"
     config.write_text(fleet_config(mcp.url, **(server or {})))
     sink = f"{broker_prefix}sink"
     longcall_env = {
-        "LONGCALL_DATABASE_URL": database_url,
+        "LONGCALL_DATABASE_URL": parts.database_url,
         "LONGCALL_REDIS_URL": support.REDIS_URL,
         "LONGCALL_BROKER_KEYPREFIX": broker_prefix,
         "LONGCALL_CONFIG": str(config),
@@ -264,10 +263,10 @@ def running_fleet(
         "PIPELINE_SINK": sink,
     }
     fleet = Fleet(
-        ledger,
+        parts.ledger,
         make_app(support.REDIS_URL, broker_prefix, sink),
         sink,
-        redis_client,
+        parts.redis_client,
         mcp,
         longcall_env,
         log_dir,

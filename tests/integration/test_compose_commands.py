@@ -13,6 +13,7 @@ import pytest
 import yaml
 from sqlalchemy import create_engine, inspect
 
+from demo_server.command import command as demo_server_command
 from ledger.repository import normalize_database_url
 from tests import support
 
@@ -60,6 +61,12 @@ def test_the_compose_file_names_every_service_and_the_design_queues() -> None:
     worker = COMPOSE["services"]["worker"]["command"]
     assert worker[:3] == ["celery", "-A", "workers.app"]
     assert worker[worker.index("-Q") + 1] == "longcall.control,longcall.poll,longcall.outbox"
+    # The compose file writes the demo server's command line as text; it is the one the tests start.
+    assert COMPOSE["services"]["demo-mcp"]["command"] == demo_server_command(
+        8765,
+        host="0.0.0.0",  # noqa: S104 - inside its container, for the other services
+        python="python",
+    )
     dockerfile = (support.REPO / "Dockerfile").read_text()
     for line in dockerfile.splitlines():
         if line.startswith("COPY "):

@@ -23,7 +23,14 @@ from ledger.reasons import ReconciliationReason
 from ledger.repository import Fence, Ledger, NewReconciliation, Operation, due_in
 from ledger.states import OpState, TerminalKind
 from tests import support
-from tests.integration.fleet import Fleet, fleet_config, free_port, running_fleet, start_mcp_server
+from tests.integration.fleet import (
+    Fleet,
+    FleetParts,
+    fleet_config,
+    free_port,
+    running_fleet,
+    start_mcp_server,
+)
 from tests.integration.helpers import evidence_for
 from workers.executor import Executor, StepOutcome
 from workers.runtime import Runtime
@@ -302,14 +309,14 @@ def test_two_pollers_answering_out_of_order_never_move_the_state_back(runtimes: 
 
 @pytest.mark.parametrize("held_in", [S.TERMINAL_OBSERVED, S.FETCHING_RESULT])
 def test_a_cancel_after_completion_was_observed_never_gives_a_cancelled_receipt(
-    fleet_args: tuple[Any, ...], held_in: OpState
+    fleet_parts: FleetParts, held_in: OpState
 ) -> None:
     """The order test_executor does not cover: a poll has already seen ``completed`` when the cancel comes.
 
     TERMINAL_OBSERVED is held by a control budget so small that the result fetch finds no token (one
     control call per 5.6 s: the create took the token); FETCHING_RESULT by a slow ``tasks/result``."""
     server = {"control_qps": 0.2} if held_in is S.TERMINAL_OBSERVED else {}
-    with running_fleet(*fleet_args, server=server) as fleet:
+    with running_fleet(fleet_parts, server=server) as fleet:
         if held_in is S.FETCHING_RESULT:
             fleet.mcp.faults(delay_ms={"tasks/result": 4000})
         op_id = fleet.submit("n/observed", "slow_report", {"seconds": 0.3})
@@ -491,7 +498,7 @@ def test_a_restarted_hot_redis_is_reseeded_from_the_ledger(
     bucket = f"{broker_prefix}longcall:bucket:reports:poll"
     try:
         with running_fleet(
-            ledger, database_url, broker_prefix, redis_client, tmp_path, log_dir, env=env
+            FleetParts(ledger, database_url, broker_prefix, redis_client, tmp_path, log_dir), env=env
         ) as fleet:
             fleet.submit_nowait("n/before-restart", "slow_report", {"seconds": 120})
             op = fleet.wait_operation("n/before-restart", S.WORKING)

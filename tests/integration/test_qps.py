@@ -15,7 +15,7 @@ from sqlalchemy import text
 
 from ledger.repository import Ledger
 from tests import support
-from tests.integration.fleet import running_fleet
+from tests.integration.fleet import FleetParts, running_fleet
 
 OPERATIONS = 200
 POLL_QPS = 10
@@ -63,12 +63,7 @@ def test_polls_never_exceed_poll_qps_in_any_window_and_use_the_budget(
 ) -> None:
     # 2 workers x concurrency 2 = 4 worker processes; a fast control budget so the creates go first.
     with running_fleet(
-        ledger,
-        database_url,
-        broker_prefix,
-        redis_client,
-        tmp_path,
-        log_dir,
+        FleetParts(ledger, database_url, broker_prefix, redis_client, tmp_path, log_dir),
         server={"poll_qps": POLL_QPS, "control_qps": 50},
         workers=2,
     ) as fleet:

@@ -7,7 +7,6 @@ JSON answers, stateless); faults and the request log are reset before each test 
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from demo_server.command import command
 from tests.conformance.conftest import McpPeer, PeerSpec, reset_faults, start_peer
 
 PROTOCOL = "2025-11-25"
@@ -27,7 +27,7 @@ def _start(tmp_path_factory: pytest.TempPathFactory, name: str, *flags: str) -> 
     spec = PeerSpec(
         name,
         None,
-        lambda port: [sys.executable, "-m", "demo_server.mcp", "--port", str(port), *flags],
+        lambda port: command(port, *flags),
         control=True,
     )
     yield from start_peer(spec, Path(tmp_path_factory.mktemp(name)))
