@@ -1,4 +1,8 @@
-"""The ``longcall`` command. Reads go to the ledger; ``submit`` goes through the fleet like any pipeline."""
+"""The ``longcall`` command. Reads go to the ledger; ``submit`` goes through the fleet like any pipeline.
+
+What each command prints is built in ``workers.cli_output``; here are the options, the reads and the
+decisions, and the exit codes (a refusal is a ``ClickException``: exit code 1 and its message).
+"""
 
 from __future__ import annotations
 
@@ -8,17 +12,19 @@ import os
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import click
 from celery.exceptions import TimeoutError as CeleryTimeout
 from rich.console import Console
-from rich.table import Table
 
 from ledger import migrate as migrations
 from ledger.errors import LedgerError, OperationNotFound
-from ledger.repository import Ledger, Operation
+from ledger.repository import ControlState, Ledger, Operation
 from ledger.states import TerminalKind
+from workers import cli_output as output
 from workers.app import create_app
 from workers.executor import Executor, Resolution, WrongState
 from workers.runtime import Runtime
@@ -36,6 +42,21 @@ def _settings() -> Settings:
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
     return settings
+
+
+@contextmanager
+def _ledger(settings: Settings | None = None) -> Iterator[Ledger]:
+    """The ledger for one command, on one connection, disposed on the way out whatever happens."""
+    ledger = Ledger.from_url((settings or _settings()).database_url, pool_size=1)
+    try:
+        yield ledger
+    finally:
+        ledger.dispose()
+
+
+def _actor() -> str:
+    """Who an operator's decision is recorded as (kept in the ledger with the decision)."""
+    return os.environ.get("USER", "operator")
 
 
 @click.group()
@@ -101,63 +122,20 @@ def submit(
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 def status(ref: str, show_events: bool, as_json: bool) -> None:
     """Show one operation, by op id, call node id, or SERVER:REMOTE_ID."""
-    ledger = Ledger.from_url(_settings().database_url, pool_size=1)
-    try:
-        op = _find(ledger, ref)
-        receipt = ledger.receipt_for(op.id)
-        events = ledger.events(op.id) if show_events else []
-    except LedgerError as exc:
-        raise click.ClickException(str(exc)) from exc
-    finally:
-        ledger.dispose()
-    data = _operation_json(op)
-    data["receipt"] = (
-        None
-        if receipt is None
-        else {
-            "receipt_id": str(receipt.id),
-            "terminal_state": receipt.terminal_state.value,
-            "result_digest": receipt.result_digest,
-            "accepted_at": receipt.accepted_at.isoformat(),
-        }
-    )
-    if show_events:
-        data["events"] = [_jsonable(e) for e in events]
+    with _ledger() as ledger:
+        try:
+            op = _find(ledger, ref)
+            receipt = ledger.receipt_for(op.id)
+            events = ledger.events(op.id) if show_events else None
+        except LedgerError as exc:
+            raise click.ClickException(str(exc)) from exc
+    data = output.status_json(op, receipt, events)
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
-    table = Table(show_header=False, box=None)
-    for key in (
-        "op_id",
-        "call_node_id",
-        "state",
-        "server",
-        "tool",
-        "remote_id",
-        "server_state",
-        "status_message",
-        "cancel_generation",
-        "execution_epoch",
-        "poll_cursor",
-        "next_poll_at",
-        "updated_at",
-    ):
-        table.add_row(key, "" if data[key] is None else str(data[key]))
-    if receipt is not None:
-        table.add_row("receipt", f"{receipt.terminal_state.value} {receipt.id}")
-    console.print(table)
-    if show_events:
-        events_table = Table("seq", "at", "kind", "from", "to", "server_state")
-        for event in events:
-            events_table.add_row(
-                str(event["seq"]),
-                event["at"].isoformat(timespec="milliseconds"),
-                event["kind"],
-                event["from_state"] or "",
-                event["to_state"] or "",
-                event["server_state"] or "",
-            )
-        console.print(events_table)
+    console.print(output.status_table(data, receipt))
+    if events is not None:
+        console.print(output.events_table(events))
 
 
 def _send(task: str, kwargs: dict[str, Any], timeout: float) -> Any:
@@ -237,36 +215,14 @@ def reconcile(
     decisions = [remote_id is not None, never_created, terminal is not None, close_id is not None]
     if sum(decisions) > 1:
         raise click.UsageError("choose one of --found, --never-created, --terminal, --close")
-    ledger = Ledger.from_url(settings.database_url, pool_size=1)
-    try:
+    with _ledger(settings) as ledger:
         if not any(decisions):
-            records = [r for r in ledger.open_reconciliations() if ref is None or str(r.op_id) == ref]
-            rows = [_jsonable(dataclasses.asdict(r)) for r in records]
-            if as_json:
-                click.echo(json.dumps(rows, indent=2))
-                return
-            table = Table("id", "op_id", "reason", "opened", "deadline")
-            for r in records:
-                table.add_row(
-                    str(r.id),
-                    str(r.op_id),
-                    r.reason.value,
-                    r.opened_at.isoformat(timespec="seconds"),
-                    r.deadline.isoformat(timespec="seconds"),
-                )
-            console.print(table if records else "nothing waits for an operator")
+            _list_reconciliations(ledger, ref, as_json)
             return
         if not evidence:
             raise click.UsageError("a decision needs --evidence (what it rests on; it is kept in the ledger)")
-        actor = os.environ.get("USER", "operator")
         if close_id is not None:
-            if not ledger.resolve_reconciliation(
-                close_id,
-                resolution=f"closed by {actor}: {evidence}",
-                detail={"actor": actor, "evidence": evidence},
-            ):
-                raise click.ClickException(f"no open reconciliation record {close_id}")
-            console.print(f"record {close_id} closed")
+            _close_reconciliation(ledger, close_id, evidence)
             return
         if ref is None:
             raise click.UsageError("name the operation to resolve")
@@ -277,7 +233,7 @@ def reconcile(
         resolution = Resolution(
             kind,
             evidence,
-            actor,
+            _actor(),
             remote_id=remote_id,
             session_ref=session_ref,
             terminal=TerminalKind(terminal) if terminal else None,
@@ -289,12 +245,29 @@ def reconcile(
             raise click.ClickException(str(exc)) from exc
         finally:
             runtime.close()
-    finally:
-        ledger.dispose()
     if as_json:
-        click.echo(json.dumps(_operation_json(after), indent=2))
+        click.echo(json.dumps(output.operation_json(after), indent=2))
     else:
         console.print(f"operation {after.id}: {after.state.value}")
+
+
+def _list_reconciliations(ledger: Ledger, ref: str | None, as_json: bool) -> None:
+    records = [r for r in ledger.open_reconciliations() if ref is None or str(r.op_id) == ref]
+    if as_json:
+        click.echo(json.dumps([output.jsonable(dataclasses.asdict(r)) for r in records], indent=2))
+        return
+    console.print(output.reconciliations_table(records) if records else "nothing waits for an operator")
+
+
+def _close_reconciliation(ledger: Ledger, close_id: int, evidence: str) -> None:
+    actor = _actor()
+    if not ledger.resolve_reconciliation(
+        close_id,
+        resolution=f"closed by {actor}: {evidence}",
+        detail={"actor": actor, "evidence": evidence},
+    ):
+        raise click.ClickException(f"no open reconciliation record {close_id}")
+    console.print(f"record {close_id} closed")
 
 
 @main.command()
@@ -305,35 +278,23 @@ def reconcile(
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per event.")
 def watch(ref: str, timeout: float, as_json: bool) -> None:
     """Follow one operation's events until it is final (or the timeout)."""
-    ledger = Ledger.from_url(_settings().database_url, pool_size=1)
-    deadline = time.monotonic() + timeout
-    seen = 0
-    try:
+    with _ledger() as ledger:
+        deadline = time.monotonic() + timeout
+        seen = 0
         op = _find(ledger, ref)
         with console.status(f"{op.id}: {op.state.value}") as spinner:
             while True:
                 for event in ledger.events(op.id)[seen:]:
                     seen += 1
                     if as_json:
-                        click.echo(json.dumps(_jsonable(event)))
+                        click.echo(json.dumps(output.jsonable(event)))
                     else:
-                        moved = (
-                            f"{event['from_state']} -> {event['to_state']}"
-                            if event["from_state"] != event["to_state"]
-                            else event["to_state"]
-                        )
-                        console.print(
-                            f"{event['at'].strftime('%H:%M:%S.%f')[:-3]} {event['kind']:<20} {moved}"
-                            + (f" ({event['server_state']})" if event["server_state"] else ""),
-                            soft_wrap=True,
-                        )
+                        console.print(output.event_line(event), soft_wrap=True)
                 op = ledger.get(op.id)
                 spinner.update(f"{op.id}: {op.state.value} ({op.server_state or '-'})")
                 if op.is_final or time.monotonic() > deadline:
                     break
                 time.sleep(0.5)
-    finally:
-        ledger.dispose()
     if not op.is_final:
         raise click.ClickException(f"still {op.state.value} after {timeout:g}s")
 
@@ -342,40 +303,17 @@ def watch(ref: str, timeout: float, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def gate(as_json: bool) -> None:
     """The approval gate: operations whose server waits for input, with round, deadline and request."""
-    ledger = Ledger.from_url(_settings().database_url, pool_size=1)
-    try:
+    with _ledger() as ledger:
         waiting = ledger.waiting_for_input()
-    finally:
-        ledger.dispose()
-    rows: list[dict[str, Any]] = [
-        {
-            "op_id": str(op.id),
-            "call_node_id": op.call_node_id,
-            "input_round": op.input_round,
-            "deadline": _jsonable(op.input_deadline),
-            "method": (op.input_request or {}).get("method"),
-            "request": (op.input_request or {}).get("params"),
-            "schema": (op.input_request or {}).get("schema"),
-            "schema_digest": op.input_schema_digest,
-        }
-        for op in waiting
-    ]
+    rows = output.gate_rows(waiting)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
     if not rows:
         console.print("nothing waits for input")
         return
-    table = Table("op_id", "call node", "round", "deadline", "asks")
-    for row in rows:
-        message = (row["request"] or {}).get("message", row["method"])
-        table.add_row(
-            row["op_id"], row["call_node_id"], str(row["input_round"]), str(row["deadline"]), str(message)
-        )
-    console.print(table)
-    console.print(
-        'answer with: longcall input OP --round N --response \'{"action": "accept", "content": {...}}\''
-    )
+    console.print(output.gate_table(rows))
+    console.print(output.INPUT_HINT)
 
 
 @main.command()
@@ -388,35 +326,21 @@ def adapters(disable: str | None, enable: str | None, as_json: bool) -> None:
     A disabled adapter refuses new submissions; query, cancel and reconciliation of its operations keep
     working until the last one is final.
     """
-    ledger = Ledger.from_url(_settings().database_url, pool_size=1)
-    actor = os.environ.get("USER", "operator")
-    try:
+    with _ledger() as ledger:
         for key, disabled in ((disable, True), (enable, False)):
             if key is not None:
                 protocol, _, version = key.partition("/")
                 if (protocol, version) not in ADAPTERS:
                     known = ", ".join(f"{p}/{v}" for p, v in sorted(ADAPTERS))
                     raise click.BadParameter(f"no adapter {key!r} (known: {known})")
-                ledger.set_adapter_disabled(protocol, version, disabled=disabled, actor=actor)
+                ledger.set_adapter_disabled(protocol, version, disabled=disabled, actor=_actor())
         control = ledger.control()
         in_flight = ledger.in_flight_by_adapter()
-    finally:
-        ledger.dispose()
-    rows: list[dict[str, Any]] = [
-        {
-            "adapter": f"{p}/{v}",
-            "disabled": f"{p}/{v}" in control.disabled_adapters,
-            "in_flight": in_flight.get(f"{p}/{v}", 0),
-        }
-        for p, v in sorted(ADAPTERS)
-    ]
+    rows = output.adapter_rows(ADAPTERS, control.disabled_adapters, in_flight)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    table = Table("adapter", "new operations", "in flight")
-    for row in rows:
-        table.add_row(row["adapter"], "disabled" if row["disabled"] else "enabled", str(row["in_flight"]))
-    console.print(table)
+    console.print(output.adapters_table(rows))
 
 
 @main.command()
@@ -424,13 +348,10 @@ def adapters(disable: str | None, enable: str | None, as_json: bool) -> None:
 def rollback(as_json: bool) -> None:
     """Close admission and bump the execution epoch (rule 13): the executor that runs next takes over the
     in-flight operations on its next claim, and every write of the old epoch is refused from then on."""
-    ledger = Ledger.from_url(_settings().database_url, pool_size=1)
-    actor = os.environ.get("USER", "operator")
-    try:
+    actor = _actor()
+    with _ledger() as ledger:
         ledger.set_admission(open_=False, actor=actor)
         control = ledger.bump_epoch(actor=actor)
-    finally:
-        ledger.dispose()
     _print_control(control, as_json, f"admission closed; execution epoch now {control.execution_epoch}")
 
 
@@ -438,27 +359,21 @@ def rollback(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def rollout(as_json: bool) -> None:
     """Open admission of new operations (after a rollback, once the executor to keep runs)."""
-    ledger = Ledger.from_url(_settings().database_url, pool_size=1)
-    try:
-        control = ledger.set_admission(open_=True, actor=os.environ.get("USER", "operator"))
-    finally:
-        ledger.dispose()
+    with _ledger() as ledger:
+        control = ledger.set_admission(open_=True, actor=_actor())
     _print_control(control, as_json, f"admission open; execution epoch {control.execution_epoch}")
 
 
-def _print_control(control: Any, as_json: bool, text: str) -> None:
+def _print_control(control: ControlState, as_json: bool, text: str) -> None:
     if as_json:
-        click.echo(json.dumps(_jsonable(dataclasses.asdict(control)), indent=2))
+        click.echo(json.dumps(output.jsonable(dataclasses.asdict(control)), indent=2))
     else:
         console.print(text)
 
 
 def _lookup(ref: str) -> Operation:
-    ledger = Ledger.from_url(_settings().database_url, pool_size=1)
-    try:
+    with _ledger() as ledger:
         return _find(ledger, ref)
-    finally:
-        ledger.dispose()
 
 
 def _find(ledger: Ledger, ref: str) -> Operation:
@@ -482,40 +397,6 @@ def _find(ledger: Ledger, ref: str) -> Operation:
             f"no operation with op id, submission key, call node id or SERVER:REMOTE_ID {ref!r}"
         )
     return op
-
-
-def _operation_json(op: Operation) -> dict[str, Any]:
-    return {
-        "op_id": str(op.id),
-        "call_node_id": op.call_node_id,
-        "state": op.state.value,
-        "server": op.server,
-        "tool": op.tool_name,
-        "protocol": op.protocol,
-        "protocol_version": op.protocol_version,
-        "remote_id": op.remote_id,
-        "server_state": op.server_state,
-        "status_message": op.status_message,
-        "submission_key": str(op.submission_key),
-        "cancel_generation": op.cancel_generation,
-        "execution_epoch": op.execution_epoch,
-        "poll_cursor": op.poll_cursor,
-        "next_poll_at": _jsonable(op.next_poll_at),
-        "input_round": op.input_round,
-        "result_digest": op.result_digest,
-        "created_at": _jsonable(op.created_at),
-        "updated_at": _jsonable(op.updated_at),
-    }
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if hasattr(value, "isoformat"):
-        return value.isoformat()
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    return value
 
 
 def _json_option(name: str, value: str) -> Any:

@@ -1,0 +1,182 @@
+"""What the ``longcall`` command prints: the JSON shapes of ``--json`` and the tables and lines for people.
+
+Pure functions of what the ledger returned; the commands in ``workers.cli`` read, decide and print. The
+JSON keys are part of the command's interface (scripts parse them): add keys, never rename one.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from rich.table import Table
+
+from ledger.repository import Operation, Receipt, ReconciliationRecord
+
+STATUS_ROWS = (
+    "op_id",
+    "call_node_id",
+    "state",
+    "server",
+    "tool",
+    "remote_id",
+    "server_state",
+    "status_message",
+    "cancel_generation",
+    "execution_epoch",
+    "poll_cursor",
+    "next_poll_at",
+    "updated_at",
+)
+
+INPUT_HINT = 'answer with: longcall input OP --round N --response \'{"action": "accept", "content": {...}}\''
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` with its datetimes and UUIDs as strings, recursively through dicts."""
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    return value
+
+
+def operation_json(op: Operation) -> dict[str, Any]:
+    return {
+        "op_id": str(op.id),
+        "call_node_id": op.call_node_id,
+        "state": op.state.value,
+        "server": op.server,
+        "tool": op.tool_name,
+        "protocol": op.protocol,
+        "protocol_version": op.protocol_version,
+        "remote_id": op.remote_id,
+        "server_state": op.server_state,
+        "status_message": op.status_message,
+        "submission_key": str(op.submission_key),
+        "cancel_generation": op.cancel_generation,
+        "execution_epoch": op.execution_epoch,
+        "poll_cursor": op.poll_cursor,
+        "next_poll_at": jsonable(op.next_poll_at),
+        "input_round": op.input_round,
+        "result_digest": op.result_digest,
+        "created_at": jsonable(op.created_at),
+        "updated_at": jsonable(op.updated_at),
+    }
+
+
+def status_json(
+    op: Operation, receipt: Receipt | None, events: Sequence[Mapping[str, Any]] | None
+) -> dict[str, Any]:
+    """``status --json``: the operation, its receipt (or null) and, when asked for, its events."""
+    data = operation_json(op)
+    data["receipt"] = (
+        None
+        if receipt is None
+        else {
+            "receipt_id": str(receipt.id),
+            "terminal_state": receipt.terminal_state.value,
+            "result_digest": receipt.result_digest,
+            "accepted_at": receipt.accepted_at.isoformat(),
+        }
+    )
+    if events is not None:
+        data["events"] = [jsonable(e) for e in events]
+    return data
+
+
+def status_table(data: Mapping[str, Any], receipt: Receipt | None) -> Table:
+    table = Table(show_header=False, box=None)
+    for key in STATUS_ROWS:
+        table.add_row(key, "" if data[key] is None else str(data[key]))
+    if receipt is not None:
+        table.add_row("receipt", f"{receipt.terminal_state.value} {receipt.id}")
+    return table
+
+
+def events_table(events: Iterable[Mapping[str, Any]]) -> Table:
+    table = Table("seq", "at", "kind", "from", "to", "server_state")
+    for event in events:
+        table.add_row(
+            str(event["seq"]),
+            event["at"].isoformat(timespec="milliseconds"),
+            event["kind"],
+            event["from_state"] or "",
+            event["to_state"] or "",
+            event["server_state"] or "",
+        )
+    return table
+
+
+def event_line(event: Mapping[str, Any]) -> str:
+    """One event as ``watch`` follows it: time, kind, the move (or the state it stayed in), server state."""
+    moved = (
+        f"{event['from_state']} -> {event['to_state']}"
+        if event["from_state"] != event["to_state"]
+        else event["to_state"]
+    )
+    return f"{event['at'].strftime('%H:%M:%S.%f')[:-3]} {event['kind']:<20} {moved}" + (
+        f" ({event['server_state']})" if event["server_state"] else ""
+    )
+
+
+def reconciliations_table(records: Iterable[ReconciliationRecord]) -> Table:
+    table = Table("id", "op_id", "reason", "opened", "deadline")
+    for r in records:
+        table.add_row(
+            str(r.id),
+            str(r.op_id),
+            r.reason.value,
+            r.opened_at.isoformat(timespec="seconds"),
+            r.deadline.isoformat(timespec="seconds"),
+        )
+    return table
+
+
+def gate_rows(waiting: Iterable[Operation]) -> list[dict[str, Any]]:
+    """``gate --json``: each operation whose server waits for input, with its round, deadline and request."""
+    return [
+        {
+            "op_id": str(op.id),
+            "call_node_id": op.call_node_id,
+            "input_round": op.input_round,
+            "deadline": jsonable(op.input_deadline),
+            "method": (op.input_request or {}).get("method"),
+            "request": (op.input_request or {}).get("params"),
+            "schema": (op.input_request or {}).get("schema"),
+            "schema_digest": op.input_schema_digest,
+        }
+        for op in waiting
+    ]
+
+
+def gate_table(rows: Iterable[Mapping[str, Any]]) -> Table:
+    table = Table("op_id", "call node", "round", "deadline", "asks")
+    for row in rows:
+        message = (row["request"] or {}).get("message", row["method"])
+        table.add_row(
+            row["op_id"], row["call_node_id"], str(row["input_round"]), str(row["deadline"]), str(message)
+        )
+    return table
+
+
+def adapter_rows(
+    adapters: Iterable[tuple[str, str]], disabled: Iterable[str], in_flight: Mapping[str, int]
+) -> list[dict[str, Any]]:
+    """``adapters --json``: each known protocol/version, whether new operations are refused, and how
+    many of its operations are not final yet."""
+    off = set(disabled)
+    return [
+        {"adapter": f"{p}/{v}", "disabled": f"{p}/{v}" in off, "in_flight": in_flight.get(f"{p}/{v}", 0)}
+        for p, v in sorted(adapters)
+    ]
+
+
+def adapters_table(rows: Iterable[Mapping[str, Any]]) -> Table:
+    table = Table("adapter", "new operations", "in flight")
+    for row in rows:
+        table.add_row(row["adapter"], "disabled" if row["disabled"] else "enabled", str(row["in_flight"]))
+    return table
