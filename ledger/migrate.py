@@ -10,7 +10,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, make_url, text
 from sqlalchemy.pool import NullPool
 
-from ledger.repository import normalize_database_url
+from ledger.engine import normalize_database_url
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 

@@ -7,8 +7,8 @@ import os
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
+from ledger.engine import normalize_database_url
 from ledger.models import Base
-from ledger.repository import normalize_database_url
 
 config = context.config
 target_metadata = Base.metadata

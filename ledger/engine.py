@@ -1,0 +1,29 @@
+"""The ledger's database URL and engine: all that ``longcall migrate`` and the Alembic env need."""
+
+from __future__ import annotations
+
+from sqlalchemy import Engine, create_engine
+
+
+def normalize_database_url(url: str) -> str:
+    """Accept the usual ``postgresql://`` spellings and pin the psycopg 3 driver."""
+    for prefix in ("postgresql+psycopg://", "postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    raise ValueError(
+        f"LONGCALL_DATABASE_URL must be a postgresql:// URL, got {url.split('://', maxsplit=1)[0]}://..."
+    )
+
+
+def make_engine(url: str, *, pool_size: int = 5) -> Engine:
+    """The engine every ledger transaction runs on."""
+    return create_engine(
+        normalize_database_url(url),
+        # No pre-ping: it would double every ledger transaction. A connection the server dropped fails
+        # its statement once (SQLAlchemy then discards the pool's stale connections) and the step is
+        # retried under a new claim when its lease runs out; recycling bounds how old a connection gets.
+        pool_recycle=600,
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        future=True,
+    )

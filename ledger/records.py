@@ -1,0 +1,299 @@
+"""The ledger's records: frozen snapshots of rows and the values the transactions take and return.
+
+Pure data: no SQL is run here. ``Operation`` mirrors one ``tool_operation`` row; the others are what goes into
+a transaction (``NewOperation``, ``TerminalEvidence``, ``ServerStatus``, ``DueIn``) or comes out of one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sqlalchemy import Row
+
+from ledger.reasons import ReconciliationReason
+from ledger.states import FINAL_STATES, OpState, TerminalKind
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """What a writer believes: its epoch and cancel generation, and the poll cursor it holds."""
+
+    execution_epoch: int
+    cancel_generation: int
+    poll_cursor: int | None = None
+
+    def as_dict(self) -> dict[str, int | None]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    """A snapshot of one ``tool_operation`` row."""
+
+    id: uuid.UUID
+    call_node_id: str
+    request_digest: str
+    tool_name: str
+    tool_descriptor_version: str | None
+    body: Any
+    server: str
+    protocol: str
+    protocol_version: str
+    adapter_version: str
+    remote_id: str | None
+    session_ref: str | None
+    submission_key: uuid.UUID
+    submit_attempted_at: dt.datetime | None
+    state: OpState
+    server_state: str | None
+    observed_terminal: TerminalKind | None
+    status_message: str | None
+    poll_cursor: int
+    next_poll_at: dt.datetime | None
+    poll_interval_ms: int | None
+    lease_until: dt.datetime | None
+    ttl_ms: int | None
+    wait_deadline: dt.datetime | None
+    expires_at: dt.datetime | None
+    input_round: int
+    input_request: Any
+    input_schema_digest: str | None
+    input_deadline: dt.datetime | None
+    cancel_generation: int
+    execution_epoch: int
+    result: Any
+    result_digest: str | None
+    on_terminal: Any
+    on_input: Any
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    event_seq: int
+
+    @classmethod
+    def from_row(cls, row: Row[Any] | Mapping[str, Any]) -> Operation:
+        data = row._mapping if isinstance(row, Row) else row
+        values = {name: data[name] for name in _OPERATION_FIELDS}
+        values["state"] = OpState(values["state"])
+        if values["observed_terminal"] is not None:
+            values["observed_terminal"] = TerminalKind(values["observed_terminal"])
+        return cls(**values)
+
+    @property
+    def fence(self) -> Fence:
+        return Fence(self.execution_epoch, self.cancel_generation, self.poll_cursor)
+
+    @property
+    def is_final(self) -> bool:
+        return self.state in FINAL_STATES
+
+
+_OPERATION_FIELDS = tuple(f.name for f in dataclasses.fields(Operation))
+
+
+@dataclass(frozen=True, slots=True)
+class NewOperation:
+    """What ``longcall.submit`` records before any remote call (rule 1)."""
+
+    call_node_id: str
+    request_digest: str
+    server: str
+    protocol: str
+    protocol_version: str
+    adapter_version: str
+    tool_name: str
+    body: Any
+    on_terminal: Any = None
+    on_input: Any = None
+    ttl_ms: int | None = None
+    wait_budget_s: float | None = None
+    tool_descriptor_version: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NewReconciliation:
+    """A reconciliation record opened in the same transaction as the write that needs it."""
+
+    reason: ReconciliationReason
+    deadline: dt.timedelta
+    detail: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    operation: Operation
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A due operation claimed by ``claim_due``: work on it under this cursor, before the lease runs out."""
+
+    op_id: uuid.UUID
+    state: OpState
+    poll_cursor: int
+    execution_epoch: int
+    cancel_generation: int
+    lease_until: dt.datetime
+    #: Seconds until the step is due (0 when it is due already).
+    delay_s: float = 0.0
+
+    @classmethod
+    def from_row(cls, row: Row[Any]) -> Claim:
+        return cls(
+            row.id,
+            OpState(row.state),
+            row.poll_cursor,
+            row.execution_epoch,
+            row.cancel_generation,
+            row.lease_until,
+            float(row.delay_s or 0.0),
+        )
+
+    @property
+    def fence(self) -> Fence:
+        return Fence(self.execution_epoch, self.cancel_generation, self.poll_cursor)
+
+
+@dataclass(frozen=True, slots=True)
+class TerminalEvidence:
+    """Everything rule 8 matches before a receipt is written."""
+
+    call_node_id: str
+    request_digest: str
+    remote_id: str | None
+    tool_descriptor_version: str | None
+    execution_epoch: int
+    cancel_generation: int
+    terminal_state: TerminalKind
+    result: Any = None
+    result_digest: str | None = None
+    #: Kept on the receipt for audit only: what a cancelled task left, or what to know about the evidence
+    #: (e.g. a result whose task id the server did not confirm).
+    audit: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    id: uuid.UUID
+    op_id: uuid.UUID
+    call_node_id: str
+    request_digest: str
+    remote_id: str | None
+    tool_descriptor_version: str | None
+    execution_epoch: int
+    cancel_generation: int
+    terminal_state: TerminalKind
+    result_digest: str | None
+    audit: Any
+    accepted_at: dt.datetime
+
+    @classmethod
+    def from_row(cls, row: Row[Any], *, prefix: str = "") -> Receipt:
+        data = row._mapping
+        values = {f.name: data[prefix + f.name] for f in dataclasses.fields(cls)}
+        values["terminal_state"] = TerminalKind(values["terminal_state"])
+        return cls(**values)
+
+
+AcceptanceOutcome = Literal["accepted", "already_accepted", "rejected", "effect_reconciliation"]
+
+
+@dataclass(frozen=True, slots=True)
+class Acceptance:
+    outcome: AcceptanceOutcome
+    receipt: Receipt | None = None
+    outbox_id: int | None = None
+    mismatches: tuple[str, ...] = ()
+
+    @property
+    def accepted(self) -> bool:
+        return self.outcome == "accepted"
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxMessage:
+    id: int
+    kind: str
+    op_id: uuid.UUID
+    input_round: int | None
+    payload: Any
+    attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class DrainReport:
+    dispatched: tuple[int, ...]
+    failed: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ControlState:
+    execution_epoch: int
+    admission_open: bool
+    disabled_adapters: tuple[str, ...]
+    rollout: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ReconciliationRecord:
+    id: int
+    op_id: uuid.UUID
+    reason: ReconciliationReason
+    opened_at: dt.datetime
+    deadline: dt.datetime
+    resolved_at: dt.datetime | None
+    resolution: str | None
+    detail: Any
+
+    @classmethod
+    def from_row(cls, row: Row[Any]) -> ReconciliationRecord:
+        return cls(
+            id=row.id,
+            op_id=row.op_id,
+            reason=ReconciliationReason(row.reason),
+            opened_at=row.opened_at,
+            deadline=row.deadline,
+            resolved_at=row.resolved_at,
+            resolution=row.resolution,
+            detail=row.detail,
+        )
+
+
+def adapter_key(protocol: str, protocol_version: str) -> str:
+    return f"{protocol}/{protocol_version}"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerStatus:
+    """Where the server says the remote operation stands, as the ledger keeps it (verbatim words)."""
+
+    server_state: str | None
+    status_message: str | None = None
+    poll_interval_ms: int | None = None
+
+    def columns(self) -> dict[str, Any]:
+        return {
+            "server_state": self.server_state,
+            "status_message": self.status_message,
+            "poll_interval_ms": self.poll_interval_ms,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class DueIn:
+    """A ``next_poll_at`` value (see :func:`due_in`): bound as a parameter, so the statement is built once."""
+
+    seconds: float
+
+    def interval(self) -> dt.timedelta:
+        return dt.timedelta(seconds=max(0.0, self.seconds))
+
+
+def due_in(seconds: float) -> DueIn:
+    """A ``next_poll_at`` value: ``seconds`` from the database's now, never past the wait budget or expiry."""
+    return DueIn(seconds)

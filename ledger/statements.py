@@ -1,0 +1,441 @@
+"""The ledger's SQL: tables, and every hot statement, built once per shape with bound values.
+
+Builders are module-level functions of their shape (the columns a write sets, its flags); ``STATEMENTS`` keeps
+what they build, so a transaction only binds values. Bind parameter names say where a value goes: ``fence_*``
+in a guard, ``new_*`` in a SET list, ``event_*`` and ``then_*`` in the event rows a statement appends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+from sqlalchemy import (
+    Interval,
+    Table,
+    Text,
+    bindparam,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    text,
+    union_all,
+    update,
+)
+from sqlalchemy import cast as sql_cast
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from ledger import models
+from ledger.states import ACCEPT_FROM, ACCEPT_TO, OpState, TerminalKind
+
+OP = cast(Table, models.ToolOperation.__table__)
+EVENT = cast(Table, models.OperationEvent.__table__)
+RECEIPT = cast(Table, models.TerminalReceipt.__table__)
+OUTBOX = cast(Table, models.Outbox.__table__)
+RECON = cast(Table, models.Reconciliation.__table__)
+CONTROL = cast(Table, models.ExecutorControl.__table__)
+CONTROL_AUDIT = cast(Table, models.ExecutorControlAudit.__table__)
+
+CLAIM_DELAY = func.greatest(0, func.extract("epoch", OP.c.next_poll_at - func.now())).label("delay_s")
+CLAIM_COLUMNS = (
+    OP.c.id,
+    OP.c.state,
+    OP.c.poll_cursor,
+    OP.c.execution_epoch,
+    OP.c.cancel_generation,
+    OP.c.lease_until,
+    CLAIM_DELAY,
+)
+
+_Built = TypeVar("_Built")
+
+
+class _Statements:
+    """The ledger's hot statements, each built once per shape with a bind parameter for every value.
+
+    Building a SQLAlchemy statement and deriving the cache key that finds its compiled form cost more CPU than
+    running it; a statement built once keeps its key, so a call only binds its values. The shapes are few
+    (the distinct column sets and flags the code writes with), so the cache stays small.
+    """
+
+    def __init__(self) -> None:
+        self._built: dict[tuple[Hashable, ...], Any] = {}
+
+    def get(self, build: Callable[..., _Built], *shape: Hashable) -> _Built:
+        """``build(*shape)``, built on first use; ``build`` is a module-level function, part of the key."""
+        key = (build, *shape)
+        statement = self._built.get(key)
+        if statement is None:
+            statement = self._built.setdefault(key, build(*shape))
+        return cast(_Built, statement)
+
+
+STATEMENTS = _Statements()
+
+
+def due_at(param: str) -> Any:
+    return func.least(func.now() + bindparam(param, type_=Interval()), OP.c.wait_deadline, OP.c.expires_at)
+
+
+# ----------------------------------------------------------------------------------- hot statements
+
+
+@dataclass(frozen=True, slots=True)
+class WriteShape:
+    """What a guarded write's statement depends on: the columns it sets (and which are ``due_in`` values),
+    and its flags. Values are bound: ``fence_*`` in the guard, ``new_*`` in the SET list."""
+
+    columns: tuple[tuple[str, bool], ...]
+    to_state: bool
+    two_edges: bool
+    bump_generation: bool
+    with_cursor: bool
+    with_round: bool
+    #: The second event's detail names the row's submission key (a resubmission says which key it reuses).
+    then_names_key: bool = False
+
+
+def guarded_update(shape: WriteShape) -> Any:
+    """``UPDATE ... WHERE id AND state IN AND epoch AND generation [AND cursor] [AND round] RETURNING``,
+    the row locked first (``prior``) so the statement also returns the state it found, and the move's event
+    (``event_kind``, ``event_detail``) appended from the updated row by the same statement: a stale write
+    updates nothing, so it appends nothing either. A move along two edges appends two events, the first
+    into ``halfway_state`` and the second, ``then_kind`` with ``then_detail``, on to the row's state."""
+    prior = select(OP.c.id, OP.c.state).where(OP.c.id == bindparam("fence_id")).with_for_update().cte("prior")
+    sets: dict[str, Any] = {
+        name: due_at(f"new_{name}") if due else bindparam(f"new_{name}", type_=OP.c[name].type)
+        for name, due in shape.columns
+    }
+    sets["event_seq"] = OP.c.event_seq + (2 if shape.two_edges else 1)
+    sets["updated_at"] = func.now()
+    if shape.to_state:
+        sets["state"] = bindparam("new_state", type_=OP.c.state.type)
+    if shape.bump_generation:
+        sets["cancel_generation"] = OP.c.cancel_generation + 1
+    where = [
+        OP.c.id == prior.c.id,
+        OP.c.state.in_(bindparam("fence_states", expanding=True)),
+        OP.c.execution_epoch == bindparam("fence_epoch"),
+        OP.c.cancel_generation == bindparam("fence_generation"),
+    ]
+    if shape.with_cursor:
+        where.append(OP.c.poll_cursor == bindparam("fence_cursor"))
+    if shape.with_round:
+        where.append(OP.c.input_round == bindparam("fence_round"))
+    moved = (
+        update(OP)
+        .where(*where)
+        .values(sets)
+        .returning(*OP.c, prior.c.state.label("prior_state"))
+        .cte("moved")
+    )
+    detail = bindparam("event_detail", type_=EVENT.c.detail.type)
+    kind = bindparam("event_kind", type_=EVENT.c.kind.type)
+    if shape.two_edges:
+        halfway = bindparam("halfway_state", type_=EVENT.c.to_state.type)
+        then_detail: Any = bindparam("then_detail", type_=EVENT.c.detail.type)
+        if shape.then_names_key:
+            then_detail = then_detail.op("||")(
+                func.jsonb_build_object(literal("submission_key"), sql_cast(moved.c.submission_key, Text))
+            )
+        events: Any = union_all(
+            event_from(moved, moved.c.event_seq - 1, kind, moved.c.prior_state, halfway, detail),
+            event_from(
+                moved,
+                moved.c.event_seq,
+                bindparam("then_kind", type_=EVENT.c.kind.type),
+                halfway,
+                moved.c.state,
+                then_detail,
+            ),
+        )
+    else:
+        events = event_from(moved, moved.c.event_seq, kind, moved.c.prior_state, moved.c.state, detail)
+    appended = insert(EVENT).from_select(EVENT_COLUMNS, events).returning(EVENT.c.seq).cte("appended")
+    return select(moved).add_cte(appended)
+
+
+EVENT_COLUMNS = (
+    "op_id",
+    "seq",
+    "kind",
+    "from_state",
+    "to_state",
+    "server_state",
+    "poll_cursor",
+    "cancel_generation",
+    "execution_epoch",
+    "detail",
+)
+
+
+def event_from(  # noqa: PLR0917 - one row of an event, column by column
+    moved: Any, seq: Any, kind: Any, from_state: Any, to_state: Any, detail: Any
+) -> Any:
+    """An ``operation_event`` row from the moved row, as ``_append_event`` writes it."""
+    return select(
+        moved.c.id,
+        seq,
+        kind,
+        from_state,
+        to_state,
+        moved.c.server_state,
+        moved.c.poll_cursor,
+        moved.c.cancel_generation,
+        moved.c.execution_epoch,
+        detail,
+    )
+
+
+def accept_update(kind: TerminalKind) -> Any:
+    """Rule 8's one guarded statement: every piece of evidence in the guard (``ev_*``); the receipt
+    (``receipt_id``, ``receipt_audit``) is inserted from the accepted row by the same statement, and returned
+    with it as ``receipt_*`` columns. Nothing accepted, no receipt."""
+    observed_ok = OP.c.observed_terminal == kind.value
+    if kind is TerminalKind.CANCELLED:
+        observed_ok = or_(observed_ok, OP.c.state == OpState.CANCEL_REQUESTED.value)
+    prior = select(OP.c.id, OP.c.state).where(OP.c.id == bindparam("fence_id")).with_for_update().cte("prior")
+    moved = (
+        update(OP)
+        .where(
+            OP.c.id == prior.c.id,
+            OP.c.state.in_([s.value for s in ACCEPT_FROM[kind]]),
+            OP.c.call_node_id == bindparam("ev_call_node_id"),
+            OP.c.request_digest == bindparam("ev_request_digest"),
+            OP.c.remote_id.is_not_distinct_from(bindparam("ev_remote_id", type_=OP.c.remote_id.type)),
+            OP.c.tool_descriptor_version.is_not_distinct_from(
+                bindparam("ev_tool_descriptor_version", type_=OP.c.tool_descriptor_version.type)
+            ),
+            OP.c.execution_epoch == bindparam("ev_execution_epoch"),
+            OP.c.cancel_generation == bindparam("ev_cancel_generation"),
+            observed_ok,
+        )
+        .values(
+            state=ACCEPT_TO[kind].value,
+            observed_terminal=kind.value,
+            result=bindparam("new_result", type_=OP.c.result.type),
+            result_digest=bindparam("new_result_digest", type_=OP.c.result_digest.type),
+            next_poll_at=None,
+            lease_until=None,
+            event_seq=OP.c.event_seq + 1,
+            updated_at=func.now(),
+        )
+        .returning(*OP.c, prior.c.state.label("prior_state"))
+        .cte("moved")
+    )
+    receipt = (
+        insert(RECEIPT)
+        .from_select(
+            [
+                "id",
+                "op_id",
+                "call_node_id",
+                "request_digest",
+                "remote_id",
+                "tool_descriptor_version",
+                "execution_epoch",
+                "cancel_generation",
+                "terminal_state",
+                "result_digest",
+                "audit",
+            ],
+            select(
+                bindparam("receipt_id", type_=RECEIPT.c.id.type),
+                moved.c.id,
+                moved.c.call_node_id,
+                moved.c.request_digest,
+                moved.c.remote_id,
+                moved.c.tool_descriptor_version,
+                moved.c.execution_epoch,
+                moved.c.cancel_generation,
+                literal(kind.value, type_=RECEIPT.c.terminal_state.type),
+                moved.c.result_digest,
+                bindparam("receipt_audit", type_=RECEIPT.c.audit.type),
+            ),
+        )
+        .returning(*RECEIPT.c)
+        .cte("receipt")
+    )
+    return select(moved, *(column.label(f"receipt_{column.name}") for column in receipt.c)).select_from(
+        moved.join(receipt, receipt.c.op_id == moved.c.id)
+    )
+
+
+def insert_terminal_outbox() -> Any:
+    """The accepted operation's ready outbox row (``queued_*``) and its ``terminal_accepted`` event
+    (``event_*``), whose detail names the new outbox id; the statement returns that id."""
+    queued = (
+        insert(OUTBOX)
+        .values(
+            kind="terminal",
+            receipt_id=bindparam("queued_receipt_id", type_=OUTBOX.c.receipt_id.type),
+            op_id=bindparam("queued_op_id", type_=OUTBOX.c.op_id.type),
+            payload=bindparam("queued_payload", type_=OUTBOX.c.payload.type),
+        )
+        .returning(OUTBOX.c.id)
+        .cte("queued")
+    )
+    detail = bindparam("event_detail", type_=EVENT.c.detail.type).op("||")(
+        func.jsonb_build_object(literal("outbox_id"), queued.c.id)
+    )
+    row = select(
+        bindparam("queued_op_id", type_=EVENT.c.op_id.type),
+        bindparam("event_seq", type_=EVENT.c.seq.type),
+        literal("terminal_accepted", type_=EVENT.c.kind.type),
+        bindparam("event_from_state", type_=EVENT.c.from_state.type),
+        bindparam("event_to_state", type_=EVENT.c.to_state.type),
+        bindparam("event_server_state", type_=EVENT.c.server_state.type),
+        bindparam("event_poll_cursor", type_=EVENT.c.poll_cursor.type),
+        bindparam("event_cancel_generation", type_=EVENT.c.cancel_generation.type),
+        bindparam("event_execution_epoch", type_=EVENT.c.execution_epoch.type),
+        detail,
+    ).select_from(queued)
+    appended = insert(EVENT).from_select(EVENT_COLUMNS, row).returning(EVENT.c.seq).cte("appended")
+    return select(queued.c.id).add_cte(appended)
+
+
+def insert_operation() -> Any:
+    """The SUBMITTING row (rule 1) and its ``submitted`` event (``event_detail``); a concurrent insert of the
+    same call node inserts neither."""
+    plain = (
+        "id",
+        "call_node_id",
+        "request_digest",
+        "tool_name",
+        "tool_descriptor_version",
+        "body",
+        "server",
+        "protocol",
+        "protocol_version",
+        "adapter_version",
+        "submission_key",
+        "ttl_ms",
+        "execution_epoch",
+        "on_terminal",
+        "on_input",
+        "poll_cursor",
+    )
+    inserted = (
+        pg_insert(OP)
+        .values(
+            {
+                **{name: bindparam(f"new_{name}", type_=OP.c[name].type) for name in plain},
+                "state": OpState.SUBMITTING.value,
+                "wait_deadline": func.now() + bindparam("new_wait_budget", type_=Interval()),
+                "event_seq": 1,
+                "next_poll_at": func.now(),
+                "lease_until": func.now() + bindparam("new_lease", type_=Interval()),
+            }
+        )
+        .on_conflict_do_nothing(index_elements=[OP.c.call_node_id])
+        .returning(*OP.c)
+        .cte("inserted")
+    )
+    event = event_from(
+        inserted,
+        inserted.c.event_seq,
+        literal("submitted", type_=EVENT.c.kind.type),
+        literal(None, type_=EVENT.c.from_state.type),
+        inserted.c.state,
+        bindparam("event_detail", type_=EVENT.c.detail.type),
+    )
+    appended = insert(EVENT).from_select(EVENT_COLUMNS, event).returning(EVENT.c.seq).cte("appended")
+    return select(inserted).add_cte(appended)
+
+
+def _claim_values(with_epoch: bool) -> dict[str, Any]:
+    """A claim bumps the cursor and sets the lease (``claim_lease``); with ``claim_epoch``, it takes the row
+    over into that execution epoch (rule 13)."""
+    values: dict[str, Any] = {
+        "poll_cursor": OP.c.poll_cursor + 1,
+        "lease_until": func.now() + bindparam("claim_lease", type_=Interval()),
+    }
+    if with_epoch:
+        values["execution_epoch"] = func.greatest(
+            OP.c.execution_epoch, bindparam("claim_epoch", type_=OP.c.execution_epoch.type)
+        )
+    return values
+
+
+def update_claim_due(with_server: bool, with_epoch: bool) -> Any:
+    conditions = [
+        OP.c.next_poll_at <= func.now() + bindparam("claim_horizon", type_=Interval()),
+        or_(OP.c.lease_until.is_(None), OP.c.lease_until < func.now()),
+    ]
+    if with_server:
+        conditions.append(OP.c.server == bindparam("claim_server"))
+    due = (
+        select(OP.c.id)
+        .where(*conditions)
+        .order_by(OP.c.next_poll_at)
+        .limit(bindparam("claim_limit"))
+        .with_for_update(skip_locked=True)
+        .cte("due")
+    )
+    return update(OP).where(OP.c.id == due.c.id).values(_claim_values(with_epoch)).returning(*CLAIM_COLUMNS)
+
+
+def update_claim_one(with_epoch: bool) -> Any:
+    return (
+        update(OP)
+        .where(
+            OP.c.id == bindparam("claim_id"),
+            or_(OP.c.lease_until.is_(None), OP.c.lease_until < func.now()),
+        )
+        .values(_claim_values(with_epoch))
+        .returning(*CLAIM_COLUMNS)
+    )
+
+
+def insert_event() -> Any:
+    return insert(EVENT)
+
+
+def select_control() -> Any:
+    return select(CONTROL).where(CONTROL.c.id == 1)
+
+
+def select_operation_by_id() -> Any:
+    return select(OP).where(OP.c.id == bindparam("op_id"))
+
+
+def select_operation_by_call_node() -> Any:
+    return select(OP).where(OP.c.call_node_id == bindparam("call_node_id"))
+
+
+def select_ready_outbox() -> Any:
+    return (
+        select(OUTBOX)
+        .where(OUTBOX.c.status == "ready")
+        .order_by(OUTBOX.c.id)
+        .limit(bindparam("limit"))
+        .with_for_update(skip_locked=True)
+    )
+
+
+def update_outbox_dispatched() -> Any:
+    return (
+        update(OUTBOX)
+        .where(OUTBOX.c.id.in_(bindparam("ids", expanding=True)))
+        .values(status="dispatched", dispatched_at=func.now(), attempts=OUTBOX.c.attempts + 1)
+    )
+
+
+def literal_json(value: Mapping[str, Any]) -> Any:
+    return literal(dict(value), type_=models.Json)
+
+
+def update_disabled_adapters(key: str, disabled: bool) -> Any:
+    """The control row's ``disabled_adapters`` with ``key`` added (once, the list kept sorted by code point,
+    as Python sorts it) or removed, computed from the row the UPDATE itself sees: never from a copy read
+    earlier."""
+    if not disabled:
+        return CONTROL.c.disabled_adapters.op("-")(literal(key, type_=Text()))
+    return text(
+        '(SELECT jsonb_agg(listed.value ORDER BY listed.value COLLATE "C") FROM (SELECT DISTINCT value '
+        "FROM jsonb_array_elements_text(executor_control.disabled_adapters || jsonb_build_array("
+        "CAST(:adapter_key AS text)))) AS listed)"
+    ).bindparams(adapter_key=key)
