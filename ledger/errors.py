@@ -1,11 +1,18 @@
-"""The ledger's exception tree. Every refusal says what was expected and what was found."""
+"""The ledger's exception tree. Every refusal says what was expected and what was found.
+
+LedgerError
+├── IllegalTransition    a programming error: an edge the state table does not have (never retried)
+├── OperationNotFound    no such operation
+├── StaleTransition      a guarded write matched zero rows: the writer's view is out of date (rule 5)
+├── CallNodeConflict     the call node already runs a different request (rule 1)
+├── AdmissionClosed      new operations are refused (executor_control.admission_open)
+└── AdapterDisabled      new operations for this adapter are refused (executor_control.disabled_adapters)
+"""
 
 from __future__ import annotations
 
 import uuid
 from typing import Any
-
-from ledger.states import IllegalTransition
 
 __all__ = [
     "AdapterDisabled",
@@ -20,6 +27,10 @@ __all__ = [
 
 class LedgerError(Exception):
     """Base of every error the ledger raises on purpose."""
+
+
+class IllegalTransition(LedgerError, ValueError):
+    """A programming error: the code asked for an edge the state table does not have."""
 
 
 class OperationNotFound(LedgerError):

@@ -2,7 +2,7 @@
 
 Table and column names are public: operators query them and outside tests check them. Invariants live here as
 constraints so that the database itself refuses what the code must never do; every CHECK that mentions a
-state is generated from ``ledger/states.py``.
+state is generated from ``ledger/states.py``, the event kinds' from ``ledger/events.py``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from ledger.events import EventKind
 from ledger.reasons import ReconciliationReason
 from ledger.states import (
     NEVER_POLLED,
@@ -187,7 +188,10 @@ class OperationEvent(Base):
     execution_epoch: Mapped[int | None] = mapped_column(Integer)
     detail: Mapped[Any] = mapped_column(Json, server_default=text("'{}'::jsonb"))
 
-    __table_args__ = (CheckConstraint("seq >= 1", name="seq_positive"),)
+    __table_args__ = (
+        CheckConstraint("seq >= 1", name="seq_positive"),
+        CheckConstraint(_in("kind", EventKind), name="kind_known"),
+    )
 
 
 class TerminalReceipt(Base):

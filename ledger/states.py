@@ -12,6 +12,27 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping
 
+from ledger.errors import IllegalTransition
+
+__all__ = [
+    "ACCEPT_FROM",
+    "ACCEPT_TO",
+    "EDGES",
+    "EXTENSION_EDGES",
+    "FINAL_STATES",
+    "NEVER_POLLED",
+    "REMOTE_ID_REQUIRED",
+    "SEED_EDGES",
+    "TERMINAL_KNOWN",
+    "IllegalTransition",  # raised here, defined with the ledger's other errors
+    "OpState",
+    "TerminalKind",
+    "check_edges",
+    "mermaid",
+    "states_document",
+    "successors",
+]
+
 
 class OpState(enum.StrEnum):
     SUBMITTING = "SUBMITTING"
@@ -111,10 +132,6 @@ ACCEPT_TO: Mapping[TerminalKind, OpState] = {
     TerminalKind.FAILED: S.ACCEPTED,
     TerminalKind.CANCELLED: S.CANCELLED_ACCEPTED,
 }
-
-
-class IllegalTransition(ValueError):
-    """A programming error: the code asked for an edge the state table does not have."""
 
 
 def check_edges(sources: Iterable[OpState], target: OpState) -> tuple[OpState, ...]:

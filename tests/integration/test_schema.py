@@ -10,9 +10,11 @@ from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.exc import IntegrityError
 
+from ledger.engine import normalize_database_url
+from ledger.events import EventKind
 from ledger.migrate import downgrade, upgrade
 from ledger.models import Base
-from ledger.repository import Ledger, normalize_database_url
+from ledger.repository import Ledger
 from ledger.states import OpState, TerminalKind
 from tests.integration.helpers import evidence_for, place
 
@@ -126,5 +128,37 @@ def test_upgrade_downgrade_upgrade_round_trip(empty_database_url: str) -> None:
         assert not TABLES & set(inspect(engine).get_table_names())
         upgrade(empty_database_url)
         assert set(inspect(engine).get_table_names()) >= TABLES
+    finally:
+        engine.dispose()
+
+
+def _event_sql(op_id: uuid.UUID, seq: int, kind: str) -> str:
+    return f"INSERT INTO operation_event (op_id, seq, kind) VALUES ('{op_id}', {seq}, '{kind}')"
+
+
+def test_every_event_kind_is_accepted_and_an_unknown_one_refused(ledger: Ledger) -> None:
+    op = place(ledger, OpState.WORKING)
+    with ledger.engine.begin() as conn:
+        for offset, kind in enumerate(EventKind, start=1):
+            conn.execute(text(_event_sql(op.id, op.event_seq + offset, kind.value)))
+    with pytest.raises(IntegrityError, match="ck_operation_event_kind_known"), ledger.engine.begin() as conn:
+        conn.execute(text(_event_sql(op.id, op.event_seq + len(EventKind) + 1, "tasks/get")))
+    with pytest.raises(IntegrityError, match="ck_operation_event_kind_known"), ledger.engine.begin() as conn:
+        conn.execute(text(_event_sql(op.id, op.event_seq + len(EventKind) + 1, "TRANSITION")))
+
+
+def test_the_event_kind_check_downgrades_and_upgrades(empty_database_url: str) -> None:
+    engine = create_engine(normalize_database_url(empty_database_url))
+
+    def checks() -> set[str]:
+        return {str(c["name"]) for c in inspect(engine).get_check_constraints("operation_event")}
+
+    try:
+        upgrade(empty_database_url)
+        assert "ck_operation_event_kind_known" in checks()
+        downgrade(empty_database_url, "0002")
+        assert "ck_operation_event_kind_known" not in checks()
+        upgrade(empty_database_url)
+        assert "ck_operation_event_kind_known" in checks()
     finally:
         engine.dispose()

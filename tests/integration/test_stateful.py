@@ -23,7 +23,8 @@ from hypothesis.stateful import (
 from sqlalchemy import text
 
 from ledger.errors import CallNodeConflict, StaleTransition
-from ledger.repository import Fence, Ledger
+from ledger.records import Fence
+from ledger.repository import Ledger
 from ledger.states import (
     ACCEPT_FROM,
     ACCEPT_TO,
@@ -86,13 +87,13 @@ class LedgerMachine(RuleBasedStateMachine):
         values = values_for(target, op)
         if (model.state, target) not in EDGES:
             with pytest.raises(IllegalTransition):
-                self.ledger.transition(op_id, fence, target, from_states=[model.state], values=values)
+                self.ledger._edge_move(op_id, fence, target, from_states=[model.state], values=values)
             return
         if stale != "none":
             with pytest.raises(StaleTransition):
-                self.ledger.transition(op_id, fence, target, from_states=[model.state], values=values)
+                self.ledger._edge_move(op_id, fence, target, from_states=[model.state], values=values)
             return
-        self.ledger.transition(op_id, fence, target, from_states=[model.state], values=values)
+        self.ledger._edge_move(op_id, fence, target, from_states=[model.state], values=values)
         model.state = target
 
     @precondition(lambda self: bool(self.ops))
@@ -103,14 +104,7 @@ class LedgerMachine(RuleBasedStateMachine):
         if model.state in FINAL_STATES:
             return
         op = self.ledger.get(op_id)
-        self.ledger.update(
-            op_id,
-            op.fence,
-            in_states=[model.state],
-            values={},
-            event="cancel_generation",
-            bump_generation=True,
-        )
+        self.ledger._edge_move(op_id, op.fence, None, from_states=[model.state], bump_generation=True)
         model.generation += 1
 
     @precondition(lambda self: bool(self.ops))

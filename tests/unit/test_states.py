@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import cast
 
 from sqlalchemy import CheckConstraint, Table
 
 from ledger import models
+from ledger.events import EventKind
+from ledger.migrate import MIGRATIONS
 from ledger.states import (
     ACCEPT_FROM,
     ACCEPT_TO,
@@ -88,3 +91,27 @@ def test_the_diagram_shows_every_edge() -> None:
 def test_the_docs_diagram_is_current() -> None:
     document = (Path(__file__).resolve().parents[2] / "docs" / "states.md").read_text()
     assert document == states_document(), "run: python -m ledger.states > docs/states.md"
+
+
+def _check_named(table: Table, suffix: str) -> str:
+    [check] = [
+        c for c in table.constraints if isinstance(c, CheckConstraint) and str(c.name).endswith(suffix)
+    ]
+    return str(check.sqltext)
+
+
+def test_the_event_kind_check_is_generated_from_the_enum() -> None:
+    listed = _check_named(cast(Table, models.OperationEvent.__table__), "_kind_known")
+    assert all(f"'{kind}'" in listed for kind in EventKind)
+    assert listed.count("'") == 2 * len(EventKind)
+
+
+def test_the_head_migration_lists_every_event_kind() -> None:
+    """Autogenerate does not compare CHECK constraints: this is the drift guard for the kinds' list."""
+    path = MIGRATIONS / "versions" / "0003_event_kind_known.py"
+    spec = importlib.util.spec_from_file_location("event_kind_migration", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert sorted(module.KINDS) == sorted(kind.value for kind in EventKind)
