@@ -1,10 +1,11 @@
 """Protocol adapters: one per protocol version, behind one small interface (DESIGN §6).
 
-This package knows HTTP and one protocol per module; it imports nothing from ``ledger`` or ``workers``
-and nothing of Celery.
+This package knows HTTP and one protocol per module (or package, for a large one); it imports nothing
+from ``ledger`` or ``workers`` and nothing of Celery or SQLAlchemy.
 """
 
 from adapters.base import (
+    UNMETERED,
     AdapterConfig,
     CancelOutcome,
     Created,
@@ -15,6 +16,7 @@ from adapters.base import (
     RemoteRef,
     RemoteResult,
     RemoteStatus,
+    RequestBudget,
     TaskSupport,
     TerminalKind,
     Timeouts,
@@ -37,7 +39,8 @@ from adapters.errors import (
 from adapters.mcp_2025_11_25 import McpTasksAdapter
 from adapters.registry import AdapterFactory, AdapterRegistry, default_registry
 
-__all__ = [
+# Plainly sorted (test_the_package_exports_a_sorted_all), not isort-style: one rule for the reader.
+__all__ = [  # noqa: RUF022
     "AdapterConfig",
     "AdapterError",
     "AdapterFactory",
@@ -58,6 +61,7 @@ __all__ = [
     "RemoteRef",
     "RemoteResult",
     "RemoteStatus",
+    "RequestBudget",
     "ResultNotReady",
     "TaskSupport",
     "TerminalKind",
@@ -65,6 +69,7 @@ __all__ = [
     "ToolAdapter",
     "ToolCapabilities",
     "Transient",
+    "UNMETERED",
     "UnknownAdapter",
     "WrongTaskMode",
     "default_registry",

@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Final, Literal, Protocol, runtime_checkable
 
 __all__ = [
+    "UNMETERED",
     "AdapterConfig",
     "CancelOutcome",
     "Created",
@@ -22,6 +23,7 @@ __all__ = [
     "RemoteRef",
     "RemoteResult",
     "RemoteStatus",
+    "RequestBudget",
     "TaskSupport",
     "TerminalKind",
     "Timeouts",
@@ -135,7 +137,12 @@ class InputRequest:
 
 @dataclass(frozen=True)
 class RemoteStatus:
-    """One observation of a remote task. ``server_state`` is the server's own word, verbatim."""
+    """One observation of a remote task. ``server_state`` is the server's own word, verbatim.
+
+    ``input_request`` is the server's question when the task waits for input and the question was read.
+    ``awaiting_input`` says the server waits for input but its question is not in this status (it was
+    not asked for, or could not be read yet): look again soon rather than at the usual interval.
+    """
 
     remote_id: str
     server_state: str
@@ -146,6 +153,7 @@ class RemoteStatus:
     created_at: datetime | None
     last_updated_at: datetime | None
     input_request: InputRequest | None = None
+    awaiting_input: bool = False
     raw: JsonObject = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -277,9 +285,36 @@ class AdapterConfig:
     limits: Limits = field(default_factory=Limits)
 
 
+class RequestBudget(Protocol):
+    """What every HTTP request an adapter sends is charged to (DESIGN rule 4: the server's poll or
+    control bucket, chosen by the step that calls the adapter)."""
+
+    def charge(self) -> None:
+        """Called once before every HTTP request the adapter sends; it may raise to refuse, and the
+        exception propagates unchanged, nothing is sent."""
+
+
+class _Unmetered:
+    def charge(self) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return "UNMETERED"
+
+
+#: The budget that charges nothing: the default of every :class:`ToolAdapter` method.
+UNMETERED: Final[RequestBudget] = _Unmetered()
+
+
 @runtime_checkable
 class ToolAdapter(Protocol):
-    """One protocol version's client. Every method maps failures to :mod:`adapters.errors`."""
+    """One protocol version's client. Every method maps failures to :mod:`adapters.errors`.
+
+    Every method that talks to the server takes ``budget``, charged once before each HTTP request it
+    sends. A refusal (an exception from ``budget.charge()``) leaves the method at once, unchanged and
+    unmapped, with that request unsent and no half-made state behind it: whatever was sent before it
+    has been read through.
+    """
 
     @property
     def name(self) -> str: ...
@@ -293,7 +328,7 @@ class ToolAdapter(Protocol):
     @property
     def adapter_version(self) -> str: ...
 
-    def capabilities(self, tool: str) -> ToolCapabilities: ...
+    def capabilities(self, tool: str, *, budget: RequestBudget = UNMETERED) -> ToolCapabilities: ...
 
     def create(
         self,
@@ -303,16 +338,37 @@ class ToolAdapter(Protocol):
         submission_key: str,
         ttl_ms: int,
         sync_upper_bound_s: float | None = None,
+        budget: RequestBudget = UNMETERED,
     ) -> Created: ...
 
     def lookup_by_key(
-        self, submission_key: str, *, tool: str | None = None, submitted_after: datetime | None = None
+        self,
+        submission_key: str,
+        *,
+        tool: str | None = None,
+        submitted_after: datetime | None = None,
+        budget: RequestBudget = UNMETERED,
     ) -> LookupResult: ...
 
-    def get(self, remote: RemoteRef, *, read_input: bool = True) -> RemoteStatus: ...
+    def get(
+        self, remote: RemoteRef, *, read_input: bool = True, budget: RequestBudget = UNMETERED
+    ) -> RemoteStatus: ...
 
-    def result(self, remote: RemoteRef, *, status: RemoteStatus | None = None) -> RemoteResult: ...
+    def result(
+        self, remote: RemoteRef, *, status: RemoteStatus | None = None, budget: RequestBudget = UNMETERED
+    ) -> RemoteResult: ...
 
-    def cancel(self, remote: RemoteRef) -> CancelOutcome: ...
+    def cancel(self, remote: RemoteRef, *, budget: RequestBudget = UNMETERED) -> CancelOutcome: ...
 
-    def reply_input(self, remote: RemoteRef, request: InputRequest, response: Mapping[str, Any]) -> None: ...
+    def reply_input(
+        self,
+        remote: RemoteRef,
+        request: InputRequest,
+        response: Mapping[str, Any],
+        *,
+        budget: RequestBudget = UNMETERED,
+    ) -> None: ...
+
+    def check_reply(self, request: InputRequest, response: Mapping[str, Any]) -> str | None:
+        """Why ``response`` cannot answer ``request`` (e.g. it does not match the requested schema), or
+        None when it can. Pure: nothing is sent."""

@@ -1,0 +1,76 @@
+"""The MCP adapter for protocol version 2025-11-25 (core Tasks, experimental).
+
+Four modules, as the house asks of an adapter (sans-I/O at the core):
+
+- :mod:`.wire`: pure functions from MCP JSON to the typed values of :mod:`adapters.base` (negotiation,
+  tasks, results, input requests and replies, JSON-RPC errors); no I/O.
+- :mod:`.session`: one worker's session with one server: the ``initialize`` handshake, its renewal
+  after a 404, the declared facts and the cached tool list.
+- :mod:`.task_requests`: the requests about a task the server already made (``tasks/get``,
+  ``tasks/result``, ``tasks/cancel``, ``tasks/list``, the streams that carry its input requests), on
+  the session its reference stored.
+- :mod:`.adapter`: :class:`McpTasksAdapter`, the :class:`~adapters.base.ToolAdapter` verbs.
+
+Facts this adapter is built on (reference/mcp-tasks.md): task ids come from the server and there is no
+idempotency key, so a lost create answer is :class:`~adapters.errors.OutcomeUnknown` and
+``lookup_by_key`` can never prove "never created"; every unknown/expired/terminal task error is
+``-32602``; ``-32601`` and ``-32600`` on ``tools/call`` both mean "wrong task mode"; ``ttl`` may be
+missing on the wire (read as null); ``tasks/result`` blocks until the task is terminal, so it is only
+called after a terminal status.
+"""
+
+from adapters.mcp_2025_11_25.adapter import McpTasksAdapter
+from adapters.mcp_2025_11_25.session import ServerSession
+from adapters.mcp_2025_11_25.wire import (
+    ADAPTER_VERSION,
+    INPUT_METHODS,
+    NO_INPUT_DURING_SYNC_CALL,
+    PROTOCOL,
+    PROTOCOL_VERSION,
+    RELATED_TASK,
+    ServerFacts,
+    TaskPage,
+    descriptor_digest,
+    find_tool,
+    input_reply,
+    negotiate,
+    parse_create_result,
+    parse_input_request,
+    parse_task,
+    parse_task_page,
+    parse_tools_page,
+    reply_refusal,
+    result_from_error,
+    result_from_payload,
+    rpc_error,
+    strip_related_task,
+    tool_task_support,
+)
+
+__all__ = [
+    "ADAPTER_VERSION",
+    "INPUT_METHODS",
+    "NO_INPUT_DURING_SYNC_CALL",
+    "PROTOCOL",
+    "PROTOCOL_VERSION",
+    "RELATED_TASK",
+    "McpTasksAdapter",
+    "ServerFacts",
+    "ServerSession",
+    "TaskPage",
+    "descriptor_digest",
+    "find_tool",
+    "input_reply",
+    "negotiate",
+    "parse_create_result",
+    "parse_input_request",
+    "parse_task",
+    "parse_task_page",
+    "parse_tools_page",
+    "reply_refusal",
+    "result_from_error",
+    "result_from_payload",
+    "rpc_error",
+    "strip_related_task",
+    "tool_task_support",
+]
