@@ -1,22 +1,22 @@
 """The only port to the ledger database. Every public method of ``Ledger`` is one transaction.
 
 ``Ledger`` holds the transactions: the submission (rule 1), reads, claims, the single acceptance point
-(rule 8), the outbox, reconciliation records and executor control. The guarded moves of an operation, each
-named for what it does, come from :class:`ledger.moves.OperationMoves`; the SQL is in
-``ledger/statements.py``, the records in ``ledger/records.py``.
+(rule 8), the outbox and reconciliation records. The guarded moves of an operation, each named for what it
+does, come from :class:`ledger.moves.OperationMoves`, the executor control transactions from
+``ledger/control.py``; the SQL is in ``ledger/statements.py``, the records in ``ledger/records.py``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sqlalchemy import Connection, Engine, func, insert, select, update
+from sqlalchemy import Connection, Engine, func, select, update
 
-from ledger.engine import make_engine, normalize_database_url
+from ledger.control import ExecutorControlTransactions, read_control
+from ledger.engine import make_engine
 from ledger.errors import (
     AdapterDisabled,
     AdmissionClosed,
@@ -30,26 +30,18 @@ from ledger.reasons import ReconciliationReason
 from ledger.records import (
     Acceptance,
     Claim,
-    ControlState,
     DrainReport,
-    DueIn,
-    Fence,
     NewOperation,
-    NewReconciliation,
     Operation,
     OutboxMessage,
     Receipt,
     ReconciliationRecord,
-    ServerStatus,
     Submission,
     TerminalEvidence,
     adapter_key,
-    due_in,
 )
 from ledger.side_rows import append_event, open_reconciliation, record_stale
 from ledger.statements import (
-    CONTROL,
-    CONTROL_AUDIT,
     EVENT,
     OP,
     OUTBOX,
@@ -60,42 +52,17 @@ from ledger.statements import (
     insert_operation,
     insert_terminal_outbox,
     literal_json,
-    select_control,
     select_operation_by_call_node,
     select_operation_by_id,
     select_ready_outbox,
     update_claim_due,
     update_claim_one,
-    update_disabled_adapters,
     update_outbox_dispatched,
 )
 from ledger.states import ACCEPT_FROM, ACCEPT_TO, FINAL_STATES, OpState, TerminalKind
 
-# The records are re-exported while the other packages move their imports to ledger.records and
-# ledger.engine (issue 7); new code imports them from there.
-__all__ = [
-    "Acceptance",
-    "Claim",
-    "ControlState",
-    "DrainReport",
-    "DueIn",
-    "Fence",
-    "Ledger",
-    "NewOperation",
-    "NewReconciliation",
-    "Operation",
-    "OutboxMessage",
-    "Receipt",
-    "ReconciliationRecord",
-    "ServerStatus",
-    "Submission",
-    "TerminalEvidence",
-    "due_in",
-    "normalize_database_url",
-]
 
-
-class Ledger(OperationMoves):
+class Ledger(OperationMoves, ExecutorControlTransactions):
     """The repository. Construct it with an engine; every method owns exactly one transaction."""
 
     def __init__(self, engine: Engine) -> None:
@@ -120,7 +87,7 @@ class Ledger(OperationMoves):
         leaves it to the dispatcher when the lease runs out.
         """
         with self._tx() as conn:
-            control = self._control(conn)
+            control = read_control(conn)
             refusal: Exception | None = None
             if not control.admission_open:
                 refusal = AdmissionClosed()
@@ -489,67 +456,6 @@ class Ledger(OperationMoves):
             ).all()
         return [ReconciliationRecord.from_row(r) for r in rows]
 
-    # ---------------------------------------------------------------------------------- executor control
-
-    def control(self) -> ControlState:
-        with self._tx() as conn:
-            return self._control(conn)
-
-    @staticmethod
-    def _control(conn: Connection) -> ControlState:
-        row = conn.execute(STATEMENTS.get(select_control)).one()
-        return ControlState(
-            execution_epoch=row.execution_epoch,
-            admission_open=row.admission_open,
-            disabled_adapters=tuple(row.disabled_adapters),
-            rollout=dict(row.rollout),
-        )
-
-    def set_admission(self, *, open_: bool, actor: str) -> ControlState:
-        return self._change_control(actor, "set_admission", {"admission_open": open_})
-
-    def bump_epoch(self, *, actor: str) -> ControlState:
-        return self._change_control(actor, "bump_epoch", {"execution_epoch": CONTROL.c.execution_epoch + 1})
-
-    def set_adapter_disabled(
-        self, protocol: str, protocol_version: str, *, disabled: bool, actor: str
-    ) -> ControlState:
-        """Refuse (or admit again) new operations for one adapter. The list is changed by the update itself,
-        under the control row's lock, so two operators disabling two adapters at once both get theirs."""
-        return self._change_control(
-            actor,
-            "disable_adapter" if disabled else "enable_adapter",
-            {
-                "disabled_adapters": update_disabled_adapters(
-                    adapter_key(protocol, protocol_version), disabled
-                )
-            },
-        )
-
-    def _change_control(self, actor: str, action: str, values: Mapping[str, Any]) -> ControlState:
-        with self._tx() as conn:
-            before = conn.execute(select(CONTROL).where(CONTROL.c.id == 1).with_for_update()).one()
-            conn.execute(update(CONTROL).where(CONTROL.c.id == 1).values(**values, updated_at=func.now()))
-            after = self._control(conn)
-            conn.execute(
-                insert(CONTROL_AUDIT).values(
-                    actor=actor,
-                    action=action,
-                    before=_control_json(dict(before._mapping)),
-                    after=dataclasses.asdict(after) | {"disabled_adapters": list(after.disabled_adapters)},
-                )
-            )
-            return after
-
 
 def _interval(seconds: float | None) -> dt.timedelta | None:
     return dt.timedelta(seconds=seconds) if seconds is not None else None
-
-
-def _control_json(mapping: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        "execution_epoch": mapping["execution_epoch"],
-        "admission_open": mapping["admission_open"],
-        "disabled_adapters": list(mapping["disabled_adapters"]),
-        "rollout": dict(mapping["rollout"]),
-    }

@@ -12,7 +12,7 @@ from typing import Any
 
 from rich.table import Table
 
-from ledger.repository import Operation, Receipt, ReconciliationRecord
+from ledger.records import Operation, Receipt, ReconciliationRecord
 
 STATUS_ROWS = (
     "op_id",

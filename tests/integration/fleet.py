@@ -18,7 +18,8 @@ from celery import Celery
 from celery.result import AsyncResult
 
 from demo_server.command import command as demo_server_command
-from ledger.repository import Ledger, Operation
+from ledger.records import Operation
+from ledger.repository import Ledger
 from ledger.states import OpState
 from tests import support
 from tests.integration.pipeline_app import make_app

@@ -8,7 +8,8 @@ from typing import Any
 from sqlalchemy import text
 
 from ledger.digests import digest, request_digest
-from ledger.repository import Ledger, NewOperation, Operation, TerminalEvidence
+from ledger.records import NewOperation, Operation, TerminalEvidence
+from ledger.repository import Ledger
 from ledger.states import NEVER_POLLED, REMOTE_ID_REQUIRED, TERMINAL_KNOWN, OpState, TerminalKind
 
 RESULT = {"content": [{"type": "text", "text": "report ready"}], "isError": False}

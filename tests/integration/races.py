@@ -7,7 +7,8 @@ import uuid
 from multiprocessing.synchronize import Barrier
 from typing import Any
 
-from ledger.repository import Ledger, TerminalEvidence
+from ledger.records import TerminalEvidence
+from ledger.repository import Ledger
 from tests.integration.helpers import new_operation
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import uuid
 from pathlib import Path
@@ -11,8 +10,10 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import create_engine, inspect
 
+from ledger.engine import normalize_database_url
 from ledger.reasons import ReconciliationReason
-from ledger.repository import Fence, Ledger, NewReconciliation, normalize_database_url
+from ledger.records import Fence
+from ledger.repository import Ledger
 from ledger.states import OpState, TerminalKind
 from tests.integration.helpers import evidence_for, place
 from workers.cli import main
@@ -70,12 +71,13 @@ def test_status_by_op_id_call_node_and_remote_id(cli_env: None, ledger: Ledger) 
 
 def test_reconcile_lists_and_resolves_with_evidence(cli_env: None, ledger: Ledger) -> None:
     op = place(ledger, OpState.SUBMISSION_UNKNOWN)
-    ledger.transition(
+    ledger.hand_to_operator(
         op.id,
         Fence(op.execution_epoch, op.cancel_generation),
-        OpState.MANUAL_RECONCILIATION,
-        from_states=[OpState.SUBMISSION_UNKNOWN],
-        reconcile=NewReconciliation(ReconciliationReason.SUBMISSION_UNKNOWN, dt.timedelta(hours=1)),
+        from_state=OpState.SUBMISSION_UNKNOWN,
+        reason=ReconciliationReason.SUBMISSION_UNKNOWN,
+        detail={},
+        deadline_s=3600,
     )
     code, output = run("reconcile", "--json")
     assert code == 0, output

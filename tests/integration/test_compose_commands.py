@@ -14,7 +14,7 @@ import yaml
 from sqlalchemy import create_engine, inspect
 
 from demo_server.command import command as demo_server_command
-from ledger.repository import normalize_database_url
+from ledger.engine import normalize_database_url
 from tests import support
 
 COMPOSE = yaml.safe_load((support.REPO / "docker-compose.yml").read_text())

@@ -31,7 +31,7 @@ def test_a_claim_takes_over_rows_of_an_older_epoch_and_fences_off_their_writers(
 
     before = ledger.get(op.id)
     with pytest.raises(StaleTransition, match="execution_epoch expected 1 found 2"):
-        ledger.transition(
+        ledger._edge_move(
             op.id,
             old_fence,
             OpState.TERMINAL_OBSERVED,
@@ -42,7 +42,7 @@ def test_a_claim_takes_over_rows_of_an_older_epoch_and_fences_off_their_writers(
     stale = ledger.accept_terminal(op.id, evidence_for(before, TerminalKind.COMPLETED, execution_epoch=1))
     assert stale.outcome == "rejected"
 
-    moved = ledger.transition(
+    moved = ledger._edge_move(
         op.id,
         new_claim.fence,
         OpState.TERMINAL_OBSERVED,

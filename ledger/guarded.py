@@ -1,0 +1,190 @@
+"""The one guarded write behind every named move (``ledger/moves.py``), and its side rows.
+
+A :class:`GuardedWrite` says where a move may start, where it ends, what it sets and which side rows it owns;
+``GuardedWrites._write`` runs it as one guarded statement (``ledger.statements.guarded_update``) in one
+transaction, or records the stale writer's refusal and raises :class:`StaleTransition` after the commit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Engine, insert
+
+from ledger.events import EventKind
+from ledger.records import DueIn, Fence, NewReconciliation, Operation
+from ledger.side_rows import open_reconciliation, record_stale, resolve_open_reconciliations
+from ledger.statements import OUTBOX, STATEMENTS, WriteShape, guarded_update
+from ledger.states import FINAL_STATES, NEVER_POLLED, IllegalTransition, OpState, TerminalKind, check_edges
+
+#: The columns the generic edge move (tests only) may set; identity, fencing and bookkeeping columns are
+#: changed only by the named moves, claims and acceptance.
+WRITABLE_COLUMNS = frozenset(
+    {
+        "tool_descriptor_version",
+        "remote_id",
+        "session_ref",
+        "submit_attempted_at",
+        "server_state",
+        "observed_terminal",
+        "status_message",
+        "next_poll_at",
+        "poll_interval_ms",
+        "lease_until",
+        "wait_deadline",
+        "expires_at",
+        "input_round",
+        "input_request",
+        "input_schema_digest",
+        "input_deadline",
+        "result",
+        "result_digest",
+        "protocol_version",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class GuardedWrite:
+    """One guarded write: where it may start, where it ends, what it sets and which side rows it owns."""
+
+    in_states: tuple[OpState, ...]
+    to: OpState | None
+    event: EventKind
+    detail: Mapping[str, Any]
+    sets: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: A second edge in the same statement (two events, one transaction), with its own event.
+    then: OpState | None = None
+    then_event: EventKind | None = None
+    then_names_key: bool = False
+    bump_generation: bool = False
+    #: Adds ``input_round = :round`` to the guard: a reply is taken for the current round only.
+    input_round: int | None = None
+    reconcile: NewReconciliation | None = None
+    input_outbox: Mapping[str, Any] | None = None
+    #: Closes the operation's open reconciliation records with this resolution.
+    resolution: str | None = None
+
+
+class GuardedWrites:
+    """The engine, its transactions and the guarded write; the base of ``OperationMoves`` and ``Ledger``."""
+
+    engine: Engine
+
+    @contextmanager
+    def _tx(self) -> Iterator[Connection]:
+        with self.engine.begin() as conn:
+            yield conn
+
+    def _edge_move(
+        self,
+        op_id: uuid.UUID,
+        fence: Fence,
+        to: OpState | None,
+        *,
+        from_states: Iterable[OpState],
+        values: Mapping[str, Any] | None = None,
+        event: EventKind = EventKind.TRANSITION,
+        bump_generation: bool = False,
+    ) -> Operation:
+        """Any edge of the state table (or, with ``to=None``, a write that keeps the state), setting whatever
+        ``values`` says: for the exhaustive transition tests and the state machine test only. workers/ never
+        calls it; every protocol step has its named move above."""
+        sets = dict(values or {})
+        refused = sorted(set(sets) - WRITABLE_COLUMNS)
+        if refused:
+            raise IllegalTransition(f"columns {refused} are not written through values=")
+        if isinstance(sets.get("observed_terminal"), TerminalKind):
+            sets["observed_terminal"] = sets["observed_terminal"].value
+        write = GuardedWrite(tuple(from_states), to, event, {}, sets, bump_generation=bump_generation)
+        return self._write(op_id, fence, write)
+
+    def _write(self, op_id: uuid.UUID, fence: Fence, write: GuardedWrite) -> Operation:
+        """The one guarded statement behind every move, its side rows, or the stale writer's refusal."""
+        sets = dict(write.sets)
+        if write.to is None:
+            final = [s for s in write.in_states if s in FINAL_STATES]
+            if final or not write.in_states:
+                raise IllegalTransition(
+                    f"a final operation never changes (asked to update in {final or 'no'} state)"
+                )
+        else:
+            check_edges(write.in_states, write.to)
+            if write.then is not None:
+                check_edges([write.to], write.then)
+            if write.to in FINAL_STATES or write.then in FINAL_STATES:
+                raise IllegalTransition(
+                    f"{write.then or write.to} is reached only through accept_terminal (rule 8)"
+                )
+            if (write.then or write.to) in NEVER_POLLED:
+                sets.setdefault("next_poll_at", None)
+                sets.setdefault("lease_until", None)
+        if (write.then is None) != (write.then_event is None):
+            raise IllegalTransition("a second edge needs its own event, and an event its edge")
+        shape = WriteShape(
+            columns=tuple(sorted((name, isinstance(value, DueIn)) for name, value in sets.items())),
+            to_state=write.to is not None,
+            two_edges=write.then is not None,
+            bump_generation=write.bump_generation,
+            with_cursor=fence.poll_cursor is not None,
+            with_round=write.input_round is not None,
+            then_names_key=write.then_names_key,
+        )
+        end = write.then or write.to
+        params: dict[str, Any] = {
+            "fence_id": op_id,
+            "fence_states": [s.value for s in write.in_states],
+            "fence_epoch": fence.execution_epoch,
+            "fence_generation": fence.cancel_generation,
+            "fence_cursor": fence.poll_cursor,
+            "fence_round": write.input_round,
+            "new_state": end.value if end is not None else None,
+            "event_kind": write.event.value,
+            "event_detail": dict(write.detail),
+            "halfway_state": write.to.value if write.then is not None and write.to is not None else None,
+            "then_kind": write.then_event.value if write.then_event is not None else None,
+            "then_detail": {},
+        }
+        for name, value in sets.items():
+            params[f"new_{name}"] = value.interval() if isinstance(value, DueIn) else value
+        with self._tx() as conn:
+            row = conn.execute(STATEMENTS.get(guarded_update, shape), params).first()
+            if row is not None:
+                op = Operation.from_row(row)  # its event (or two) went in with the same statement
+                self._side_rows(conn, op, write)
+                return op
+            stale = record_stale(
+                conn,
+                op_id,
+                attempted=write.event.value,
+                to_state=write.to,
+                expected={
+                    "state": sorted(s.value for s in write.in_states),
+                    **fence.as_dict(),
+                    **({"input_round": write.input_round} if write.input_round is not None else {}),
+                },
+                detail=write.detail,
+            )
+        raise stale
+
+    @staticmethod
+    def _side_rows(conn: Connection, op: Operation, write: GuardedWrite) -> None:
+        if write.reconcile is not None:
+            reconcile = write.reconcile
+            open_reconciliation(conn, op, reconcile.reason, reconcile.deadline, reconcile.detail)
+        if write.input_outbox is not None:
+            conn.execute(
+                insert(OUTBOX).values(
+                    kind="input_required",
+                    op_id=op.id,
+                    input_round=op.input_round,
+                    payload=dict(write.input_outbox),
+                )
+            )
+        if write.resolution is not None:
+            resolve_open_reconciliations(conn, op.id, write.resolution)
