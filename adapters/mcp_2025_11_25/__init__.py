@@ -20,57 +20,7 @@ called after a terminal status.
 """
 
 from adapters.mcp_2025_11_25.adapter import McpTasksAdapter
-from adapters.mcp_2025_11_25.session import ServerSession
-from adapters.mcp_2025_11_25.wire import (
-    ADAPTER_VERSION,
-    INPUT_METHODS,
-    NO_INPUT_DURING_SYNC_CALL,
-    PROTOCOL,
-    PROTOCOL_VERSION,
-    RELATED_TASK,
-    ServerFacts,
-    TaskPage,
-    descriptor_digest,
-    find_tool,
-    input_reply,
-    negotiate,
-    parse_create_result,
-    parse_input_request,
-    parse_task,
-    parse_task_page,
-    parse_tools_page,
-    reply_refusal,
-    result_from_error,
-    result_from_payload,
-    rpc_error,
-    strip_related_task,
-    tool_task_support,
-)
+from adapters.mcp_2025_11_25.wire import ADAPTER_VERSION, PROTOCOL, PROTOCOL_VERSION
 
-__all__ = [
-    "ADAPTER_VERSION",
-    "INPUT_METHODS",
-    "NO_INPUT_DURING_SYNC_CALL",
-    "PROTOCOL",
-    "PROTOCOL_VERSION",
-    "RELATED_TASK",
-    "McpTasksAdapter",
-    "ServerFacts",
-    "ServerSession",
-    "TaskPage",
-    "descriptor_digest",
-    "find_tool",
-    "input_reply",
-    "negotiate",
-    "parse_create_result",
-    "parse_input_request",
-    "parse_task",
-    "parse_task_page",
-    "parse_tools_page",
-    "reply_refusal",
-    "result_from_error",
-    "result_from_payload",
-    "rpc_error",
-    "strip_related_task",
-    "tool_task_support",
-]
+# The parsing functions are imported from .wire, where they live.
+__all__ = ["ADAPTER_VERSION", "PROTOCOL", "PROTOCOL_VERSION", "McpTasksAdapter"]

@@ -481,16 +481,11 @@ class McpTasksAdapter:
         if request.task_id != remote.remote_id:
             raise ValueError(f"input request of task {request.task_id} answered for {remote.remote_id}")
         session = stored_session(remote)
-        try:
+        what = f"reply to {request.method} for {remote.remote_id}"
+        with self._session.ended_is_not_found(session, what, budget=budget):
             self._client.post_message(
                 input_reply(request, response), session=session, what=request.method, budget=budget
             )
-        except SessionGone as exc:
-            self._session.gone(session, budget=budget)
-            raise NotFound(
-                f"server {self.name!r}: reply to {request.method} for {remote.remote_id}: session gone",
-                session_gone=True,
-            ) from exc
 
     def check_reply(self, request: InputRequest, response: Mapping[str, Any]) -> str | None:
         """Why ``response`` cannot answer ``request`` (an elicitation reply with another action, or

@@ -9,14 +9,15 @@ not need it: their session is rebuilt from the stored :class:`~adapters.base.Rem
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from adapters.base import Limits, RemoteRef, RequestBudget
-from adapters.errors import AdapterError, ProtocolViolation
-from adapters.http_answers import Session
+from adapters.errors import AdapterError, NotFound, ProtocolViolation
+from adapters.http_answers import Session, SessionGone
 from adapters.mcp_2025_11_25.wire import (
     ADAPTER_VERSION,
     PROTOCOL,
@@ -109,6 +110,18 @@ class ServerSession:
                 except AdapterError:
                     # The next call initializes lazily; the caller is told NotFound either way.
                     self._session, self._facts, self._tools = None, None, None
+
+    @contextlib.contextmanager
+    def ended_is_not_found(self, session: Session, what: str, *, budget: RequestBudget) -> Iterator[None]:
+        """Around a request on ``session``: a 404 for it (:class:`SessionGone`) starts a new session and
+        is :class:`NotFound` with ``session_gone`` for the caller."""
+        try:
+            yield
+        except SessionGone as exc:
+            self.gone(session, budget=budget)
+            raise NotFound(
+                f"server {self._server!r}: {what}: session {session.session_id} is gone", session_gone=True
+            ) from exc
 
     def tools(self, *, budget: RequestBudget) -> list[Mapping[str, Any]]:
         """The server's tool descriptors, every ``tools/list`` page, cached for ``tool_list_max_age_s``."""

@@ -4,8 +4,7 @@ stored: any worker sends them without a handshake.
 :class:`TaskRequests` sends ``tasks/get``, ``tasks/result`` and ``tasks/cancel`` for one task, reads
 the server's pending input request for it (from the ``tasks/result`` stream or the session's GET
 stream) and lists a session's tasks (``tasks/list``). A 404 for the stored session becomes
-``NotFound(session_gone=True)``, after telling the
-:class:`~adapters.mcp_2025_11_25.session.ServerSession` to start a new one.
+``NotFound(session_gone=True)`` (:meth:`ServerSession.ended_is_not_found`).
 """
 
 from __future__ import annotations
@@ -13,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from adapters.base import InputRequest, Limits, RemoteRef, RemoteStatus, RequestBudget, Timeouts
-from adapters.errors import NotFound, ProtocolViolation, Rejected
-from adapters.http_answers import Exchange, Session, SessionGone
+from adapters.errors import ProtocolViolation, Rejected
+from adapters.http_answers import Exchange, Session
 from adapters.jsonrpc import Message, Request
 from adapters.mcp_2025_11_25.session import ServerSession, stored_session
 from adapters.mcp_2025_11_25.wire import (
@@ -57,7 +56,7 @@ class TaskRequests:
             NotFound: the stored session is gone. Otherwise as ``StreamableHttpClient.request``.
         """
         session = stored_session(remote)
-        try:
+        with self._session.ended_is_not_found(session, f"{method} {remote.remote_id}", budget=budget):
             return self._client.request(
                 method,
                 {"taskId": remote.remote_id},
@@ -66,12 +65,6 @@ class TaskRequests:
                 budget=budget,
                 **kwargs,
             )
-        except SessionGone as exc:
-            self._session.gone(session, budget=budget)
-            raise NotFound(
-                f"server {self._server!r}: {method} {remote.remote_id}: session {remote.session_ref} is gone",
-                session_gone=True,
-            ) from exc
 
     def read_input(
         self, remote: RemoteRef, *, json_first: bool, budget: RequestBudget
@@ -122,16 +115,10 @@ class TaskRequests:
                 and parse_input_request(message, task_id=task_id) is not None
             )
 
-        try:
+        with self._session.ended_is_not_found(session, f"GET stream for {task_id}", budget=budget):
             exchange = self._client.listen(
                 session=session, wait_s=self._timeouts.input_wait, until=is_input, budget=budget
             )
-        except SessionGone as exc:
-            self._session.gone(session, budget=budget)
-            raise NotFound(
-                f"server {self._server!r}: GET stream for {task_id}: session {remote.session_ref} is gone",
-                session_gone=True,
-            ) from exc
         return first_input_request(exchange.server_requests, task_id)
 
     def list_page(self, cursor: str | None, *, session_ref: str | None, budget: RequestBudget) -> TaskPage:
@@ -150,13 +137,10 @@ class TaskRequests:
             else self._session.current(budget=budget)
         )
         params: dict[str, Any] = {"cursor": cursor} if cursor else {}
-        try:
+        with self._session.ended_is_not_found(session, "tasks/list", budget=budget):
             exchange = self._client.request(
                 "tasks/list", params, session=session, idempotent=True, budget=budget
             )
-        except SessionGone as exc:
-            self._session.gone(session, budget=budget)
-            raise NotFound(str(exc), session_gone=True) from exc
         return parse_task_page(result_of("tasks/list", exchange.response, server=self._server))
 
     def list_all(self, *, session_ref: str | None, budget: RequestBudget) -> list[RemoteStatus]:

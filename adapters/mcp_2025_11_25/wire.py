@@ -256,22 +256,17 @@ def result_from_payload(
         return RemoteResult(
             outcome="cancelled", server_state=server_state, payload=payload, is_error=is_error
         )
-    if is_error:
-        text = _first_text(payload) or status_message or "tool reported an error"
+    if is_error or server_state == "failed":
+        # The tool's own error text says more than a status message; a failed task's is the reverse.
+        if is_error:
+            text = _first_text(payload) or status_message or "tool reported an error"
+        else:
+            text = status_message or _first_text(payload) or "task failed without a status message"
         return RemoteResult(
             outcome="failed",
             server_state=server_state,
             payload=payload,
-            is_error=True,
-            error=ErrorInfo(message=text),
-        )
-    if server_state == "failed":
-        text = status_message or _first_text(payload) or "task failed without a status message"
-        return RemoteResult(
-            outcome="failed",
-            server_state=server_state,
-            payload=payload,
-            is_error=False,
+            is_error=is_error,
             error=ErrorInfo(message=text),
         )
     return RemoteResult(outcome="completed", server_state=server_state, payload=payload, is_error=False)

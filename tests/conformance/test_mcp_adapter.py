@@ -28,7 +28,7 @@ from adapters import (
     Timeouts,
     WrongTaskMode,
 )
-from adapters.mcp_2025_11_25 import NO_INPUT_DURING_SYNC_CALL, RELATED_TASK
+from adapters.mcp_2025_11_25.wire import NO_INPUT_DURING_SYNC_CALL, RELATED_TASK
 from tests.conformance.conftest import McpPeer
 
 pytestmark = pytest.mark.conformance

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from adapters import InputRequest, RemoteRef, Timeouts, ToolAdapter
-from adapters.mcp_2025_11_25 import parse_task, reply_refusal
+from adapters.mcp_2025_11_25.wire import parse_task, reply_refusal
 from tests.unit.adapters.mcp_fakes import SESSION, FakeMcpServer, Json, make_adapter, sse_body
 
 TASK = "task-1"

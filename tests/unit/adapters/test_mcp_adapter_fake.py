@@ -24,7 +24,7 @@ from adapters import (
     Transient,
     WrongTaskMode,
 )
-from adapters.mcp_2025_11_25 import NO_INPUT_DURING_SYNC_CALL, RELATED_TASK
+from adapters.mcp_2025_11_25.wire import NO_INPUT_DURING_SYNC_CALL, RELATED_TASK
 from tests.unit.adapters.mcp_fakes import (
     SESSION,
     FakeMcpServer,

@@ -9,7 +9,7 @@ import pytest
 
 from adapters import ErrorInfo, NotFound, ProtocolViolation, Rejected, Transient, WrongTaskMode
 from adapters.jsonrpc import ErrorResponse, Request
-from adapters.mcp_2025_11_25 import (
+from adapters.mcp_2025_11_25.wire import (
     RELATED_TASK,
     descriptor_digest,
     input_reply,
