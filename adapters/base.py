@@ -313,7 +313,8 @@ class ToolAdapter(Protocol):
     Every method that talks to the server takes ``budget``, charged once before each HTTP request it
     sends. A refusal (an exception from ``budget.charge()``) leaves the method at once, unchanged and
     unmapped, with that request unsent and no half-made state behind it: whatever was sent before it
-    has been read through.
+    has been read through. Only where leaving would hide that a request with an effect went out does
+    the adapter answer for it instead (for MCP, see :mod:`adapters.mcp_2025_11_25.adapter`).
     """
 
     @property

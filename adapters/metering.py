@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar, cast
 
 from adapters.base import UNMETERED, RequestBudget
 
@@ -57,10 +57,11 @@ def budget_edge(method: Callable[_P, _R]) -> Callable[_P, _R]:
 
     @functools.wraps(method)
     def edge(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        budget = kwargs.get("budget", UNMETERED)
+        # Every decorated method declares ``budget: RequestBudget``; ParamSpec kwargs are untyped.
+        budget = cast("RequestBudget", kwargs.get("budget", UNMETERED))
         if isinstance(budget, Metered):
             return method(*args, **kwargs)
-        kwargs["budget"] = Metered(budget)  # type: ignore[arg-type]
+        kwargs["budget"] = Metered(budget)
         try:
             return method(*args, **kwargs)
         except Refused as carried:
