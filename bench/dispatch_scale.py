@@ -2,9 +2,10 @@
 
 The same number of rows (``--due``) is due in both cases; everything else in flight is WORKING with a remote
 id and ``next_poll_at`` an hour away. One tick is exactly what ``longcall.dispatch_due`` does in
-``workers/tasks.py``: ``Executor.dispatch_due`` (the executor-control read plus ``Ledger.claim_due``) and the
-publication of one ``longcall.poll`` message per claim through longcall's own Celery app (its real config:
-routes, JSON, sent events) to a real Redis broker, under a unique key prefix removed afterwards.
+``workers/tasks.py``: ``Executor.dispatch_due`` (the executor-control read plus ``Ledger.claim_due``) and
+``publish_dispatches`` (the same function the task calls): one ``longcall.poll`` message per claim through
+longcall's own Celery app (its real config: routes, JSON, sent events) to a real Redis broker, under a unique
+key prefix removed afterwards.
 
 Each size has its own fresh, migrated database; the repetitions of the two sizes are interleaved, so load
 from anything else on the machine falls on both alike. Between repetitions (outside the timing) the due rows
@@ -49,6 +50,7 @@ from workers.app import create_app
 from workers.executor import Executor
 from workers.runtime import Runtime
 from workers.settings import Settings
+from workers.tasks import publish_dispatches
 
 TARGET_RATIO = 1.5
 
@@ -146,14 +148,7 @@ def tick(size: Size, app: Celery, due: int) -> tuple[float, float]:
     started = time.perf_counter()
     dispatches = size.executor.dispatch_due(limit=due)
     claimed = time.perf_counter()
-    with app.producer_or_acquire() as producer:
-        for dispatch in dispatches:
-            app.send_task(
-                dispatch.task,
-                kwargs={"op_id": str(dispatch.op_id), "cursor": dispatch.cursor},
-                task_id=dispatch.task_id,
-                producer=producer,
-            )
+    publish_dispatches(app, dispatches)
     finished = time.perf_counter()
     if len(dispatches) != due or any(d.task != "longcall.poll" for d in dispatches):
         raise RuntimeError(

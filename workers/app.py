@@ -12,8 +12,9 @@ from celery import Celery, signals
 from kombu import Queue
 
 from beat_schedule import beat_schedule
+from workers.errors import ConfigError
 from workers.runtime import RuntimeHolder
-from workers.settings import ConfigError, Settings
+from workers.settings import Settings
 from workers.tasks import register_tasks
 
 QUEUES = ("longcall.control", "longcall.poll", "longcall.outbox")

@@ -15,7 +15,7 @@ from typing import Any
 
 from celery import Celery, signature
 
-from ledger.repository import OutboxMessage
+from ledger.records import OutboxMessage
 
 #: Namespace of the downstream task ids: uuid5(DELIVERY_NAMESPACE, "receipt:<id>" | "input:<op>:<round>").
 DELIVERY_NAMESPACE = uuid.UUID("5b0f7c1e-9a3c-4d51-8a59-2f6f3c0b9a11")

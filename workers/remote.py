@@ -7,11 +7,8 @@ import threading
 import httpx
 
 from adapters import AdapterConfig, AdapterRegistry, Timeouts, ToolAdapter, default_registry
+from workers.errors import UnknownServer
 from workers.settings import FleetConfig, ServerConfig
-
-
-class UnknownServer(LookupError):
-    pass
 
 
 class RemotePool:

@@ -1,7 +1,8 @@
-"""Rule 1 at the boundary: validate a submission, then record the SUBMITTING row (no remote call here).
+"""Rule 1 at the boundary: validate a submission once, into the value the ledger records.
 
-Everything a caller sends through ``longcall.submit`` is checked before the ledger is touched; a refusal
-writes nothing and says exactly what was wrong.
+Everything a caller sends through ``longcall.submit`` is checked here, before the ledger is touched:
+:func:`validate_submission` turns the task's keyword arguments into a :class:`~ledger.records.NewOperation`
+the executor records as it is. A refusal writes nothing and says exactly what was wrong.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from typing import Any
 
 from adapters import default_registry
 from ledger.digests import NotJson, canonical_json, request_digest
-from ledger.repository import NewOperation, Operation, Submission
+from ledger.records import NewOperation, Operation
 from workers import __version__
-from workers.runtime import Runtime
+from workers.errors import InvalidSubmission
+from workers.settings import FleetConfig
 
 SUBMIT_KWARGS = frozenset(
     {"call_node_id", "server", "tool", "arguments", "on_terminal", "on_input", "ttl_ms", "wait_budget_s"}
@@ -27,12 +29,11 @@ MAX_NAME = 512
 ADAPTERS = frozenset(default_registry().keys())
 
 
-class InvalidSubmission(ValueError):
-    """The submission was refused at the boundary; nothing was written."""
-
-
 @dataclass(frozen=True, slots=True)
 class SubmitRequest:
+    """The keyword arguments of ``longcall.submit``, each of the right shape (not yet checked against the
+    fleet: see :func:`validate_submission`)."""
+
     call_node_id: str
     server: str
     tool: str
@@ -43,7 +44,52 @@ class SubmitRequest:
     wait_budget_s: float | None
 
 
+def validate_submission(
+    kwargs: Mapping[str, Any], fleet: FleetConfig, *, max_body_bytes: int
+) -> NewOperation:
+    """The whole check of a submission: its shape, then its server, adapter and body size.
+
+    Raises:
+        InvalidSubmission: what was wrong; nothing was written.
+    """
+    request = parse_submit_kwargs(kwargs)
+    server = fleet.servers.get(request.server)
+    if server is None:
+        known = ", ".join(sorted(fleet.servers)) or "none (set LONGCALL_CONFIG)"
+        raise InvalidSubmission(f"unknown server {request.server!r}; configured servers: {known}")
+    if (server.protocol, server.protocol_version) not in ADAPTERS:
+        known = ", ".join(f"{p} {v}" for p, v in sorted(ADAPTERS))
+        raise InvalidSubmission(
+            f"server {request.server!r} speaks {server.protocol} {server.protocol_version}, which this "
+            f"version of longcall has no adapter for (it has: {known})"
+        )
+    try:
+        body_json = canonical_json(request.arguments)
+    except NotJson as exc:
+        raise InvalidSubmission(f"arguments are not JSON: {exc}") from exc
+    size = len(body_json.encode("utf-8"))
+    if size > max_body_bytes:
+        raise InvalidSubmission(
+            f"arguments are {size} bytes of JSON; the limit is {max_body_bytes} (LONGCALL_MAX_BODY_BYTES)"
+        )
+    return NewOperation(
+        call_node_id=request.call_node_id,
+        request_digest=request_digest(server=request.server, tool=request.tool, arguments=request.arguments),
+        server=request.server,
+        protocol=server.protocol,
+        protocol_version=server.protocol_version,
+        adapter_version=f"longcall/{__version__}",
+        tool_name=request.tool,
+        body=request.arguments,
+        on_terminal=request.on_terminal,
+        on_input=request.on_input,
+        ttl_ms=request.ttl_ms if request.ttl_ms is not None else server.default_ttl_ms,
+        wait_budget_s=request.wait_budget_s if request.wait_budget_s is not None else server.wait_budget_s,
+    )
+
+
 def parse_submit_kwargs(kwargs: Mapping[str, Any]) -> SubmitRequest:
+    """The shape check alone (no fleet needed): names, arguments object, signatures, ttl and budget."""
     unknown = sorted(set(kwargs) - SUBMIT_KWARGS)
     if unknown:
         raise InvalidSubmission(
@@ -67,47 +113,8 @@ def parse_submit_kwargs(kwargs: Mapping[str, Any]) -> SubmitRequest:
     )
 
 
-def record_submission(
-    runtime: Runtime, request: SubmitRequest, *, lease_s: float | None = None
-) -> Submission:
-    server = runtime.fleet.servers.get(request.server)
-    if server is None:
-        known = ", ".join(sorted(runtime.fleet.servers)) or "none (set LONGCALL_CONFIG)"
-        raise InvalidSubmission(f"unknown server {request.server!r}; configured servers: {known}")
-    if (server.protocol, server.protocol_version) not in ADAPTERS:
-        known = ", ".join(f"{p} {v}" for p, v in sorted(ADAPTERS))
-        raise InvalidSubmission(
-            f"server {request.server!r} speaks {server.protocol} {server.protocol_version}, which this "
-            f"version of longcall has no adapter for (it has: {known})"
-        )
-    try:
-        body_json = canonical_json(request.arguments)
-    except NotJson as exc:
-        raise InvalidSubmission(f"arguments are not JSON: {exc}") from exc
-    size = len(body_json.encode("utf-8"))
-    if size > runtime.settings.max_body_bytes:
-        raise InvalidSubmission(
-            f"arguments are {size} bytes of JSON; the limit is {runtime.settings.max_body_bytes} "
-            "(LONGCALL_MAX_BODY_BYTES)"
-        )
-    new = NewOperation(
-        call_node_id=request.call_node_id,
-        request_digest=request_digest(server=request.server, tool=request.tool, arguments=request.arguments),
-        server=request.server,
-        protocol=server.protocol,
-        protocol_version=server.protocol_version,
-        adapter_version=f"longcall/{__version__}",
-        tool_name=request.tool,
-        body=request.arguments,
-        on_terminal=request.on_terminal,
-        on_input=request.on_input,
-        ttl_ms=request.ttl_ms if request.ttl_ms is not None else server.default_ttl_ms,
-        wait_budget_s=request.wait_budget_s if request.wait_budget_s is not None else server.wait_budget_s,
-    )
-    return runtime.ledger.record_submission(new, lease_s=lease_s)
-
-
 def operation_summary(op: Operation, *, created: bool | None = None) -> dict[str, Any]:
+    """What ``longcall.submit`` returns about the operation (JSON)."""
     summary: dict[str, Any] = {
         "op_id": str(op.id),
         "call_node_id": op.call_node_id,

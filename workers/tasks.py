@@ -8,25 +8,51 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from celery import Celery, Task
 
 from ledger.errors import AdapterDisabled, AdmissionClosed, CallNodeConflict, OperationNotFound
 from workers.delivery import publisher
-from workers.executor import Executor, InputRefused, NotCancellable, NoToken, StepOutcome
+from workers.errors import (
+    InputRefused,
+    InvalidSubmission,
+    NotCancellable,
+    NoToken,
+    RequestRefused,
+    SubmissionRefused,
+)
+from workers.executor import Dispatch, Executor, StepOutcome
 from workers.runtime import RuntimeHolder
-from workers.submission import InvalidSubmission, operation_summary, parse_submit_kwargs
+from workers.submission import operation_summary, validate_submission
+
+__all__ = ["RequestRefused", "SubmissionRefused", "publish_dispatches", "register_tasks"]
 
 log = logging.getLogger("longcall")
 
+#: A dispatch due sooner than this is sent without a countdown.
+COUNTDOWN_FLOOR_S = 0.005
 
-class SubmissionRefused(Exception):
-    """``longcall.submit`` refused the call; the message says why. Nothing was written."""
 
+def publish_dispatches(app: Celery, dispatches: Sequence[Dispatch]) -> int:
+    """Publish the claimed steps, one message each, over one producer; returns how many were sent.
 
-class RequestRefused(Exception):
-    """A cancel or an input reply was refused; the message says why."""
+    The task id names the claim (task, operation, cursor), so a message sent twice runs once: the second
+    finds its cursor superseded. A dispatch due within the tick gets a short countdown, never a long ETA.
+    """
+    if not dispatches:
+        return 0
+    with app.producer_or_acquire() as producer:
+        for dispatch in dispatches:
+            app.send_task(
+                dispatch.task,
+                kwargs={"op_id": str(dispatch.op_id), "cursor": dispatch.cursor},
+                task_id=dispatch.task_id,
+                countdown=dispatch.delay_s if dispatch.delay_s >= COUNTDOWN_FLOOR_S else None,
+                producer=producer,
+            )
+    return len(dispatches)
 
 
 def _op_id(value: Any) -> uuid.UUID:
@@ -48,9 +74,10 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:  # noqa: PLR0915
 
     @app.task(name="longcall.submit")
     def submit(**kwargs: Any) -> dict[str, Any]:
+        runtime = holder.get()
         try:
-            request = parse_submit_kwargs(kwargs)
-            submission, step = executor().submit(request)
+            new = validate_submission(kwargs, runtime.fleet, max_body_bytes=runtime.settings.max_body_bytes)
+            submission, step = Executor(runtime).submit(new)
         except (InvalidSubmission, CallNodeConflict, AdmissionClosed, AdapterDisabled) as exc:
             log.warning("longcall.submit refused: %s", exc)
             raise SubmissionRefused(str(exc)) from None
@@ -105,18 +132,7 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:  # noqa: PLR0915
 
     @app.task(name="longcall.dispatch_due", ignore_result=True)
     def dispatch_due() -> dict[str, int]:
-        dispatches = executor().dispatch_due()
-        if dispatches:
-            with app.producer_or_acquire() as producer:
-                for dispatch in dispatches:
-                    app.send_task(
-                        dispatch.task,
-                        kwargs={"op_id": str(dispatch.op_id), "cursor": dispatch.cursor},
-                        task_id=dispatch.task_id,
-                        countdown=dispatch.delay_s if dispatch.delay_s >= 0.005 else None,
-                        producer=producer,
-                    )
-        return {"dispatched": len(dispatches)}
+        return {"dispatched": publish_dispatches(app, executor().dispatch_due())}
 
     @app.task(name="longcall.drain_outbox", ignore_result=True)
     def drain_outbox(limit: int = 200) -> dict[str, int]:

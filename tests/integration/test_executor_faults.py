@@ -6,7 +6,6 @@ Every wait is bounded (``support.wait_for``)."""
 
 from __future__ import annotations
 
-import datetime as dt
 import subprocess
 import threading
 import time
@@ -20,7 +19,8 @@ import redis
 from sqlalchemy import text
 
 from ledger.reasons import ReconciliationReason
-from ledger.repository import Fence, Ledger, NewReconciliation, Operation, due_in
+from ledger.records import Fence, Operation
+from ledger.repository import Ledger
 from ledger.states import OpState, TerminalKind
 from tests import support
 from tests.integration.fleet import (
@@ -35,7 +35,7 @@ from tests.integration.helpers import evidence_for
 from workers.executor import Executor, StepOutcome
 from workers.runtime import Runtime
 from workers.settings import Settings
-from workers.submission import parse_submit_kwargs
+from workers.submission import validate_submission
 
 S = OpState
 
@@ -235,13 +235,15 @@ def test_two_pollers_answering_out_of_order_never_move_the_state_back(runtimes: 
     first, second = Executor(make()), Executor(make())
     ledger = first.ledger
     submission, created = first.submit(
-        parse_submit_kwargs(
+        validate_submission(
             {
                 "call_node_id": "n/reordered",
                 "server": "reports",
                 "tool": "slow_report",
                 "arguments": {"seconds": 1},
-            }
+            },
+            first.rt.fleet,
+            max_body_bytes=first.rt.settings.max_body_bytes,
         )
     )
     op_id = submission.operation.id
@@ -440,40 +442,29 @@ def start_redis(port: int, data_dir: Path, log_dir: Path, name: str) -> support.
 
 
 def give_cancel_history(ledger: Ledger, op: Operation) -> Operation:
-    """Through the ledger's own guarded transitions: an earlier cancel whose ``tasks/cancel`` found nothing
+    """Through the ledger's own named moves: an earlier cancel whose ``tasks/cancel`` found nothing
     (UNKNOWN_NOT_FOUND), which an operator resolved as still running. The operation is WORKING again with
     cancel generation 1, a value only the ledger holds once Redis has lost its keys."""
     fence = Fence(op.execution_epoch, op.cancel_generation)
-    op = ledger.transition(
-        op.id,
-        fence,
-        S.CANCEL_REQUESTED,
-        from_states=[S.WORKING],
-        bump_generation=True,
-        values={"next_poll_at": due_in(3600)},  # not sent again before the next step
-        event="cancel_requested",
-        detail={"generation": 1},
-    )
+    # Not sent again before the next step: due in an hour.
+    op = ledger.request_cancel(op.id, fence, from_state=S.WORKING, due_in_s=3600)
     fence = Fence(op.execution_epoch, op.cancel_generation)
-    op = ledger.transition(
+    op = ledger.hand_to_operator(
         op.id,
         fence,
-        S.MANUAL_RECONCILIATION,
-        from_states=[S.CANCEL_REQUESTED],
-        values={"next_poll_at": None, "lease_until": None},
-        event="manual_reconciliation",
-        detail={"reason": "UNKNOWN_NOT_FOUND"},
-        reconcile=NewReconciliation(ReconciliationReason.UNKNOWN_NOT_FOUND, dt.timedelta(hours=1)),
+        from_state=S.CANCEL_REQUESTED,
+        reason=ReconciliationReason.UNKNOWN_NOT_FOUND,
+        detail={},
+        deadline_s=3600,
     )
-    return ledger.transition(
+    assert op.remote_id is not None
+    return ledger.resolve_found(
         op.id,
         fence,
-        S.WORKING,
-        from_states=[S.MANUAL_RECONCILIATION],
-        values={"next_poll_at": due_in(0)},
-        event="resolved_found",
+        remote_id=op.remote_id,
+        session_ref=op.session_ref,
         detail={"actor": "test"},
-        resolve="found by test: the task is still running",
+        resolution="found by test: the task is still running",
     )
 
 

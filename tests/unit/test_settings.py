@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from workers.settings import ConfigError, FleetConfig, Settings
+from workers.errors import ConfigError
+from workers.settings import FleetConfig, Settings
 
 GOOD = """
 [servers.reports]

@@ -1,0 +1,197 @@
+"""What every step needs, in one small object, and the value every step returns.
+
+A step is a function ``(ctx, op, fence) -> StepOutcome`` run under the caller's claim. :class:`StepContext`
+carries the runtime (ledger, fleet, Redis, adapters), the clock, the jitter, the token taking (rule 4),
+the reschedule and the hand-over to an operator; each ledger write a step makes is one of the ledger's
+named, guarded moves.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from adapters import AdapterError, RemoteRef, RemoteStatus, ToolAdapter
+from adapters.base import UNMETERED, RequestBudget
+from ledger.events import EventKind
+from ledger.reasons import ReconciliationReason
+from ledger.records import Fence, Operation, ServerStatus
+from ledger.repository import Ledger
+from ledger.states import OpState
+from workers.errors import NoToken
+from workers.hot import Budget
+from workers.runtime import Runtime
+from workers.settings import ServerConfig, Settings
+
+#: The shortest poll interval a server's hint may set.
+MIN_POLL_S = 0.1
+#: The shortest pause after a server's Retry-After.
+RETRY_FLOOR_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutcome:
+    """What one step did. ``drain_now``: a receipt or an input request is waiting in the outbox."""
+
+    op_id: uuid.UUID
+    action: str
+    state: OpState | None = None
+    drain_now: bool = False
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The task's return value (JSON)."""
+        return {
+            "op_id": str(self.op_id),
+            "action": self.action,
+            "state": self.state.value if self.state else None,
+            **({"detail": dict(self.detail)} if self.detail else {}),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Moved:
+    """The step moved the row to a state whose own step runs next, in the same claim (see
+    :func:`workers.steps.submit.advance_submission`)."""
+
+    op: Operation
+
+
+def utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def spread(interval: float) -> float:
+    """The default jitter: up to 5 % of the interval, at most a quarter second."""
+    return random.uniform(0.0, min(0.05 * interval, 0.25))  # noqa: S311 - spreading load, not a secret
+
+
+@dataclass(frozen=True, slots=True)
+class StepContext:
+    """What every step needs: the runtime, the clock, the jitter, the token taking and the moves every
+    step shares (reschedule, retry later, hand to an operator)."""
+
+    runtime: Runtime
+    jitter: Callable[[float], float] = spread
+    clock: Callable[[], dt.datetime] = utc_now
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.runtime.ledger
+
+    @property
+    def settings(self) -> Settings:
+        return self.runtime.settings
+
+    def now(self) -> dt.datetime:
+        return self.clock()
+
+    def server(self, op: Operation) -> ServerConfig:
+        return self.runtime.remote.server(op.server)
+
+    def adapter(self, op: Operation) -> ToolAdapter:
+        return self.runtime.remote.adapter(op.server)
+
+    # ------------------------------------------------------------------------------------ rule 4: tokens
+
+    def take(self, server: str, bucket: Budget) -> None:
+        """Book a slot on the server's bucket (rule 4). A slot within one dispatch tick is waited for here;
+        none within reach raises :class:`NoToken`: the step is rescheduled, never blocked.
+
+        Today a step takes one token per adapter call, before the call (see :meth:`request_budget`).
+        """
+        config = self.runtime.remote.server(server)
+        token = self.runtime.hot.take(
+            server,
+            bucket,
+            config.poll_qps if bucket == "poll" else config.control_qps,
+            horizon_s=self.settings.dispatch_interval_s,
+        )
+        if not token.granted:
+            raise NoToken(token.wait_s)
+        if token.wait_s > 0:
+            time.sleep(token.wait_s)  # bounded by the horizon: at most one dispatch tick
+
+    def request_budget(self, server: str, bucket: Budget) -> RequestBudget:
+        """What the adapter call a step makes charges per HTTP request it sends (DESIGN rule 4 as amended).
+
+        Unmetered for now: the step took its token(s) with :meth:`take` before the call, as before. The
+        hardening issue that follows returns a budget here whose ``charge`` takes a token from ``bucket``
+        (waiting within the horizon, raising :class:`NoToken` beyond it), and the steps' own ``take``
+        calls go; every step already passes what this returns to the adapter.
+        """
+        del server, bucket  # the metered budget will be built from both
+        return UNMETERED
+
+    # --------------------------------------------------------------------------- moves every step shares
+
+    def reschedule(
+        self, op: Operation, fence: Fence, delay_s: float, event: EventKind, detail: Mapping[str, Any]
+    ) -> StepOutcome:
+        """Nothing to decide now: due again in ``delay_s``, the claim let go."""
+        self.ledger.reschedule(op.id, fence, state=op.state, delay_s=delay_s, event=event, detail=detail)
+        return StepOutcome(op.id, event.value, op.state, detail={"delay_s": round(delay_s, 3)})
+
+    def retry_later(self, op: Operation, fence: Fence, exc: AdapterError, event: EventKind) -> StepOutcome:
+        """A failure that decided nothing: again after the server's Retry-After, or a short pause."""
+        return self.reschedule(op, fence, retry_s(exc), event, {"error": describe(exc)})
+
+    def no_token(self, op: Operation, fence: Fence, no_token: NoToken) -> StepOutcome:
+        # A little spread, so operations refused together do not all come back at the same instant.
+        delay = no_token.wait_s + random.uniform(0.0, 0.05)  # noqa: S311
+        return self.reschedule(op, fence, delay, EventKind.NO_TOKEN, {"wait_s": round(no_token.wait_s, 3)})
+
+    def hand_to_operator(
+        self, op: Operation, fence: Fence, reason: ReconciliationReason, detail: Mapping[str, Any]
+    ) -> Operation:
+        """MANUAL_RECONCILIATION with an open record (rule 11): an operator decides, before the deadline."""
+        return self.ledger.hand_to_operator(
+            op.id,
+            fence,
+            from_state=op.state,
+            reason=reason,
+            detail=detail,
+            deadline_s=self.settings.reconcile_deadline_s,
+        )
+
+    # --------------------------------------------------------------------------------- poll timing (3)
+
+    def interval_s(self, op: Operation, status: RemoteStatus | None) -> float:
+        """The server's poll interval hint (this answer's, else the last one kept), else the default."""
+        if status is not None and status.poll_interval_ms is not None:
+            return max(MIN_POLL_S, status.poll_interval_ms / 1000)
+        if op.poll_interval_ms is not None:
+            return max(MIN_POLL_S, op.poll_interval_ms / 1000)
+        return self.server(op).default_poll_interval_ms / 1000
+
+    def jittered(self, interval: float) -> float:
+        return interval + self.jitter(interval)
+
+
+def retry_s(exc: AdapterError) -> float:
+    """Never sooner than the server's Retry-After; without one, a short pause."""
+    retry_after = getattr(exc, "retry_after", None)
+    if retry_after is not None:
+        return max(RETRY_FLOOR_S, float(retry_after))
+    return 1.0
+
+
+def server_status(status: RemoteStatus) -> ServerStatus:
+    """What the ledger keeps of a status read."""
+    return ServerStatus(status.server_state, status.status_message, status.poll_interval_ms)
+
+
+def remote_ref(op: Operation) -> RemoteRef:
+    if op.remote_id is None:
+        raise ValueError(f"operation {op.id} has no remote id in state {op.state}")
+    return RemoteRef(op.remote_id, op.session_ref, op.protocol_version, op.protocol)
+
+
+def describe(exc: BaseException) -> str:
+    """An error as an event keeps it: its class and message, bounded."""
+    return f"{type(exc).__name__}: {exc}"[:500]

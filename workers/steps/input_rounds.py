@@ -1,0 +1,107 @@
+"""Rule 10: input rounds. A server's input request goes to the approval gate; its reply comes back.
+
+Round N opens when a status read carries an input request (:func:`ask_for_input`): polling pauses and the
+request, the schema digest and a deadline go out as an outbox row. :func:`provide_input` takes the gate's
+reply for the current round only, before the deadline, in the shape the adapter accepts
+(``ToolAdapter.check_reply``: the protocol's own rules live with the protocol), then polling resumes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+from adapters import AdapterError, InputRequest, RemoteStatus
+from ledger.digests import digest
+from ledger.events import EventKind
+from ledger.records import Fence, Operation
+from ledger.states import OpState
+from workers.errors import InputRefused
+from workers.steps.context import StepContext, StepOutcome, describe, remote_ref, server_status
+
+
+def ask_for_input(
+    ctx: StepContext, op: Operation, fence: Fence, status: RemoteStatus, request: InputRequest
+) -> StepOutcome:
+    """Open round N + 1: INPUT_REQUIRED, and the request on its way to the approval gate."""
+    deadline = ctx.now() + dt.timedelta(seconds=ctx.settings.input_timeout_s)
+    if op.wait_deadline is not None:
+        deadline = min(deadline, op.wait_deadline)
+    schema_digest = digest(dict(request.schema) if request.schema is not None else None)
+    round_ = op.input_round + 1
+    op = ctx.ledger.ask_for_input(
+        op.id,
+        fence,
+        from_state=op.state,
+        input_round=round_,
+        request_json=request.to_json(),
+        schema_digest=schema_digest,
+        deadline=deadline,
+        status=server_status(status),
+        gate_payload={
+            "signature": op.on_input,
+            "input_request": {
+                "op_id": str(op.id),
+                "call_node_id": op.call_node_id,
+                "input_round": round_,
+                "method": request.method,
+                "request": dict(request.params),
+                "schema_digest": schema_digest,
+                "deadline": deadline.isoformat(),
+            },
+        },
+    )
+    return StepOutcome(
+        op.id, EventKind.INPUT_REQUIRED.value, op.state, drain_now=True, detail={"input_round": round_}
+    )
+
+
+def provide_input(
+    ctx: StepContext, op: Operation, input_round: int, response: Mapping[str, Any]
+) -> StepOutcome:
+    """The approval gate's reply to round ``input_round``; a refusal is recorded and raised.
+
+    Raises:
+        InputRefused: not the current round, past the deadline, or a reply the adapter refuses.
+        NoToken: no control token for the reply now; the caller retries shortly.
+    """
+    refusal = input_refusal(ctx, op, input_round, response)
+    if refusal is not None:
+        ctx.ledger.record_event(op.id, EventKind.INPUT_REFUSED, {"input_round": input_round, "why": refusal})
+        raise InputRefused(f"input for operation {op.id} round {input_round} refused: {refusal}")
+    request = InputRequest.from_json(op.input_request or {})
+    ctx.take(op.server, "control")
+    op = ctx.ledger.record_input_reply(
+        op.id,
+        Fence(op.execution_epoch, op.cancel_generation),
+        input_round=input_round,
+        action=response.get("action"),
+    )
+    try:
+        ctx.adapter(op).reply_input(
+            remote_ref(op), request, response, budget=ctx.request_budget(op.server, "control")
+        )
+    except AdapterError as exc:
+        # Polling resumes either way: a server still waiting asks again, as round N + 1.
+        ctx.ledger.record_event(
+            op.id, EventKind.INPUT_REPLY_FAILED, {"input_round": input_round, "error": describe(exc)}
+        )
+        return StepOutcome(op.id, "input_reply_failed", op.state)
+    return StepOutcome(op.id, "input_provided", op.state)
+
+
+def input_refusal(
+    ctx: StepContext, op: Operation, input_round: int, response: Mapping[str, Any]
+) -> str | None:
+    """Why the reply cannot be taken, or None: the round and the deadline here, the reply's shape by the
+    adapter that will send it."""
+    if op.state is not OpState.INPUT_REQUIRED:
+        return f"the operation is {op.state}, not waiting for input"
+    if input_round != op.input_round:
+        return f"round {input_round} is not the current round {op.input_round}"
+    if op.input_deadline is not None and op.input_deadline <= ctx.now():
+        return f"the deadline {op.input_deadline.isoformat()} has passed"
+    if op.input_request is None:
+        return None
+    return ctx.adapter(op).check_reply(InputRequest.from_json(op.input_request), response)

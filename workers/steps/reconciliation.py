@@ -1,0 +1,102 @@
+"""Rule 11, the operator's side: unanswered input rounds handed over, overdue records flagged, and an
+operator's evidence-backed decision on an operation in MANUAL_RECONCILIATION applied.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Literal
+
+from ledger.errors import StaleTransition
+from ledger.reasons import ReconciliationReason
+from ledger.records import Fence, Operation
+from ledger.states import OpState, TerminalKind
+from workers.errors import WrongState
+from workers.steps.context import StepContext
+
+log = logging.getLogger("longcall.executor")
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """An operator's evidence-backed decision (``longcall reconcile``)."""
+
+    kind: Literal["found", "never_created", "terminal"]
+    evidence: str
+    actor: str
+    remote_id: str | None = None
+    session_ref: str | None = None
+    terminal: TerminalKind | None = None
+
+
+def reconcile(ctx: StepContext) -> dict[str, int]:
+    """Hand unanswered input rounds past their deadline to an operator, report what waits for one, and
+    flag each record past its deadline once (a ``reconciliation_overdue`` event) so alerting can key on it."""
+    now = ctx.now()
+    unanswered = 0
+    for op in ctx.ledger.overdue_inputs():
+        # Nobody answered in time: the server still waits, so an operator decides (cancel or answer late).
+        try:
+            ctx.hand_to_operator(
+                op,
+                Fence(op.execution_epoch, op.cancel_generation),
+                ReconciliationReason.DEADLINE_EXCEEDED,
+                {"why": f"input round {op.input_round} was not answered before its deadline"},
+            )
+            unanswered += 1
+        except StaleTransition:
+            continue
+    records = ctx.ledger.open_reconciliations()
+    overdue = [r for r in records if r.deadline <= now and not r.detail.get("overdue_flagged")]
+    for record in overdue:
+        ctx.ledger.flag_overdue(record.id)
+        log.warning(
+            "reconciliation %s of %s (%s) is past its deadline", record.id, record.op_id, record.reason
+        )
+    return {"open": len(records), "newly_overdue": len(overdue), "inputs_timed_out": unanswered}
+
+
+def resolve(ctx: StepContext, op: Operation, resolution: Resolution) -> Operation:
+    """Apply an operator's decision; open records of the operation are closed with the evidence.
+
+    ``found``: the operation exists on the server under ``remote_id`` -> WORKING, polled at once.
+    ``never_created``: the operator proved it never ran -> NOT_FOUND_SAFE -> SUBMITTING with the same
+    submission key (the only resubmission there is). ``terminal``: it ended on the server -> its result is
+    fetched and accepted like any other.
+
+    Raises:
+        WrongState: the operation is not waiting for an operator.
+        ValueError: the resolution lacks what its kind needs.
+    """
+    if op.state is not OpState.MANUAL_RECONCILIATION:
+        raise WrongState(f"operation {op.id} is {op.state}, not waiting for an operator")
+    fence = Fence(op.execution_epoch, op.cancel_generation)
+    note = f"{resolution.kind} by {resolution.actor}: {resolution.evidence}"
+    detail = {"actor": resolution.actor, "evidence": resolution.evidence}
+    if resolution.kind == "found":
+        if not resolution.remote_id:
+            raise ValueError("a 'found' resolution names the remote id")
+        return ctx.ledger.resolve_found(
+            op.id,
+            fence,
+            remote_id=resolution.remote_id,
+            session_ref=resolution.session_ref or op.session_ref,
+            detail=detail,
+            resolution=note,
+        )
+    if resolution.kind == "never_created":
+        return ctx.ledger.resubmit(op.id, fence, from_state=op.state, detail=detail, resolution=note)
+    if resolution.terminal is None:
+        raise ValueError("a 'terminal' resolution names the terminal state")
+    remote_id = resolution.remote_id or op.remote_id
+    if remote_id is None and resolution.terminal is not TerminalKind.CANCELLED:
+        raise ValueError("the result of a completed or failed operation is fetched by its remote id")
+    return ctx.ledger.resolve_terminal(
+        op.id,
+        fence,
+        remote_id=remote_id,
+        kind=resolution.terminal,
+        detail=detail,
+        resolution=note,
+    )

@@ -1,0 +1,173 @@
+"""Rules 7, 8 and 11: fetch the whole result, accept it at the one acceptance point, classify "not found".
+
+The end of every path: a status read that saw a terminal state, a create that answered at once, a cancel
+the server confirmed, all come here; nothing here calls back into the phase that called it. A "not found"
+is classified by :func:`classify_not_found` and acted on by :func:`not_found`, which may continue into
+:func:`fetch`; a fetch that meets "not found" itself never classifies again (it holds no result, so the
+answer is always UNKNOWN).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from adapters import (
+    ErrorInfo,
+    NotFound,
+    OutcomeUnknown,
+    ProtocolViolation,
+    Rejected,
+    RemoteResult,
+    RemoteStatus,
+    ResultNotReady,
+    Transient,
+)
+from ledger.digests import digest
+from ledger.events import EventKind
+from ledger.reasons import ReconciliationReason
+from ledger.records import Fence, Operation, TerminalEvidence
+from ledger.states import OpState, TerminalKind
+from workers.errors import NoToken
+from workers.steps.context import StepContext, StepOutcome, describe, remote_ref
+
+
+class NotFoundKind(enum.Enum):
+    """Rule 11's classes of "not found", as far as a status read or a fetch can tell. NEVER_CREATED is
+    proved only by key, by the lookup (:mod:`workers.steps.submit`)."""
+
+    #: The terminal state and the result were held already: acceptance continues.
+    EXPIRED_WITH_RECEIPT = "expired_with_receipt"
+    #: Everything else: an operator decides.
+    UNKNOWN = "unknown"
+
+
+def classify_not_found(op: Operation) -> NotFoundKind:
+    if op.result is not None and op.observed_terminal is not None:
+        return NotFoundKind.EXPIRED_WITH_RECEIPT
+    return NotFoundKind.UNKNOWN
+
+
+def not_found(ctx: StepContext, op: Operation, fence: Fence, exc: NotFound) -> StepOutcome:
+    """The server no longer knows the task: accept what is held, or hand the operation to an operator."""
+    if classify_not_found(op) is NotFoundKind.EXPIRED_WITH_RECEIPT:
+        return fetch(ctx, op, fence)
+    return _unknown(ctx, op, fence, exc)
+
+
+def fetch(
+    ctx: StepContext,
+    op: Operation,
+    fence: Fence,
+    status: RemoteStatus | None = None,
+    *,
+    token_taken: bool = False,
+) -> StepOutcome:
+    """TERMINAL_OBSERVED / FETCHING_RESULT: read the result (unless it is held or the end is a cancel),
+    then accept. ``token_taken``: the caller already took the control token for the read."""
+    remote_call = op.observed_terminal is not TerminalKind.CANCELLED and op.result is None
+    if remote_call and not token_taken:
+        try:
+            ctx.take(op.server, "control")
+        except NoToken as no_token:
+            return ctx.no_token(op, fence, no_token)
+    if op.state is OpState.TERMINAL_OBSERVED:
+        op = ctx.ledger.start_fetch(op.id, fence)
+    if op.observed_terminal is TerminalKind.CANCELLED:
+        return accept(ctx, op, TerminalKind.CANCELLED, None, audit={"server_state": op.server_state})
+    if op.result is not None:
+        # Held already: the create call answered it, or an earlier fetch did (EXPIRED_WITH_RECEIPT).
+        return accept(ctx, op, TerminalKind(op.observed_terminal or "failed"), op.result)
+    try:
+        result = ctx.adapter(op).result(
+            remote_ref(op),
+            status=status if status and status.terminal else None,
+            budget=ctx.request_budget(op.server, "control"),
+        )
+    except NotFound as exc:
+        return _unknown(ctx, op, fence, exc)  # no result is held here (it would have been accepted above)
+    except (Transient, ProtocolViolation, OutcomeUnknown, ResultNotReady) as exc:
+        # A lost or truncated result is fetched again; nothing advances without a whole one (rule 7).
+        return ctx.retry_later(op, fence, exc, EventKind.RESULT_FAILED)
+    except Rejected as exc:
+        result = error_result(exc)
+    if result.outcome == "cancelled":
+        op = _correct_outcome(ctx, op, fence, TerminalKind.CANCELLED)
+        return accept(ctx, op, TerminalKind.CANCELLED, None, audit=result_json(result))
+    kind = TerminalKind(result.outcome)
+    if kind is not op.observed_terminal:
+        op = _correct_outcome(ctx, op, fence, kind)  # e.g. "completed" with isError: true is a failure
+    audit = None if result.task_verified else {"task_verified": False, "why": "no related-task _meta"}
+    return accept(ctx, op, kind, result_json(result), audit=audit)
+
+
+def accept(
+    ctx: StepContext, op: Operation, kind: TerminalKind, result: Any, *, audit: Any = None
+) -> StepOutcome:
+    """Rule 8: the one acceptance point. The ledger matches the evidence against the row and writes the
+    receipt and its outbox row, or nothing."""
+    acceptance = ctx.ledger.accept_terminal(
+        op.id,
+        TerminalEvidence(
+            call_node_id=op.call_node_id,
+            request_digest=op.request_digest,
+            remote_id=op.remote_id,
+            tool_descriptor_version=op.tool_descriptor_version,
+            execution_epoch=op.execution_epoch,
+            cancel_generation=op.cancel_generation,
+            terminal_state=kind,
+            result=result,
+            result_digest=digest(result) if result is not None else None,
+            audit=audit,
+        ),
+    )
+    return StepOutcome(
+        op.id,
+        acceptance.outcome,
+        None,
+        drain_now=acceptance.accepted,
+        detail={"receipt_id": str(acceptance.receipt.id)}
+        if acceptance.receipt
+        else {"mismatches": list(acceptance.mismatches)},
+    )
+
+
+def error_result(exc: Rejected) -> RemoteResult:
+    """A definitive refusal, as the failed result the receipt carries."""
+    return RemoteResult(
+        outcome="failed",
+        server_state=None,
+        payload={},
+        is_error=True,
+        error=ErrorInfo(message=str(exc), code=exc.code, data=exc.data),
+    )
+
+
+def result_json(result: RemoteResult) -> dict[str, Any]:
+    """What the receipt carries as ``result``: the tool result, and the error when the call failed."""
+    stored: dict[str, Any] = dict(result.payload)
+    stored.setdefault("isError", result.is_error)
+    if result.error is not None:
+        stored["error"] = {
+            "message": result.error.message,
+            "code": result.error.code,
+            "data": result.error.data,
+        }
+    return stored
+
+
+def _correct_outcome(ctx: StepContext, op: Operation, fence: Fence, kind: TerminalKind) -> Operation:
+    """The result tells a different end than the status did; the result wins."""
+    return ctx.ledger.correct_observed_terminal(
+        op.id, fence, state=op.state, kind=kind, was=op.observed_terminal
+    )
+
+
+def _unknown(ctx: StepContext, op: Operation, fence: Fence, exc: NotFound) -> StepOutcome:
+    op = ctx.hand_to_operator(
+        op,
+        fence,
+        ReconciliationReason.UNKNOWN_NOT_FOUND,
+        {"error": describe(exc), "session_gone": exc.session_gone, "remote_id": op.remote_id},
+    )
+    return StepOutcome(op.id, "manual_reconciliation", op.state)

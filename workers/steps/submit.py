@@ -1,0 +1,171 @@
+"""Rules 1 and 2: the create call, and the lookup by submission key when its outcome is unknown.
+
+Neither step calls the other. Each returns either its outcome or :class:`Moved` — the row went to the
+other one's state (an unknown create outcome -> SUBMISSION_UNKNOWN; a server's proof of "never created"
+-> SUBMITTING again, same key) — and :func:`advance_submission` runs the step for the new state in the same
+claim, as the protocol asks: an unknown outcome is looked up at once, a proved-safe resubmission made at once.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from adapters import (
+    CapabilityRefused,
+    Created,
+    NotFound,
+    OutcomeUnknown,
+    ProtocolViolation,
+    Rejected,
+    RemoteResult,
+    RemoteStatus,
+    Transient,
+)
+from ledger.events import EventKind
+from ledger.reasons import ReconciliationReason
+from ledger.records import Fence, Operation
+from ledger.states import OpState, TerminalKind
+from workers.steps.context import Moved, StepContext, StepOutcome, describe, retry_s, server_status
+from workers.steps.poll import observed
+from workers.steps.result import error_result, fetch, result_json
+
+
+def advance_submission(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
+    """SUBMITTING or SUBMISSION_UNKNOWN: create, or look up by key, until one of them has an outcome."""
+    while True:
+        step = create if op.state is OpState.SUBMITTING else lookup
+        done = step(ctx, op, fence)
+        if isinstance(done, StepOutcome):
+            return done
+        op = done.op
+
+
+def create(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved:
+    """SUBMITTING: capabilities first (rule 12), the attempt committed, then the one create call."""
+    if op.submit_attempted_at is not None:
+        # Rule 1: a create was attempted and nothing was recorded after it; never call it again.
+        return Moved(
+            ctx.ledger.mark_submission_unknown(
+                op.id,
+                fence,
+                detail={"why": "a create was attempted before and its answer was never recorded"},
+            )
+        )
+    server = ctx.server(op)
+    adapter = ctx.adapter(op)
+    budget = ctx.request_budget(op.server, "control")
+    ctx.take(op.server, "control")
+    try:
+        capabilities = adapter.capabilities(op.tool_name, budget=budget)
+    except Rejected as exc:
+        return _answered_at_once(ctx, op, fence, error_result(exc), EventKind.REJECTED)
+    except (Transient, ProtocolViolation, OutcomeUnknown, NotFound) as exc:
+        return ctx.retry_later(op, fence, exc, EventKind.CAPABILITIES_FAILED)
+    tool = server.tools.get(op.tool_name)
+    op = ctx.ledger.record_create_attempt(
+        op.id,
+        fence,
+        descriptor_version=capabilities.descriptor_digest,
+        detail={"use_task": capabilities.use_task, "task_support": capabilities.task_support},
+    )
+    try:
+        created = adapter.create(
+            op.tool_name,
+            op.body,
+            submission_key=str(op.submission_key),
+            ttl_ms=op.ttl_ms or server.default_ttl_ms,
+            sync_upper_bound_s=tool.sync_upper_bound_s if tool else None,
+            budget=budget,
+        )
+    except (CapabilityRefused, Rejected) as exc:
+        return _answered_at_once(ctx, op, fence, error_result(exc), EventKind.REJECTED)
+    except Transient as exc:
+        # Refused before any work (a 429 included): the create did not happen, so the attempt is undone.
+        op = ctx.ledger.undo_create_attempt(
+            op.id, fence, retry_in_s=retry_s(exc), detail={"error": describe(exc)}
+        )
+        return StepOutcome(op.id, "create_retry", op.state)
+    except (OutcomeUnknown, ProtocolViolation, NotFound) as exc:
+        return Moved(ctx.ledger.mark_submission_unknown(op.id, fence, detail={"error": describe(exc)}))
+    return _created(ctx, op, fence, created)
+
+
+def lookup(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved:
+    """SUBMISSION_UNKNOWN (rule 2): ask by submission key; only a server's proof of "never created"
+    allows a resubmission, anything unproved goes to an operator."""
+    adapter = ctx.adapter(op)
+    ctx.take(op.server, "control")
+    try:
+        found = adapter.lookup_by_key(
+            str(op.submission_key),
+            tool=op.tool_name,
+            submitted_after=op.created_at,
+            budget=ctx.request_budget(op.server, "control"),
+        )
+    except (Transient, ProtocolViolation, OutcomeUnknown, NotFound) as exc:
+        return ctx.retry_later(op, fence, exc, EventKind.LOOKUP_FAILED)
+    if found.proof == "found" and found.ref is not None:
+        op = ctx.ledger.record_found_by_key(
+            op.id,
+            fence,
+            remote_id=found.ref.remote_id,
+            session_ref=found.ref.session_ref,
+            detail={"detail": found.detail},
+        )
+        return StepOutcome(op.id, "found_by_key", op.state)
+    if found.proof == "never_created":
+        return Moved(ctx.ledger.resubmit(op.id, fence, from_state=op.state, detail={"detail": found.detail}))
+    op = ctx.hand_to_operator(
+        op,
+        fence,
+        ReconciliationReason.SUBMISSION_UNKNOWN,
+        {
+            "why": found.detail,
+            "submission_key": str(op.submission_key),
+            "candidates": [c.remote_id for c in found.candidates],
+        },
+    )
+    return StepOutcome(op.id, "manual_reconciliation", op.state)
+
+
+def _created(ctx: StepContext, op: Operation, fence: Fence, created: Created) -> StepOutcome:
+    if created.sync_result is not None:
+        return _answered_at_once(ctx, op, fence, created.sync_result, EventKind.RAN_SYNCHRONOUSLY)
+    if created.ref is None or created.status is None:
+        raise ProtocolViolation("create answered neither a task nor a result")
+    status = created.status
+    op = ctx.ledger.record_created(
+        op.id,
+        fence,
+        remote_id=created.ref.remote_id,
+        session_ref=created.ref.session_ref,
+        status=server_status(status),
+        expires_at=_expiry(ctx, status),
+        next_poll_in_s=ctx.jittered(ctx.interval_s(op, status)),
+    )
+    if status.terminal is not None or status.input_request is not None:
+        return observed(ctx, op, fence, status)
+    return StepOutcome(op.id, "created", op.state, detail={"remote_id": op.remote_id})
+
+
+def _answered_at_once(
+    ctx: StepContext, op: Operation, fence: Fence, result: RemoteResult, why: EventKind
+) -> StepOutcome:
+    """The create call itself gave the final answer (SUBMITTING -> TERMINAL_OBSERVED -> FETCHING_RESULT,
+    the result held), which is then accepted like any other."""
+    op = ctx.ledger.hold_create_result(
+        op.id,
+        fence,
+        kind=TerminalKind(result.outcome),
+        server_state=result.server_state,
+        result=result_json(result),
+        event=why,
+    )
+    return fetch(ctx, op, fence)
+
+
+def _expiry(ctx: StepContext, status: RemoteStatus) -> dt.datetime | None:
+    if status.ttl_ms is None:
+        return None
+    created = status.created_at or ctx.now()
+    return created + dt.timedelta(milliseconds=status.ttl_ms)
