@@ -22,13 +22,15 @@ from rich.console import Console
 
 from ledger import migrate as migrations
 from ledger.errors import LedgerError, OperationNotFound
-from ledger.repository import ControlState, Ledger, Operation
+from ledger.records import ControlState, Operation
+from ledger.repository import Ledger
 from ledger.states import TerminalKind
 from workers import cli_output as output
 from workers.app import create_app
-from workers.executor import Executor, Resolution, WrongState
+from workers.errors import ConfigError, WrongState
+from workers.executor import Executor, Resolution
 from workers.runtime import Runtime
-from workers.settings import ConfigError, Settings, load_settings
+from workers.settings import Settings, load_settings
 from workers.submission import ADAPTERS
 
 console = Console()
