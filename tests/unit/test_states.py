@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from types import ModuleType
 from typing import cast
 
 from sqlalchemy import CheckConstraint, Table
@@ -11,6 +12,7 @@ from sqlalchemy import CheckConstraint, Table
 from ledger import models
 from ledger.events import EventKind
 from ledger.migrate import MIGRATIONS
+from ledger.reasons import ReconciliationReason
 from ledger.states import (
     ACCEPT_FROM,
     ACCEPT_TO,
@@ -106,12 +108,21 @@ def test_the_event_kind_check_is_generated_from_the_enum() -> None:
     assert listed.count("'") == 2 * len(EventKind)
 
 
-def test_the_head_migration_lists_every_event_kind() -> None:
-    """Autogenerate does not compare CHECK constraints: this is the drift guard for the kinds' list."""
-    path = MIGRATIONS / "versions" / "0003_event_kind_known.py"
-    spec = importlib.util.spec_from_file_location("event_kind_migration", path)
+def _head_vocabulary() -> ModuleType:
+    """The newest migration that writes out the vocabulary lists (event kinds, reconciliation reasons)."""
+    path = max((MIGRATIONS / "versions").glob("00*_hardening_vocabulary.py"))
+    spec = importlib.util.spec_from_file_location("vocabulary_migration", path)
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert sorted(module.KINDS) == sorted(kind.value for kind in EventKind)
+    return module
+
+
+def test_the_head_migration_lists_every_event_kind() -> None:
+    """Autogenerate does not compare CHECK constraints: this is the drift guard for the kinds' list."""
+    assert sorted(_head_vocabulary().KINDS) == sorted(kind.value for kind in EventKind)
+
+
+def test_the_head_migration_lists_every_reconciliation_reason() -> None:
+    assert sorted(_head_vocabulary().REASONS) == sorted(reason.value for reason in ReconciliationReason)
