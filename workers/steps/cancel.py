@@ -12,19 +12,16 @@ from typing import Any
 from adapters import (
     AdapterError,
     NotFound,
-    OutcomeUnknown,
-    ProtocolViolation,
     Rejected,
     RemoteStatus,
     ToolAdapter,
-    Transient,
 )
 from ledger.errors import StaleTransition
 from ledger.events import EventKind
 from ledger.records import Claim, Fence, Operation
 from ledger.states import OpState, TerminalKind
 from workers.errors import NotCancellable
-from workers.steps.context import StepContext, StepOutcome, describe, remote_ref
+from workers.steps.context import TRY_AGAIN, StepContext, StepOutcome, describe, remote_ref
 from workers.steps.poll import observed
 from workers.steps.result import accept, not_found
 
@@ -81,7 +78,7 @@ def send(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
         return _after(
             ctx, op, fence, adapter, None, event=EventKind.CANCEL_REFUSED, detail={"error": describe(exc)}
         )
-    except (Transient, OutcomeUnknown, ProtocolViolation) as exc:
+    except TRY_AGAIN as exc:
         # A lost ACK is resolved by asking again: a second cancel finds the task terminal.
         return ctx.retry_later(op, fence, exc, EventKind.CANCEL_FAILED)
     if outcome.kind == "cancelled":

@@ -16,7 +16,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters import AdapterError, RemoteRef, RemoteStatus, ToolAdapter
+from adapters import (
+    AdapterError,
+    OutcomeUnknown,
+    ProtocolViolation,
+    RemoteRef,
+    RemoteStatus,
+    ToolAdapter,
+    Transient,
+)
 from adapters.base import UNMETERED, RequestBudget
 from ledger.events import EventKind
 from ledger.reasons import ReconciliationReason
@@ -32,6 +40,9 @@ from workers.settings import ServerConfig, Settings
 MIN_POLL_S = 0.1
 #: The shortest pause after a server's Retry-After.
 RETRY_FLOOR_S = 0.5
+#: What a failed read or cancel request leaves undecided: it is asked again later (a create's unknown
+#: outcome is not one of these uses: it is looked up by key).
+TRY_AGAIN: tuple[type[AdapterError], ...] = (Transient, ProtocolViolation, OutcomeUnknown)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,23 +8,23 @@ anything else schedules the next poll from the server's hint plus jitter.
 from __future__ import annotations
 
 from adapters import (
+    AdapterError,
     NotFound,
-    OutcomeUnknown,
-    ProtocolViolation,
     RateLimited,
     Rejected,
     RemoteStatus,
-    Transient,
 )
 from ledger.events import EventKind
 from ledger.reasons import ReconciliationReason
 from ledger.records import Fence, Operation
 from ledger.states import TerminalKind
 from workers.errors import NoToken
-from workers.steps.context import StepContext, StepOutcome, remote_ref, server_status
+from workers.steps.context import TRY_AGAIN, StepContext, StepOutcome, remote_ref, server_status
 from workers.steps.input_rounds import ask_for_input
 from workers.steps.result import fetch, not_found
 
+#: A status read that failed (a refusal included) decided nothing: read again later.
+POLL_AGAIN: tuple[type[AdapterError], ...] = (*TRY_AGAIN, Rejected)
 #: How soon to look again when the server says it waits for input whose request could not be read yet.
 AWAITING_INPUT_RECHECK_S = 1.0
 
@@ -46,7 +46,7 @@ def poll(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
         return ctx.retry_later(op, fence, exc, EventKind.RATE_LIMITED)
     except NotFound as exc:
         return not_found(ctx, op, fence, exc)
-    except (Transient, ProtocolViolation, OutcomeUnknown, Rejected) as exc:
+    except POLL_AGAIN as exc:
         return ctx.retry_later(op, fence, exc, EventKind.POLL_FAILED)
     return observed(ctx, op, fence, status)
 
@@ -71,27 +71,21 @@ def _terminal(
 ) -> StepOutcome:
     """TERMINAL_OBSERVED; unless the end is a cancel (nothing to read), the result is read in this same
     step, with a control token taken now. Without one, the fetch waits for its own step."""
+    wait: NoToken | None = None
     if kind is not TerminalKind.CANCELLED:
         try:
             ctx.take(op.server, "control")
         except NoToken as no_token:
-            op = ctx.ledger.observe_terminal(
-                op.id,
-                fence,
-                from_state=op.state,
-                kind=kind,
-                status=server_status(status),
-                fetch_now=False,
-                due_in_s=no_token.wait_s,
-            )
-            return StepOutcome(op.id, "no_token", op.state, detail={"wait_s": round(no_token.wait_s, 3)})
+            wait = no_token
     op = ctx.ledger.observe_terminal(
         op.id,
         fence,
         from_state=op.state,
         kind=kind,
         status=server_status(status),
-        fetch_now=True,
-        due_in_s=0,
+        fetch_now=wait is None,
+        due_in_s=wait.wait_s if wait is not None else 0.0,
     )
+    if wait is not None:
+        return StepOutcome(op.id, "no_token", op.state, detail={"wait_s": round(wait.wait_s, 3)})
     return fetch(ctx, op, fence, status, token_taken=True)

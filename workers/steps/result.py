@@ -13,15 +13,13 @@ import enum
 from typing import Any
 
 from adapters import (
+    AdapterError,
     ErrorInfo,
     NotFound,
-    OutcomeUnknown,
-    ProtocolViolation,
     Rejected,
     RemoteResult,
     RemoteStatus,
     ResultNotReady,
-    Transient,
 )
 from ledger.digests import digest
 from ledger.events import EventKind
@@ -29,7 +27,10 @@ from ledger.reasons import ReconciliationReason
 from ledger.records import Fence, Operation, TerminalEvidence
 from ledger.states import OpState, TerminalKind
 from workers.errors import NoToken
-from workers.steps.context import StepContext, StepOutcome, describe, remote_ref
+from workers.steps.context import TRY_AGAIN, StepContext, StepOutcome, describe, remote_ref
+
+#: A lost, truncated or early result read decided nothing: read it again later (rule 7).
+FETCH_AGAIN: tuple[type[AdapterError], ...] = (*TRY_AGAIN, ResultNotReady)
 
 
 class NotFoundKind(enum.Enum):
@@ -86,7 +87,7 @@ def fetch(
         )
     except NotFound as exc:
         return _unknown(ctx, op, fence, exc)  # no result is held here (it would have been accepted above)
-    except (Transient, ProtocolViolation, OutcomeUnknown, ResultNotReady) as exc:
+    except FETCH_AGAIN as exc:
         # A lost or truncated result is fetched again; nothing advances without a whole one (rule 7).
         return ctx.retry_later(op, fence, exc, EventKind.RESULT_FAILED)
     except Rejected as exc:

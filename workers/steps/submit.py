@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 
 from adapters import (
+    AdapterError,
     CapabilityRefused,
     Created,
     NotFound,
@@ -25,9 +26,13 @@ from ledger.events import EventKind
 from ledger.reasons import ReconciliationReason
 from ledger.records import Fence, Operation
 from ledger.states import OpState, TerminalKind
-from workers.steps.context import Moved, StepContext, StepOutcome, describe, retry_s, server_status
+from workers.steps.context import TRY_AGAIN, Moved, StepContext, StepOutcome, describe, retry_s, server_status
 from workers.steps.poll import observed
 from workers.steps.result import error_result, fetch, result_json
+
+#: A capabilities read or a lookup that failed decided nothing (a "not found" included: the lookup, not
+#: the error, proves "never created"): ask again later.
+ASK_AGAIN: tuple[type[AdapterError], ...] = (*TRY_AGAIN, NotFound)
 
 
 def advance_submission(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
@@ -59,7 +64,7 @@ def create(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved
         capabilities = adapter.capabilities(op.tool_name, budget=budget)
     except Rejected as exc:
         return _answered_at_once(ctx, op, fence, error_result(exc), EventKind.REJECTED)
-    except (Transient, ProtocolViolation, OutcomeUnknown, NotFound) as exc:
+    except ASK_AGAIN as exc:
         return ctx.retry_later(op, fence, exc, EventKind.CAPABILITIES_FAILED)
     tool = server.tools.get(op.tool_name)
     op = ctx.ledger.record_create_attempt(
@@ -102,7 +107,7 @@ def lookup(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved
             submitted_after=op.created_at,
             budget=ctx.request_budget(op.server, "control"),
         )
-    except (Transient, ProtocolViolation, OutcomeUnknown, NotFound) as exc:
+    except ASK_AGAIN as exc:
         return ctx.retry_later(op, fence, exc, EventKind.LOOKUP_FAILED)
     if found.proof == "found" and found.ref is not None:
         op = ctx.ledger.record_found_by_key(
