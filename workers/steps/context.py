@@ -17,15 +17,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adapters import (
+    UNMETERED,
     AdapterError,
     OutcomeUnknown,
     ProtocolViolation,
     RemoteRef,
     RemoteStatus,
+    RequestBudget,
     ToolAdapter,
     Transient,
 )
-from adapters.base import UNMETERED, RequestBudget
 from ledger.events import EventKind
 from ledger.reasons import ReconciliationReason
 from ledger.records import Fence, Operation, ServerStatus
