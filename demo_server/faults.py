@@ -41,6 +41,9 @@ class FaultSwitches(BaseModel):
     lose_create_response: Count = 0
     delay_ms: dict[str, Count] = Field(default_factory=dict)
     reorder: Count = 0
+    #: Which answer releases a ``tasks/get`` answer held by ``reorder``: the next ``tasks/get`` answer, or
+    #: the next ``tasks/result`` answer (later still: the newer poller has written what it saw).
+    reorder_release: Literal["tasks/get", "tasks/result"] = "tasks/get"
     status_429: dict[str, StatusFault] = Field(default_factory=dict)
     status_503: dict[str, StatusFault] = Field(default_factory=dict)
     truncate_result: Count = 0

@@ -51,7 +51,8 @@ Control endpoints (test harness only, same port):
     closes the connection without any HTTP answer.
   - ``delay_ms: {"<method>": ms}`` — every request of that method waits before it is handled.
   - ``reorder: N`` — a ``tasks/get`` answer (computed on arrival) is held until the next ``tasks/get``
-    answer has been sent (at most 10 s), so the older state arrives last.
+    answer has been sent (at most 10 s), so the older state arrives last; with
+    ``reorder_release: "tasks/result"``, until the next ``tasks/result`` answer has been sent.
   - ``status_429`` / ``status_503: {"<method>": {"count": N, "retry_after_s": S}}`` — the next N requests of
     the method get that HTTP status with ``Retry-After: S`` and a -32000 error body; nothing is done.
   - ``truncate_result: N`` — a ``tasks/result`` answer is cut in half and the connection closed.
@@ -412,6 +413,11 @@ class DemoMcpServer:
             await self._answer(send, answer, headers, plain_json=True)
             return
         await self._answer(send, answer, headers, plain_json=True)
+        if self.faults.switches.reorder_release == "tasks/get":
+            self._release_held_get()
+
+    def _release_held_get(self) -> None:
+        held = self._held_get
         if held is not None:
             self._held_get = None
             held.set()
@@ -605,6 +611,15 @@ class DemoMcpServer:
             if stream is not None:
                 _release(task.inputs.values(), stream)
         answer = {"jsonrpc": "2.0", "id": request_id, **self._final_answer(task)}
+        try:
+            await self._send_result(send, answer, headers, stream)
+        finally:
+            if self.faults.switches.reorder_release == "tasks/result":
+                self._release_held_get()
+
+    async def _send_result(
+        self, send: Send, answer: dict[str, Any], headers: dict[str, str], stream: SseStream | None
+    ) -> None:
         if self.faults.take("drop_result"):
             await drop_connection(send)
         elif self.faults.take("truncate_result"):

@@ -252,8 +252,9 @@ def test_two_pollers_answering_out_of_order_never_move_the_state_back(runtimes: 
     assert ledger.get(op_id).state is S.WORKING
 
     # The older poller: claimed with a short lease, its tasks/get sees "working" and its answer is held by
-    # the server until the next tasks/get answer has gone out (the reorder fault).
-    mcp.faults(reorder=1)
+    # the server until the newer poller's tasks/result answer has gone out (the reorder fault): by then the
+    # newer poller has written the terminal state it saw, so the older answer is the last to arrive.
+    mcp.faults(reorder=1, reorder_release="tasks/result")
     old_claim = ledger.claim(op_id, lease_s=0.3)
     assert old_claim is not None
     outcomes: dict[str, StepOutcome] = {}
