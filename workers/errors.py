@@ -24,8 +24,6 @@ catching the builtin keeps working.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 __all__ = [
     "ConfigError",
     "InputRefused",
@@ -68,11 +66,16 @@ class InputRefused(WorkerError, ValueError):
     """``longcall.provide_input`` refused the reply; the refusal was recorded as an event."""
 
 
-@dataclass(frozen=True, slots=True)
 class NoToken(WorkerError):
-    """The server's bucket had no token for this call; retry after ``wait_s``."""
+    """The server's bucket had no token for this call; retry after ``wait_s``.
 
-    wait_s: float
+    A plain exception, not a frozen dataclass: it travels through adapters and context managers, which
+    set its ``__traceback__`` (a frozen instance refuses that).
+    """
+
+    def __init__(self, wait_s: float) -> None:
+        super().__init__(wait_s)
+        self.wait_s = wait_s
 
 
 class SubmissionRefused(WorkerError):
