@@ -439,20 +439,28 @@ def cancels(fleet: Fleet, run: str) -> dict[str, float]:
 
 
 def ledger_view(db_name: str, run: str) -> dict[str, dict[str, Any]]:
-    """Per call node: op id, remote id, state and its events (kind, at, to_state)."""
+    """Per call node: op id, remote id, state, its events (kind, at, to_state) and its unchanged polls
+    (counted on the row, not written as events)."""
     ops: dict[str, dict[str, Any]] = {}
     with psycopg.connect(database_url(db_name), autocommit=True) as conn:
         rows = conn.execute(
             """
-            SELECT o.call_node_id, o.id, o.remote_id, o.state, e.kind, e.at, e.to_state
+            SELECT o.call_node_id, o.id, o.remote_id, o.state, o.unchanged_polls, e.kind, e.at, e.to_state
             FROM tool_operation o JOIN operation_event e ON e.op_id = o.id
             WHERE o.call_node_id LIKE %s ORDER BY o.call_node_id, e.seq
             """,
             (f"{run}-%",),
         ).fetchall()
-    for call_node_id, op_id, remote_id, state, kind, at, to_state in rows:
+    for call_node_id, op_id, remote_id, state, unchanged_polls, kind, at, to_state in rows:
         op = ops.setdefault(
-            call_node_id, {"op_id": str(op_id), "remote_id": remote_id, "state": state, "events": []}
+            call_node_id,
+            {
+                "op_id": str(op_id),
+                "remote_id": remote_id,
+                "state": state,
+                "unchanged_polls": unchanged_polls,
+                "events": [],
+            },
         )
         op["events"].append((kind, at, to_state))
     return ops
@@ -473,7 +481,7 @@ def detection_lags(
         completed = dt.datetime.fromisoformat(task["lastUpdatedAt"])
         observed = next(at for kind, at, _ in op["events"] if kind == "terminal_observed")
         lags.append((observed - completed).total_seconds())
-        polls.append(1 + sum(kind == "polled" for kind, _, _ in op["events"]))
+        polls.append(1 + op["unchanged_polls"] + sum(kind == "polled" for kind, _, _ in op["events"]))
     return lags, polls
 
 
@@ -508,10 +516,10 @@ def lag_parts(
             continue
         get = seen[0]
         # The last poll (or the create) before the one that saw it set next_poll_at one interval on; a refused
-        # token in between (``no_token``) is part of ``due_to_get``.
-        steps = [
-            at.timestamp() for k, at, _ in op["events"] if k in ("created", "polled") and at.timestamp() < get
-        ]
+        # token in between (``no_token``) is part of ``due_to_get``. An unchanged poll writes no event: the
+        # server's log has its tasks/get.
+        written = [at.timestamp() for k, at, _ in op["events"] if k in ("created", "polled")]
+        steps = sorted(t for t in [*written, *gets[op["remote_id"]]] if t < get)
         if not steps:
             continue
         due = steps[-1] + poll_s

@@ -69,6 +69,10 @@ class GuardedWrite:
     input_outbox: Mapping[str, Any] | None = None
     #: Closes the operation's open reconciliation records with this resolution.
     resolution: str | None = None
+    #: A quiet write (DESIGN §3): its event is appended only when one of these columns changes (never,
+    #: when empty); otherwise the write counts itself in ``counter`` on the row.
+    quiet_unless_changed: tuple[str, ...] | None = None
+    counter: str | None = None
 
 
 class GuardedWrites:
@@ -134,6 +138,8 @@ class GuardedWrites:
             with_cursor=fence.poll_cursor is not None,
             with_round=write.input_round is not None,
             then_names_key=write.then_names_key,
+            quiet_unless_changed=write.quiet_unless_changed,
+            counter=write.counter,
         )
         end = write.then or write.to
         params: dict[str, Any] = {

@@ -115,9 +115,15 @@ class ToolOperation(Base):
     created_at: Mapped[dt.datetime] = mapped_column(Timestamp, server_default=func.now())
     updated_at: Mapped[dt.datetime] = mapped_column(Timestamp, server_default=func.now())
     event_seq: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    #: Polls whose answer changed nothing, and steps that found no token: counted here, not written as
+    #: events (DESIGN §3: the event table grows with what happened, not with time).
+    unchanged_polls: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    no_token_count: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    last_polled_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
 
     __table_args__ = (
         UniqueConstraint("server", "remote_id"),
+        CheckConstraint("unchanged_polls >= 0 AND no_token_count >= 0", name="poll_counters_non_negative"),
         CheckConstraint(_in("state", OpState), name="state_known"),
         CheckConstraint(_in("protocol", PROTOCOLS), name="protocol_known"),
         CheckConstraint(
@@ -191,6 +197,8 @@ class OperationEvent(Base):
     __table_args__ = (
         CheckConstraint("seq >= 1", name="seq_positive"),
         CheckConstraint(_in("kind", EventKind), name="kind_known"),
+        # The retention of final operations' events finds the old ones without a scan.
+        Index("ix_operation_event_at", "at"),
     )
 
 
@@ -259,6 +267,7 @@ class Outbox(Base):
         ),
         Index("ix_outbox_ready", "id", postgresql_where=text("status = 'ready'")),
         Index("ix_outbox_op_id", "op_id"),
+        Index("ix_outbox_dispatched_at", "dispatched_at", postgresql_where=text("status = 'dispatched'")),
     )
 
 

@@ -190,10 +190,25 @@ class OperationMoves(GuardedWrites):
         self, op_id: uuid.UUID, fence: Fence, *, state: OpState, status: ServerStatus, next_poll_in_s: float
     ) -> Operation:
         """Same state: the server still works on it; its status is kept and the next poll is due in
-        ``next_poll_in_s``. Event ``polled``."""
-        sets = {**status.columns(), "next_poll_at": due_in(next_poll_in_s), "lease_until": None}
+        ``next_poll_in_s``. Event ``polled`` when the server state, its message or its poll interval
+        changed; an answer that changed nothing is counted on the row (``unchanged_polls``) instead."""
+        sets = {
+            **status.columns(),
+            "next_poll_at": due_in(next_poll_in_s),
+            "lease_until": None,
+            "last_polled_at": dt.datetime.now(dt.UTC),
+        }
         detail = {"server_state": status.server_state}
-        return self._write(op_id, fence, GuardedWrite((state,), None, EventKind.POLLED, detail, sets))
+        write = GuardedWrite(
+            (state,),
+            None,
+            EventKind.POLLED,
+            detail,
+            sets,
+            quiet_unless_changed=tuple(status.columns()),
+            counter="unchanged_polls",
+        )
+        return self._write(op_id, fence, write)
 
     def reschedule(
         self,
@@ -206,9 +221,20 @@ class OperationMoves(GuardedWrites):
         detail: Mapping[str, Any],
     ) -> Operation:
         """Same state: the step could not finish now (no token, rate limited, a failed call) and is due again
-        in ``delay_s``, its lease released. ``event`` says why."""
+        in ``delay_s``, its lease released. ``event`` says why; a missing token (``no_token``) is counted on
+        the row (``no_token_count``), not written as an event."""
         sets = {"next_poll_at": due_in(delay_s), "lease_until": None}
-        return self._write(op_id, fence, GuardedWrite((state,), None, event, detail, sets))
+        quiet = event is EventKind.NO_TOKEN
+        write = GuardedWrite(
+            (state,),
+            None,
+            event,
+            detail,
+            sets,
+            quiet_unless_changed=() if quiet else None,
+            counter="no_token_count" if quiet else None,
+        )
+        return self._write(op_id, fence, write)
 
     # ------------------------------------------------------------------------- result, accept (7, 8)
 

@@ -73,6 +73,10 @@ class Operation:
     created_at: dt.datetime
     updated_at: dt.datetime
     event_seq: int
+    #: Polls that changed nothing and steps that found no token, counted instead of written as events.
+    unchanged_polls: int
+    no_token_count: int
+    last_polled_at: dt.datetime | None
 
     @classmethod
     def from_row(cls, row: Row[Any] | Mapping[str, Any]) -> Operation:

@@ -40,6 +40,7 @@ from ledger.records import (
     TerminalEvidence,
     adapter_key,
 )
+from ledger.retention import HistoryRetention
 from ledger.side_rows import append_event, open_reconciliation, record_stale
 from ledger.statements import (
     EVENT,
@@ -61,16 +62,26 @@ from ledger.statements import (
 )
 from ledger.states import ACCEPT_FROM, ACCEPT_TO, FINAL_STATES, OpState, TerminalKind
 
+#: The seed's gate: what no rule can decide is resolved by an operator within 15 minutes.
+DEFAULT_RECONCILE_DEADLINE_S = 900.0
 
-class Ledger(OperationMoves, ExecutorControlTransactions):
-    """The repository. Construct it with an engine; every method owns exactly one transaction."""
 
-    def __init__(self, engine: Engine) -> None:
+class Ledger(OperationMoves, ExecutorControlTransactions, HistoryRetention):
+    """The repository. Construct it with an engine; every method owns exactly one transaction.
+
+    ``reconcile_deadline_s`` is how long an operator has for a record the ledger opens itself (a late
+    completion after an accepted cancel); the seed's gate by default.
+    """
+
+    def __init__(self, engine: Engine, *, reconcile_deadline_s: float = DEFAULT_RECONCILE_DEADLINE_S) -> None:
         self.engine = engine
+        self.reconcile_deadline = dt.timedelta(seconds=reconcile_deadline_s)
 
     @classmethod
-    def from_url(cls, url: str, *, pool_size: int = 5) -> Ledger:
-        return cls(make_engine(url, pool_size=pool_size))
+    def from_url(
+        cls, url: str, *, pool_size: int = 5, reconcile_deadline_s: float = DEFAULT_RECONCILE_DEADLINE_S
+    ) -> Ledger:
+        return cls(make_engine(url, pool_size=pool_size), reconcile_deadline_s=reconcile_deadline_s)
 
     def dispose(self) -> None:
         self.engine.dispose()
@@ -297,7 +308,7 @@ class Ledger(OperationMoves, ExecutorControlTransactions):
                     conn,
                     op,
                     ReconciliationReason.EFFECT_RECONCILIATION_REQUIRED,
-                    deadline=dt.timedelta(hours=24),
+                    deadline=self.reconcile_deadline,
                     detail={
                         "cancelled_receipt_id": str(held.id),
                         "late_terminal_state": kind.value,

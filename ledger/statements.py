@@ -16,6 +16,8 @@ from sqlalchemy import (
     Table,
     Text,
     bindparam,
+    case,
+    false,
     func,
     insert,
     literal,
@@ -96,6 +98,11 @@ class WriteShape:
     with_round: bool
     #: The second event's detail names the row's submission key (a resubmission says which key it reuses).
     then_names_key: bool = False
+    #: A quiet write appends its event only when one of these columns changes (never, when empty) and
+    #: otherwise counts itself in ``counter`` (DESIGN §3: an unchanged poll, a missing token). None: a
+    #: write that always appends its event.
+    quiet_unless_changed: tuple[str, ...] | None = None
+    counter: str | None = None
 
 
 def guarded_update(shape: WriteShape) -> Any:
@@ -104,12 +111,26 @@ def guarded_update(shape: WriteShape) -> Any:
     (``event_kind``, ``event_detail``) appended from the updated row by the same statement: a stale write
     updates nothing, so it appends nothing either. A move along two edges appends two events, the first
     into ``halfway_state`` and the second, ``then_kind`` with ``then_detail``, on to the row's state."""
-    prior = select(OP.c.id, OP.c.state).where(OP.c.id == bindparam("fence_id")).with_for_update().cte("prior")
+    quiet = shape.quiet_unless_changed
+    watched = [OP.c[name] for name in quiet or ()]
+    prior = (
+        select(OP.c.id, OP.c.state, *watched)
+        .where(OP.c.id == bindparam("fence_id"))
+        .with_for_update()
+        .cte("prior")
+    )
     sets: dict[str, Any] = {
         name: due_at(f"new_{name}") if due else bindparam(f"new_{name}", type_=OP.c[name].type)
         for name, due in shape.columns
     }
     sets["event_seq"] = OP.c.event_seq + (2 if shape.two_edges else 1)
+    if quiet is not None:
+        if shape.counter is None or shape.two_edges:
+            raise ValueError("a quiet write names its counter and moves along one edge at most")
+        # SET sees the row as it was: "changed" compares the stored values with the new ones.
+        changed: Any = or_(false(), *(column.is_distinct_from(sets[column.name]) for column in watched))
+        sets["event_seq"] = OP.c.event_seq + case((changed, 1), else_=0)
+        sets[shape.counter] = OP.c[shape.counter] + case((changed, 0), else_=1)
     sets["updated_at"] = func.now()
     if shape.to_state:
         sets["state"] = bindparam("new_state", type_=OP.c.state.type)
@@ -154,6 +175,10 @@ def guarded_update(shape: WriteShape) -> Any:
         )
     else:
         events = event_from(moved, moved.c.event_seq, kind, moved.c.prior_state, moved.c.state, detail)
+    if quiet is not None:
+        if not quiet:
+            return select(moved)
+        events = events.where(or_(*(prior.c[c.name].is_distinct_from(moved.c[c.name]) for c in watched)))
     appended = insert(EVENT).from_select(EVENT_COLUMNS, events).returning(EVENT.c.seq).cte("appended")
     return select(moved).add_cte(appended)
 

@@ -7,6 +7,7 @@ decisions, and the exit codes (a refusal is a ``ClickException``: exit code 1 an
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 import os
 import sys
@@ -255,10 +256,12 @@ def reconcile(
 
 def _list_reconciliations(ledger: Ledger, ref: str | None, as_json: bool) -> None:
     records = [r for r in ledger.open_reconciliations() if ref is None or str(r.op_id) == ref]
+    now = dt.datetime.now(dt.UTC)
     if as_json:
-        click.echo(json.dumps([output.jsonable(dataclasses.asdict(r)) for r in records], indent=2))
+        rows = [{**output.jsonable(dataclasses.asdict(r)), "overdue": r.deadline <= now} for r in records]
+        click.echo(json.dumps(rows, indent=2))
         return
-    console.print(output.reconciliations_table(records) if records else "nothing waits for an operator")
+    console.print(output.reconciliations_table(records, now) if records else "nothing waits for an operator")
 
 
 def _close_reconciliation(ledger: Ledger, close_id: int, evidence: str) -> None:

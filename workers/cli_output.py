@@ -6,6 +6,7 @@ JSON keys are part of the command's interface (scripts parse them): add keys, ne
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -123,8 +124,9 @@ def event_line(event: Mapping[str, Any]) -> str:
     )
 
 
-def reconciliations_table(records: Iterable[ReconciliationRecord]) -> Table:
-    table = Table("id", "op_id", "reason", "opened", "deadline")
+def reconciliations_table(records: Iterable[ReconciliationRecord], now: dt.datetime) -> Table:
+    """Open records; one past its deadline (``now``) is marked OVERDUE (``--json``: ``"overdue": true``)."""
+    table = Table("id", "op_id", "reason", "opened", "deadline", "")
     for r in records:
         table.add_row(
             str(r.id),
@@ -132,6 +134,7 @@ def reconciliations_table(records: Iterable[ReconciliationRecord]) -> Table:
             r.reason.value,
             r.opened_at.isoformat(timespec="seconds"),
             r.deadline.isoformat(timespec="seconds"),
+            "[bold red]OVERDUE[/]" if r.deadline <= now else "",
         )
     return table
 

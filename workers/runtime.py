@@ -38,7 +38,9 @@ class Runtime:
     def ledger(self) -> Ledger:
         self._forked()
         if self._ledger is None:
-            self._ledger = Ledger.from_url(self.settings.database_url)
+            self._ledger = Ledger.from_url(
+                self.settings.database_url, reconcile_deadline_s=self.settings.reconcile_deadline_s
+            )
         return self._ledger
 
     @property

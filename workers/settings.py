@@ -124,8 +124,13 @@ class Settings(BaseSettings):
     lease_s: PositiveFloat = 30.0
     #: How long the approval gate has to answer an input request.
     input_timeout_s: PositiveFloat = 3600.0
-    #: How long an operator has to resolve a reconciliation record.
-    reconcile_deadline_s: PositiveFloat = 86_400.0
+    #: How long an operator has to resolve a reconciliation record: the seed's gate (an UNKNOWN resolved
+    #: within 15 minutes). A record past it is flagged overdue (``longcall reconcile`` shows it).
+    reconcile_deadline_s: PositiveFloat = 900.0
+    #: How long the events of a final operation are kept (its row and receipt are kept forever).
+    event_retention_s: PositiveFloat = 30 * 86_400.0
+    #: How long an outbox row is kept once dispatched (a ready row is never deleted).
+    outbox_retention_s: PositiveFloat = 7 * 86_400.0
     #: How many due operations one dispatch_due tick claims at most.
     dispatch_batch: PositiveInt = 500
 

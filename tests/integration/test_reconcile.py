@@ -49,7 +49,13 @@ def test_unanswered_input_past_its_deadline_goes_to_an_operator(executor: Execut
             {"id": late.id},
         )
 
-    assert executor.reconcile() == {"open": 1, "newly_overdue": 0, "inputs_timed_out": 1}
+    assert executor.reconcile() == {
+        "open": 1,
+        "newly_overdue": 0,
+        "inputs_timed_out": 1,
+        "events_purged": 0,
+        "outbox_purged": 0,
+    }
     assert ledger.get(waiting.id).state is OpState.INPUT_REQUIRED
     assert ledger.get(late.id).state is OpState.MANUAL_RECONCILIATION
     [record] = ledger.reconciliations_for(late.id)

@@ -31,8 +31,9 @@ class Resolution:
 
 
 def reconcile(ctx: StepContext) -> dict[str, int]:
-    """Hand unanswered input rounds past their deadline to an operator, report what waits for one, and
-    flag each record past its deadline once (a ``reconciliation_overdue`` event) so alerting can key on it."""
+    """Hand unanswered input rounds past their deadline to an operator, report what waits for one, flag
+    each record past its deadline once (a ``reconciliation_overdue`` event) so alerting can key on it, and
+    apply the retention of final operations' events and dispatched outbox rows (DESIGN §3)."""
     now = ctx.now()
     unanswered = 0
     for op in ctx.ledger.overdue_inputs():
@@ -54,7 +55,16 @@ def reconcile(ctx: StepContext) -> dict[str, int]:
         log.warning(
             "reconciliation %s of %s (%s) is past its deadline", record.id, record.op_id, record.reason
         )
-    return {"open": len(records), "newly_overdue": len(overdue), "inputs_timed_out": unanswered}
+    purged = ctx.ledger.purge_history(
+        event_retention_s=ctx.settings.event_retention_s, outbox_retention_s=ctx.settings.outbox_retention_s
+    )
+    return {
+        "open": len(records),
+        "newly_overdue": len(overdue),
+        "inputs_timed_out": unanswered,
+        "events_purged": purged.events,
+        "outbox_purged": purged.outbox_rows,
+    }
 
 
 def resolve(ctx: StepContext, op: Operation, resolution: Resolution) -> Operation:
