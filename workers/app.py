@@ -14,7 +14,7 @@ from kombu import Queue
 from beat_schedule import beat_schedule
 from workers.errors import ConfigError
 from workers.runtime import RuntimeHolder
-from workers.settings import Settings
+from workers.settings import REDIS_VISIBILITY_TIMEOUT_S, Settings
 from workers.tasks import register_tasks
 
 QUEUES = ("longcall.control", "longcall.poll", "longcall.outbox")
@@ -32,7 +32,7 @@ ROUTES = {
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
-    transport_options: dict[str, Any] = {"visibility_timeout": 3600}
+    transport_options: dict[str, Any] = {"visibility_timeout": REDIS_VISIBILITY_TIMEOUT_S}
     if settings.broker_keyprefix:
         transport_options["global_keyprefix"] = settings.broker_keyprefix
     return {

@@ -23,6 +23,14 @@ CREATE_SPEC = re.compile(r"^(GET|POST|PUT|PATCH|DELETE) (/\S*)$")
 PositiveFloat = Annotated[float, Field(gt=0)]
 PositiveInt = Annotated[int, Field(gt=0)]
 
+#: The Redis broker's visibility timeout (``workers.app``): a message not acknowledged within it is delivered
+#: again, so a countdown or ETA message outliving it runs twice.
+REDIS_VISIBILITY_TIMEOUT_S = 3600
+#: How far inside the visibility timeout a downstream signature's countdown or ETA must end: the message
+#: is reserved at publish and may wait in a busy worker's prefetch before its countdown even starts.
+CALLBACK_DELAY_MARGIN_S = 300
+REDIS_BROKERS = frozenset({"redis", "rediss", "sentinel"})
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
@@ -137,6 +145,16 @@ class Settings(BaseSettings):
     @property
     def broker(self) -> str:
         return self.broker_url or self.redis_url
+
+    @property
+    def max_callback_delay_s(self) -> float | None:
+        """The longest countdown (or ETA ahead) an ``on_terminal`` / ``on_input`` signature may carry: inside
+        the Redis broker's visibility timeout, which would deliver a longer one twice. None: no such limit
+        (an AMQP broker holds a delayed message without redelivering it)."""
+        transport = self.broker.partition("://")[0].lower().partition("+")[0]
+        if transport in REDIS_BROKERS:
+            return float(REDIS_VISIBILITY_TIMEOUT_S - CALLBACK_DELAY_MARGIN_S)
+        return None
 
     def fleet(self) -> FleetConfig:
         return FleetConfig.from_toml(self.config) if self.config is not None else FleetConfig()

@@ -7,6 +7,7 @@ the executor records as it is. A refusal writes nothing and says exactly what wa
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import unicodedata
 from collections.abc import Mapping
@@ -45,14 +46,17 @@ class SubmitRequest:
 
 
 def validate_submission(
-    kwargs: Mapping[str, Any], fleet: FleetConfig, *, max_body_bytes: int
+    kwargs: Mapping[str, Any], fleet: FleetConfig, *, max_body_bytes: int, max_delay_s: float | None = None
 ) -> NewOperation:
     """The whole check of a submission: its shape, then its server, adapter and body size.
+
+    ``max_delay_s`` bounds the countdown (or ETA ahead) of the downstream signatures
+    (``Settings.max_callback_delay_s``: inside a Redis broker's visibility timeout).
 
     Raises:
         InvalidSubmission: what was wrong; nothing was written.
     """
-    request = parse_submit_kwargs(kwargs)
+    request = parse_submit_kwargs(kwargs, max_delay_s=max_delay_s)
     server = fleet.servers.get(request.server)
     if server is None:
         known = ", ".join(sorted(fleet.servers)) or "none (set LONGCALL_CONFIG)"
@@ -88,8 +92,9 @@ def validate_submission(
     )
 
 
-def parse_submit_kwargs(kwargs: Mapping[str, Any]) -> SubmitRequest:
-    """The shape check alone (no fleet needed): names, arguments object, signatures, ttl and budget."""
+def parse_submit_kwargs(kwargs: Mapping[str, Any], *, max_delay_s: float | None = None) -> SubmitRequest:
+    """The shape check alone (no fleet needed): names, arguments object, signatures (their delays within
+    ``max_delay_s``), ttl and budget."""
     unknown = sorted(set(kwargs) - SUBMIT_KWARGS)
     if unknown:
         raise InvalidSubmission(
@@ -106,8 +111,8 @@ def parse_submit_kwargs(kwargs: Mapping[str, Any]) -> SubmitRequest:
         server=_name("server", kwargs["server"]),
         tool=_name("tool", kwargs["tool"]),
         arguments=arguments,
-        on_terminal=_signature("on_terminal", kwargs.get("on_terminal")),
-        on_input=_signature("on_input", kwargs.get("on_input")),
+        on_terminal=_signature("on_terminal", kwargs.get("on_terminal"), max_delay_s),
+        on_input=_signature("on_input", kwargs.get("on_input"), max_delay_s),
         ttl_ms=_ttl(kwargs.get("ttl_ms")),
         wait_budget_s=_budget(kwargs.get("wait_budget_s")),
     )
@@ -142,7 +147,7 @@ def _name(field: str, value: Any) -> str:
     return value
 
 
-def _signature(field: str, value: Any) -> dict[str, Any] | None:
+def _signature(field: str, value: Any, max_delay_s: float | None = None) -> dict[str, Any] | None:
     if value is None:
         return None
     if not isinstance(value, dict):
@@ -159,7 +164,55 @@ def _signature(field: str, value: Any) -> dict[str, Any] | None:
         canonical_json(value)
     except NotJson as exc:
         raise InvalidSubmission(f"{field} is not JSON: {exc}") from exc
+    options = value.get("options") or {}
+    if not isinstance(options, dict):
+        raise InvalidSubmission(f"{field}: options must be an object")
+    delay = _delay_s(field, options)
+    if delay is not None and max_delay_s is not None and delay > max_delay_s:
+        raise InvalidSubmission(
+            f"{field} would run {delay:.0f}s after it is sent (countdown/eta); on a Redis broker a message "
+            f"held that long outlives the broker's visibility timeout and is delivered twice: at most "
+            f"{max_delay_s:.0f}s"
+        )
     return value
+
+
+def _delay_s(field: str, options: Mapping[str, Any]) -> float | None:
+    """How long after it is sent the signature's message runs: its ``countdown``, or its ``eta`` from now."""
+    delays: list[float] = []
+    countdown = options.get("countdown")
+    if countdown is not None:
+        if (
+            isinstance(countdown, bool)
+            or not isinstance(countdown, int | float)
+            or not 0 <= countdown < math.inf
+        ):
+            raise InvalidSubmission(f"{field}: countdown must be a number of seconds, at least 0")
+        delays.append(float(countdown))
+    eta = options.get("eta")
+    if eta is not None:
+        try:
+            when = dt.datetime.fromisoformat(eta) if isinstance(eta, str) else None
+        except ValueError:
+            when = None
+        if when is None:
+            raise InvalidSubmission(f"{field}: eta must be an ISO 8601 date and time")
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=dt.UTC)
+        delays.append((when - dt.datetime.now(dt.UTC)).total_seconds())
+    return max(delays) if delays else None
+
+
+def reply_size_refusal(response: Any, *, max_body_bytes: int) -> str | None:
+    """Why an input reply (``longcall.provide_input``'s ``response``) is refused before anything is
+    written: not JSON, or larger than the body limit. None when it may go on."""
+    try:
+        size = len(canonical_json(response).encode("utf-8"))
+    except NotJson as exc:
+        return f"response is not JSON: {exc}"
+    if size > max_body_bytes:
+        return f"response is {size} bytes of JSON; the limit is {max_body_bytes} (LONGCALL_MAX_BODY_BYTES)"
+    return None
 
 
 def _ttl(value: Any) -> int | None:

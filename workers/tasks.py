@@ -25,7 +25,7 @@ from workers.errors import (
 )
 from workers.executor import Dispatch, Executor, StepOutcome
 from workers.runtime import RuntimeHolder
-from workers.submission import operation_summary, validate_submission
+from workers.submission import operation_summary, reply_size_refusal, validate_submission
 
 __all__ = ["RequestRefused", "SubmissionRefused", "publish_dispatches", "register_tasks"]
 
@@ -76,7 +76,12 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:  # noqa: PLR0915
     def submit(**kwargs: Any) -> dict[str, Any]:
         runtime = holder.get()
         try:
-            new = validate_submission(kwargs, runtime.fleet, max_body_bytes=runtime.settings.max_body_bytes)
+            new = validate_submission(
+                kwargs,
+                runtime.fleet,
+                max_body_bytes=runtime.settings.max_body_bytes,
+                max_delay_s=runtime.settings.max_callback_delay_s,
+            )
             submission, step = Executor(runtime).submit(new)
         except (InvalidSubmission, CallNodeConflict, AdmissionClosed, AdapterDisabled) as exc:
             log.warning("longcall.submit refused: %s", exc)
@@ -120,6 +125,10 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:  # noqa: PLR0915
             raise RequestRefused("response must be the protocol's reply body, a JSON object")
         if isinstance(input_round, bool) or not isinstance(input_round, int):
             raise RequestRefused("input_round must be a whole number")
+        too_big = reply_size_refusal(response, max_body_bytes=holder.get().settings.max_body_bytes)
+        if too_big is not None:
+            log.warning("longcall.provide_input refused for %s: %s", op_id, too_big)
+            raise RequestRefused(too_big)
         try:
             step = executor().provide_input(_op_id(op_id), input_round, response)
         except NoToken as no_token:

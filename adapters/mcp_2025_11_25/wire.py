@@ -36,6 +36,7 @@ from adapters.errors import (
 )
 from adapters.http_answers import Session
 from adapters.jsonrpc import ErrorResponse, Request, Response
+from adapters.mcp_2025_11_25.schema_bounds import bounds_refusal
 
 __all__ = [
     "ADAPTER_VERSION",
@@ -407,8 +408,9 @@ def reply_refusal(request: InputRequest, response: Mapping[str, Any]) -> str | N
     """Why ``response`` cannot answer ``request``, or None when it can.
 
     An ``elicitation/create`` reply needs an action of accept, decline or cancel; an accepted one needs
-    ``content`` valid against the requested schema (a schema the validator cannot use refuses too).
-    Other input methods are not checked here.
+    ``content`` valid against the requested schema (a schema the validator cannot use refuses too),
+    checked in bounded time (:mod:`adapters.mcp_2025_11_25.schema_bounds`). Other input methods are not
+    checked here.
     """
     if request.method != ELICITATION:
         return None
@@ -416,8 +418,12 @@ def reply_refusal(request: InputRequest, response: Mapping[str, Any]) -> str | N
     if action not in ELICITATION_ACTIONS:
         return "an elicitation reply needs action accept, decline or cancel"
     if action == "accept":
+        content, schema = response.get("content", {}), request.schema or {}
+        bounds = bounds_refusal(schema, content)  # before jsonschema runs: it cannot be interrupted
+        if bounds is not None:
+            return bounds
         try:
-            jsonschema.validate(response.get("content", {}), request.schema or {})
+            jsonschema.validate(content, schema)
         except jsonschema.ValidationError as exc:
             return f"content does not match the requested schema: {exc.message}"
         except jsonschema.SchemaError as exc:

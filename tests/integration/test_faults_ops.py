@@ -312,3 +312,40 @@ def test_a_late_completion_after_an_accepted_cancel_gets_the_configured_deadline
     assert record.reason.value == "EFFECT_RECONCILIATION_REQUIRED"
     assert record.deadline - record.opened_at == dt.timedelta(seconds=120)
     assert Ledger(ledger.engine).reconcile_deadline == dt.timedelta(minutes=15)
+
+
+# --------------------------------------------------------------------------- 18. bad input at the boundary
+
+
+def test_bad_input_at_the_boundary_is_refused_by_the_workers_and_writes_nothing(
+    fleet_parts: FleetParts,
+) -> None:
+    """Through real workers: an input reply over ``LONGCALL_MAX_BODY_BYTES`` is refused with a clear error and
+    nothing recorded (a reply within the limit then goes through); a downstream signature whose countdown
+    outlasts the Redis broker's visibility timeout is refused at submit, before any row exists."""
+    with running_fleet(fleet_parts, env={"LONGCALL_MAX_BODY_BYTES": "4096"}) as fleet:
+        op_id = fleet.submit("n/ask", "ask_approval", {"question": "Deploy?"})
+        op = fleet.wait_state(op_id, S.INPUT_REQUIRED, timeout=60)
+        before = fleet.ledger.events(op_id)
+        big = {"action": "accept", "content": {"approved": True, "note": "x" * 5000}}
+        with pytest.raises(Exception, match="LONGCALL_MAX_BODY_BYTES"):
+            fleet.send("longcall.provide_input", op_id=str(op_id), input_round=op.input_round, response=big)
+        assert fleet.ledger.events(op_id) == before
+        assert fleet.ledger.get(op_id).state is S.INPUT_REQUIRED
+        assert "notifications/elicitation" not in [e["method"] for e in fleet.mcp.log()]
+
+        fine = {"action": "accept", "content": {"approved": True}}
+        fleet.send("longcall.provide_input", op_id=str(op_id), input_round=op.input_round, response=fine)
+        assert fleet.wait_receipt("n/ask", timeout=60)["terminal_state"] == "completed"
+
+        late = dict(fleet.pipeline.signature("pipeline.record", queue="pipeline", countdown=2 * 3600))
+        with pytest.raises(Exception, match="visibility timeout"):
+            fleet.send(
+                "longcall.submit",
+                call_node_id="n/late-callback",
+                server="reports",
+                tool="slow_report",
+                arguments={"seconds": 1},
+                on_terminal=late,
+            )
+        assert fleet.ledger.find_by_call_node("n/late-callback") is None

@@ -1,0 +1,96 @@
+"""Bad input at the boundary (issue 8, item 18): downstream signatures whose countdown or ETA outlasts the
+Redis broker's visibility timeout (Redis would deliver them twice), and input replies over the body limit,
+are refused before anything is written."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+
+from workers.app import celery_config
+from workers.errors import InvalidSubmission
+from workers.settings import REDIS_VISIBILITY_TIMEOUT_S, FleetConfig, Settings
+from workers.submission import reply_size_refusal, validate_submission
+
+FLEET = FleetConfig.model_validate(
+    {"servers": {"reports": {"protocol": "mcp", "protocol_version": "2025-11-25", "url": "http://h/mcp"}}}
+)
+
+
+def submission(**options: Any) -> dict[str, Any]:
+    signature = {"task": "pipeline.next", "args": [], "kwargs": {}, "options": options}
+    return {
+        "call_node_id": "n/1",
+        "server": "reports",
+        "tool": "slow_report",
+        "arguments": {},
+        "on_terminal": signature,
+        "on_input": {"task": "pipeline.gate", "options": {}},
+    }
+
+
+def in_hours(hours: float) -> str:
+    return (dt.datetime.now(dt.UTC) + dt.timedelta(hours=hours)).isoformat()
+
+
+REDIS = Settings(broker_url="redis://127.0.0.1:6379/0")
+AMQP = Settings(broker_url="amqp://guest@127.0.0.1:5672//")
+
+
+def validate(kwargs: dict[str, Any], settings: Settings = REDIS) -> None:
+    validate_submission(kwargs, FLEET, max_body_bytes=1000, max_delay_s=settings.max_callback_delay_s)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"countdown": 2 * 3600},
+        {"countdown": REDIS_VISIBILITY_TIMEOUT_S},
+        {"eta": in_hours(2)},
+    ],
+)
+def test_a_signature_that_outlasts_the_visibility_timeout_is_refused_on_redis(
+    options: dict[str, Any],
+) -> None:
+    with pytest.raises(InvalidSubmission, match="visibility timeout"):
+        validate(submission(**options))
+    on_input = submission()
+    on_input["on_input"] = {"task": "pipeline.gate", "options": options}
+    with pytest.raises(InvalidSubmission, match="on_input"):
+        validate(on_input)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"countdown": "soon"}, {"countdown": -5}, {"countdown": float("nan")}, {"eta": "tomorrow"}, {"eta": 5}],
+)
+def test_a_signature_with_a_malformed_delay_is_refused(options: dict[str, Any]) -> None:
+    with pytest.raises(InvalidSubmission, match="on_terminal"):
+        validate(submission(**options), AMQP)
+
+
+def test_short_delays_pass_and_amqp_has_no_such_limit() -> None:
+    validate(submission(countdown=60, expires=7200))
+    validate(submission(eta=in_hours(0.1)))
+    validate(submission(countdown=2 * 3600), AMQP)
+    assert AMQP.max_callback_delay_s is None
+
+
+def test_the_limit_is_the_brokers_own_visibility_timeout() -> None:
+    assert (
+        celery_config(REDIS)["broker_transport_options"]["visibility_timeout"] == REDIS_VISIBILITY_TIMEOUT_S
+    )
+    assert REDIS.max_callback_delay_s is not None
+    assert REDIS.max_callback_delay_s < REDIS_VISIBILITY_TIMEOUT_S
+
+
+def test_an_input_reply_over_the_body_limit_is_refused() -> None:
+    small = {"action": "accept", "content": {"note": "x" * 10}}
+    big = {"action": "accept", "content": {"note": "x" * 2000}}
+    assert reply_size_refusal(small, max_body_bytes=1000) is None
+    refusal = reply_size_refusal(big, max_body_bytes=1000)
+    assert refusal is not None
+    assert "LONGCALL_MAX_BODY_BYTES" in refusal
+    assert reply_size_refusal({"x": float("nan")}, max_body_bytes=1000) is not None
