@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -224,3 +227,153 @@ def running(processes: list[CeleryProcess]) -> Iterator[list[CeleryProcess]]:
     finally:
         for process in processes:
             process.stop()
+
+
+# ------------------------------------------------------------------ private Redis and Postgres instances
+# For tests that restart a service mid-run: each test starts its own on a free port, in a directory of its
+# own, so the shared services on 6379 and 5432 stay up. A missing binary fails the test, naming its package.
+
+
+def _binary(name: str, package: str, *candidates: str) -> str:
+    for path in (shutil.which(name), *candidates):
+        if path and os.access(path, os.X_OK):
+            return path
+    raise RuntimeError(f"{name} is not installed: this test needs it (Debian package {package})")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class PrivateRedis:
+    """A ``redis-server`` of this test's own, started with ``flags`` (e.g. the compose file's command)."""
+
+    flags: tuple[str, ...]
+    data_dir: Path
+    log_dir: Path
+    port: int = field(default_factory=free_port)
+    process: CeleryProcess | None = None
+    starts: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        binary = _binary("redis-server", "redis-server", "/usr/bin/redis-server")
+        self.starts += 1
+        where = ("--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir))
+        self.process = start_celery_like(
+            [binary, *self.flags, *where],
+            env={},
+            log_dir=self.log_dir,
+            name=f"redis-{self.port}-{self.starts}",
+            ready_marker="Ready to accept connections",
+        )
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM) -> None:
+        """Stop the server with ``sig`` (SIGKILL: a crash, nothing flushed at exit; SIGTERM: a shutdown)."""
+        if self.process is not None and self.process.proc.poll() is None:
+            self.process.proc.send_signal(sig)
+            self.process.proc.wait(timeout=30)
+        self.process = None
+
+    def restart(self, sig: signal.Signals = signal.SIGKILL) -> None:
+        self.stop(sig)
+        self.start()
+
+
+@contextlib.contextmanager
+def private_redis(data_dir: Path, log_dir: Path, *flags: str) -> Iterator[PrivateRedis]:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    server = PrivateRedis(tuple(flags), data_dir, log_dir)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop(signal.SIGKILL)
+
+
+#: Postgres refuses to run as root: as root, initdb and pg_ctl run as this (unprivileged) user.
+POSTGRES_OS_USER = os.environ.get("LONGCALL_TEST_POSTGRES_OS_USER", "postgres")
+
+
+@dataclass
+class PrivatePostgres:
+    """A Postgres cluster of this test's own (``initdb`` + ``pg_ctl``), trust auth on 127.0.0.1 only."""
+
+    root: Path
+    log_dir: Path
+    port: int = field(default_factory=free_port)
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    def _run(self, *argv: str, timeout: float = 120) -> None:
+        prefix: list[str] = []
+        if os.geteuid() == 0:
+            prefix = [_binary("runuser", "util-linux", "/usr/sbin/runuser"), "-u", POSTGRES_OS_USER, "--"]
+        done = subprocess.run(
+            [*prefix, *argv], capture_output=True, timeout=timeout, check=False, cwd=self.root
+        )
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"{' '.join(argv[:2])} failed ({done.returncode}):\n"
+                f"{done.stdout.decode(errors='replace')}{done.stderr.decode(errors='replace')}"
+                f"{self.log()[-4000:]}"
+            )
+
+    def _pg_ctl(self, *args: str) -> None:
+        pg_ctl = _binary("pg_ctl", "postgresql", "/usr/local/bin/pg_ctl", "/usr/lib/postgresql/15/bin/pg_ctl")
+        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._run(pg_ctl, "-D", str(self.data), "-l", str(self.root / "postgres.log"), "-o", options, *args)
+
+    def init(self) -> None:
+        initdb = _binary("initdb", "postgresql", "/usr/local/bin/initdb", "/usr/lib/postgresql/15/bin/initdb")
+        self._run(initdb, "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
+
+    def start(self) -> None:
+        self._pg_ctl("-w", "-t", "60", "start")
+
+    def restart(self, mode: str = "fast") -> None:
+        """``pg_ctl restart -m <mode>``: every client connection is dropped, the data is kept."""
+        self._pg_ctl("-w", "-t", "60", "-m", mode, "restart")
+
+    def stop(self) -> None:
+        if (self.data / "postmaster.pid").exists():
+            self._pg_ctl("-w", "-t", "60", "-m", "immediate", "stop")
+
+    def log(self) -> str:
+        path = self.root / "postgres.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def create_database(self, name: str) -> str:
+        with psycopg.connect(self.url(), autocommit=True, connect_timeout=10) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"'.encode())
+        return self.url(name)
+
+
+@contextlib.contextmanager
+def private_postgres(log_dir: Path) -> Iterator[PrivatePostgres]:
+    # Not under pytest's tmp_path: the unprivileged user must be able to reach the directory.
+    root = Path(tempfile.mkdtemp(prefix="lc-pg-"))
+    if os.geteuid() == 0:
+        shutil.chown(root, user=POSTGRES_OS_USER)
+    server = PrivatePostgres(root, log_dir)
+    try:
+        server.init()
+        server.start()
+        yield server
+    finally:
+        try:
+            server.stop()
+        finally:
+            (log_dir / f"postgres-{server.port}.log").write_text(server.log())
+            shutil.rmtree(root, ignore_errors=True)

@@ -31,10 +31,34 @@ ROUTES = {
 }
 
 
+#: Seconds a Redis broker command (a publish, an ack) or connect may take before it fails and is retried.
+BROKER_SOCKET_TIMEOUT_S = 15.0
+
+
+def is_amqp(broker_url: str) -> bool:
+    """An AMQP broker (RabbitMQ), by the URL's transport (``amqp://``, ``pyamqp://``, ``amqps://``, ...)."""
+    transport = broker_url.partition("://")[0].lower()
+    return transport.partition("+")[0] in {"amqp", "amqps", "pyamqp", "librabbitmq"}
+
+
+def is_redis(broker_url: str) -> bool:
+    return broker_url.partition("://")[0].lower() in {"redis", "rediss", "redis+socket", "sentinel"}
+
+
 def celery_config(settings: Settings) -> dict[str, Any]:
     transport_options: dict[str, Any] = {"visibility_timeout": REDIS_VISIBILITY_TIMEOUT_S}
     if settings.broker_keyprefix:
         transport_options["global_keyprefix"] = settings.broker_keyprefix
+    if is_amqp(settings.broker):
+        # The outbox marks a row dispatched when the publish returns: on RabbitMQ that return must mean the
+        # broker has taken the message (publisher confirms), not that it left this process.
+        transport_options["confirm_publish"] = True
+    elif is_redis(settings.broker):
+        # A broker that vanished without closing the connection (host down, failover, a dropped NAT entry)
+        # must fail a publish, not hang it: a drainer stuck in a publish holds its outbox rows (locked,
+        # skipped by every other drainer) for ever. The consumer's BRPOP waits 1 s, well inside this.
+        transport_options["socket_timeout"] = BROKER_SOCKET_TIMEOUT_S
+        transport_options["socket_connect_timeout"] = BROKER_SOCKET_TIMEOUT_S
     return {
         "broker_url": settings.broker,
         "result_backend": settings.redis_url,

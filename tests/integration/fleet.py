@@ -92,6 +92,7 @@ class Fleet:
     mcp: McpServer
     env: dict[str, str]
     log_dir: Path
+    pipeline_env: dict[str, str] = field(default_factory=dict)
     processes: list[support.CeleryProcess] = field(default_factory=list)
 
     def deliveries(self) -> list[dict[str, Any]]:
@@ -205,6 +206,21 @@ class Fleet:
             timeout=timeout,
         )
 
+    def start_pipeline(
+        self, name: str = "pipeline", app: str = "tests.integration.pipeline_app"
+    ) -> support.CeleryProcess:
+        """The pipeline's worker (it imports nothing of longcall), consuming the ``pipeline`` queue."""
+        process = support.start_worker(
+            app,
+            queues="pipeline",
+            env=self.pipeline_env,
+            log_dir=self.log_dir,
+            name=name,
+            concurrency=1,
+        )
+        self.processes.append(process)
+        return process
+
     def start_worker(
         self, name: str, queues: str = "longcall.control,longcall.poll,longcall.outbox", concurrency: int = 2
     ) -> support.CeleryProcess:
@@ -231,6 +247,8 @@ class FleetParts:
     redis_client: redis.Redis
     tmp_path: Path
     log_dir: Path
+    #: The Redis of the fleet's hot state, broker and pipeline (a test's private instance, or the shared one).
+    redis_url: str = support.REDIS_URL
 
 
 @contextmanager
@@ -242,8 +260,10 @@ def running_fleet(
     server: dict[str, Any] | None = None,
     workers: int = 2,
     env: dict[str, str] | None = None,
+    pipeline: bool = True,
 ) -> Iterator[Fleet]:
-    """Starts the MCP server, ``workers`` longcall workers, beat and the pipeline worker; stops them all."""
+    """Starts the MCP server, ``workers`` longcall workers, beat and (unless ``pipeline`` is False: then
+    ``Fleet.start_pipeline`` does, later) the pipeline worker; stops them all."""
     broker_prefix, tmp_path, log_dir = parts.broker_prefix, parts.tmp_path, parts.log_dir
     mcp = start_mcp_server(log_dir, *mcp_flags, poll_interval_ms=poll_interval_ms)
     config = tmp_path / "longcall.toml"
@@ -251,7 +271,7 @@ def running_fleet(
     sink = f"{broker_prefix}sink"
     longcall_env = {
         "LONGCALL_DATABASE_URL": parts.database_url,
-        "LONGCALL_REDIS_URL": support.REDIS_URL,
+        "LONGCALL_REDIS_URL": parts.redis_url,
         "LONGCALL_BROKER_KEYPREFIX": broker_prefix,
         "LONGCALL_CONFIG": str(config),
         "LONGCALL_OUTBOX_INTERVAL_S": "0.5",
@@ -259,18 +279,19 @@ def running_fleet(
         **(env or {}),
     }
     pipeline_env = {
-        "PIPELINE_BROKER_URL": support.REDIS_URL,
+        "PIPELINE_BROKER_URL": parts.redis_url,
         "PIPELINE_KEYPREFIX": broker_prefix,
         "PIPELINE_SINK": sink,
     }
     fleet = Fleet(
         parts.ledger,
-        make_app(support.REDIS_URL, broker_prefix, sink),
+        make_app(parts.redis_url, broker_prefix, sink),
         sink,
         parts.redis_client,
         mcp,
         longcall_env,
         log_dir,
+        pipeline_env=pipeline_env,
     )
     try:
         for index in range(workers):
@@ -284,16 +305,8 @@ def running_fleet(
                 ready_marker="beat: Starting",
             )
         )
-        fleet.processes.append(
-            support.start_worker(
-                "tests.integration.pipeline_app",
-                queues="pipeline",
-                env=pipeline_env,
-                log_dir=log_dir,
-                name="pipeline",
-                concurrency=1,
-            )
-        )
+        if pipeline:
+            fleet.start_pipeline()
         yield fleet
     finally:
         for process in [*fleet.processes, mcp.process]:
