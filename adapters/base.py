@@ -6,7 +6,7 @@ All values are frozen dataclasses. Those the ledger stores and a *different* wor
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final, Literal, Protocol, runtime_checkable
@@ -274,15 +274,30 @@ class Limits:
 
 @dataclass(frozen=True)
 class AdapterConfig:
-    """Plain values an adapter is built from; the token is a value, never an environment lookup."""
+    """Plain values an adapter is built from. The bearer token is a value, or ``token_provider``: called
+    before every request (a rotated token is used from the next request on); the adapter never looks
+    the environment up itself. ``url`` may carry ``user:password``: the adapter sends it as HTTP basic
+    auth (unless a bearer token is set) and never shows it (see :func:`redact_url`)."""
 
     name: str
     url: str
     protocol: str
     protocol_version: str
     bearer_token: str | None = field(default=None, repr=False)
+    token_provider: Callable[[], str | None] | None = field(default=None, repr=False)
     timeouts: Timeouts = field(default_factory=Timeouts)
     limits: Limits = field(default_factory=Limits)
+
+
+def redact_url(url: str) -> str:
+    """``url`` as it may be shown (errors, events, logs): a password in it replaced by ``***``."""
+    scheme, sep, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    userinfo, at, host = authority.rpartition("@")
+    if not sep or not at:
+        return url
+    user, colon, _password = userinfo.partition(":")
+    return f"{scheme}://{user}{':***' if colon else ''}@{host}{slash}{path}"
 
 
 class RequestBudget(Protocol):

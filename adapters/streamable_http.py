@@ -9,6 +9,7 @@ caller's :class:`~adapters.base.RequestBudget`.
 
 from __future__ import annotations
 
+import base64
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -16,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from adapters.base import UNMETERED, Limits, RequestBudget, Timeouts
+from adapters.base import UNMETERED, Limits, RequestBudget, Timeouts, redact_url
 from adapters.errors import AdapterError, OutcomeUnknown, ProtocolViolation, Rejected, Transient
 from adapters.http_answers import (
     ERROR_BODY_LIMIT,
@@ -88,19 +89,29 @@ class StreamableHttpClient:
         http: httpx.Client,
         url: str,
         *,
-        bearer_token: str | None,
+        bearer_token: str | Callable[[], str | None] | None,
         timeouts: Timeouts,
         limits: Limits,
         new_id: Callable[[], str] | None = None,
     ) -> None:
         self._http = http
-        self._url = url
+        self._url = redact_url(url)
         # Parsed once: httpx would parse the string again for every request.
         self._endpoint: httpx.URL | str
+        self._basic: str | None = None
         try:
-            self._endpoint = httpx.URL(url)
+            endpoint = httpx.URL(url)
         except httpx.InvalidURL:
             self._endpoint = url  # refused when it is used, as before
+        else:
+            if endpoint.userinfo:
+                # user:password in the URL is sent as basic auth, never as a part of the URL that httpx
+                # would log (its INFO line names every request's URL) or put into an error.
+                credentials = f"{endpoint.username}:{endpoint.password}".encode()
+                self._basic = "Basic " + base64.b64encode(credentials).decode("ascii")
+                endpoint = endpoint.copy_with(username=None, password=None)
+            self._endpoint = endpoint
+        #: A token, or a provider called before every request: a rotated token is used from then on.
         self._token = bearer_token
         self._timeouts = timeouts
         self._limits = limits
@@ -109,7 +120,26 @@ class StreamableHttpClient:
 
     @property
     def url(self) -> str:
+        """The endpoint as it may be shown: a password in it is redacted."""
         return self._url
+
+    def _headers(self, session: Session | None, *, include_version: bool = True) -> dict[str, str]:
+        """:func:`request_headers` with this request's credentials: the bearer token as it is now, else the
+        URL's basic auth.
+
+        Raises:
+            Transient: the token provider failed; nothing was sent.
+        """
+        token = self._token
+        if callable(token):
+            try:
+                token = token()
+            except Exception as exc:  # any failure to read the token: the request is not sent
+                raise Transient(f"not sent: the bearer token could not be read: {exc}") from exc
+        headers = request_headers(session, bearer_token=token, include_version=include_version)
+        if token is None and self._basic is not None:
+            headers["Authorization"] = self._basic
+        return headers
 
     def _timeout(self, read: float) -> httpx.Timeout:
         t = self._timeouts
@@ -146,7 +176,7 @@ class StreamableHttpClient:
         body = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": dict(params)}
         read_s = read_timeout if read_timeout is not None else self._timeouts.read
         deadline = Deadline(read_s)
-        headers = request_headers(session, bearer_token=self._token, include_version=include_version)
+        headers = self._headers(session, include_version=include_version)
         state = StreamState()
 
         def read(answer: httpx.Response, *, resuming: bool) -> Exchange:
@@ -259,7 +289,7 @@ class StreamableHttpClient:
             SessionGone, Transient, RateLimited, Rejected, OutcomeUnknown, ProtocolViolation.
             Whatever ``budget.charge()`` raises.
         """
-        headers = request_headers(session, bearer_token=self._token)
+        headers = self._headers(session)
         budget.charge()
         try:
             with self._http.stream(
@@ -296,7 +326,7 @@ class StreamableHttpClient:
             SessionGone, Transient, RateLimited, Rejected, ProtocolViolation.
             Whatever ``budget.charge()`` raises.
         """
-        headers = request_headers(session, bearer_token=self._token)
+        headers = self._headers(session)
         headers["Accept"] = "text/event-stream"
         del headers["Content-Type"]
         deadline = Deadline(wait_s)

@@ -51,6 +51,8 @@ class FaultSwitches(BaseModel):
     expire_early: ExpireEarly | None = None
     complete_on_cancel: Count = 0
     force_input_required: Count = 0
+    #: While set, every request to /mcp must carry ``Authorization: Bearer <this token>``, else HTTP 401.
+    require_bearer: str | None = None
 
 
 class Faults:

@@ -60,6 +60,8 @@ Control endpoints (test harness only, same port):
   - ``expire_early: {"after_ms": M}`` (or null) — tasks are purged M ms after they become terminal.
   - ``complete_on_cancel: N`` — a ``tasks/cancel`` of a running task finds it completing at that
     instant: the task ends with the tool's result and the cancel answers -32602 already 'completed'.
+  - ``require_bearer: "<token>"`` (or null) — every request to /mcp without ``Authorization: Bearer
+    <token>`` is answered 401 (a rotated credential: set the new token here).
   - ``force_input_required: N`` — a ``slow_report`` task first asks ``elicitation/create`` ("Continue the
     <s>s report?", approved schema): ``input_required`` until answered; not approved -> isError, failed.
 """
@@ -217,9 +219,13 @@ class DemoMcpServer:
         method: str = scope["method"]
         if path.rstrip("/") == "/mcp":
             origin = request_headers(scope).get("origin")
+            required = self.faults.switches.require_bearer
             if origin is not None and urlsplit(origin).hostname not in LOOPBACK_HOSTS:
                 body = {"jsonrpc": "2.0", "error": {"code": -32600, "message": f"Forbidden: Origin {origin}"}}
                 await respond(send, 403, dumps(body))
+            elif required is not None and request_headers(scope).get("authorization") != f"Bearer {required}":
+                body = {"jsonrpc": "2.0", "error": {"code": -32001, "message": "Unauthorized: bearer token"}}
+                await respond(send, 401, dumps(body), headers={"www-authenticate": 'Bearer realm="demo"'})
             elif method == "POST":
                 await self._post(scope, receive, send)
             elif method == "GET":

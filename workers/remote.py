@@ -38,7 +38,7 @@ class RemotePool:
                     url=server.url,
                     protocol=server.protocol,
                     protocol_version=server.protocol_version,
-                    bearer_token=server.token(),
+                    token_provider=server.token,  # read per request: a rotated token needs no restart
                     timeouts=self._timeouts,
                 )
                 t = self._timeouts

@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from workers.errors import ConfigError
@@ -56,8 +56,11 @@ class ServerConfig(_Strict):
     protocol: Literal["mcp", "aip151"]
     protocol_version: Annotated[str, Field(min_length=1)]
     url: Annotated[str, Field(pattern=r"^https?://[^\s/]+(/\S*)?$")]
-    #: The bearer token is read from this environment variable at call time; it is never stored.
+    #: The bearer token is read from this environment variable before every request; it is never stored.
     auth_env: str | None = None
+    #: Or from this file, read before every request (stripped): rotate the token by rewriting the file (a
+    #: mounted secret), no restart needed. At most one of ``auth_env`` and ``auth_file``.
+    auth_file: Path | None = None
     poll_qps: PositiveFloat = 10.0
     control_qps: PositiveFloat = 5.0
     default_ttl_ms: PositiveInt = 600_000
@@ -73,16 +76,36 @@ class ServerConfig(_Strict):
             raise ValueError("must be the NAME of an environment variable holding the token, not the token")
         return value
 
+    @model_validator(mode="after")
+    def _one_token_source(self) -> ServerConfig:
+        if self.auth_env is not None and self.auth_file is not None:
+            raise ValueError("set auth_env or auth_file, not both")
+        return self
+
     def token(self) -> str | None:
-        """The bearer token, read now from the named variable (never cached, never logged)."""
+        """The bearer token, read now from the named variable or file (never cached, never logged).
+
+        Raises:
+            ConfigError: the variable is empty, or the file cannot be read or is empty.
+        """
+        if self.auth_file is not None:
+            try:
+                value = self.auth_file.read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                raise ConfigError(
+                    f"auth_file {str(self.auth_file)!r} cannot be read: {exc.strerror}"
+                ) from None
+            if not value:
+                raise ConfigError(f"auth_file {str(self.auth_file)!r} is empty")
+            return value
         if self.auth_env is None:
             return None
-        value = os.environ.get(self.auth_env)
-        if not value:
+        variable = os.environ.get(self.auth_env)
+        if not variable:
             raise ConfigError(
                 f"auth_env {self.auth_env!r} is configured but that environment variable is empty"
             )
-        return value
+        return variable
 
 
 class FleetConfig(_Strict):

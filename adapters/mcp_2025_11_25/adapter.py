@@ -107,7 +107,7 @@ class McpTasksAdapter:
         self._client = StreamableHttpClient(
             http,
             config.url,
-            bearer_token=config.bearer_token,
+            bearer_token=config.token_provider or config.bearer_token,
             timeouts=config.timeouts,
             limits=config.limits,
         )

@@ -261,13 +261,16 @@ def running_fleet(
     workers: int = 2,
     env: dict[str, str] | None = None,
     pipeline: bool = True,
+    url_userinfo: str | None = None,
 ) -> Iterator[Fleet]:
     """Starts the MCP server, ``workers`` longcall workers, beat and (unless ``pipeline`` is False: then
     ``Fleet.start_pipeline`` does, later) the pipeline worker; stops them all."""
     broker_prefix, tmp_path, log_dir = parts.broker_prefix, parts.tmp_path, parts.log_dir
     mcp = start_mcp_server(log_dir, *mcp_flags, poll_interval_ms=poll_interval_ms)
     config = tmp_path / "longcall.toml"
-    config.write_text(fleet_config(mcp.url, **(server or {})))
+    # With ``url_userinfo`` ("user:password"), longcall is configured with the server's URL carrying it.
+    url = mcp.url.replace("://", f"://{url_userinfo}@", 1) if url_userinfo else mcp.url
+    config.write_text(fleet_config(url, **(server or {})))
     sink = f"{broker_prefix}sink"
     longcall_env = {
         "LONGCALL_DATABASE_URL": parts.database_url,

@@ -349,3 +349,45 @@ def test_bad_input_at_the_boundary_is_refused_by_the_workers_and_writes_nothing(
                 on_terminal=late,
             )
         assert fleet.ledger.find_by_call_node("n/late-callback") is None
+
+
+# ------------------------------------------------------------------------------------ 16. credentials
+
+PASSWORD = "pw-s3cret-7Qx"
+
+
+def test_a_rotated_token_works_without_a_restart_and_a_url_password_never_shows(
+    fleet_parts: FleetParts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bearer token is read per request (``auth_file``: a file the operator, or a secret mount,
+    rewrites; ``auth_env`` is read per request too): the server starts requiring a new token between two
+    operations and the same worker processes go on with it. The server URL carries user:password: it is
+    never written to events, receipts, the CLI's output or the workers' logs."""
+    token = fleet_parts.tmp_path / "reports.token"
+    token.write_text("token-A\n")
+    with running_fleet(
+        fleet_parts,
+        server={"auth_file": str(token)},
+        url_userinfo=f"lc-user:{PASSWORD}",
+    ) as fleet:
+        fleet.mcp.faults(require_bearer="token-A")
+        first = fleet.submit("n/before-rotation", "slow_report", {"seconds": 0.2})
+        assert fleet.wait_receipt("n/before-rotation", timeout=60)["terminal_state"] == "completed"
+
+        token.write_text("token-B\n")
+        fleet.mcp.faults(require_bearer="token-B")
+        second = fleet.submit("n/after-rotation", "slow_report", {"seconds": 0.2})
+        assert fleet.wait_receipt("n/after-rotation", timeout=60)["terminal_state"] == "completed"
+
+        monkeypatch.setenv("LONGCALL_DATABASE_URL", fleet.env["LONGCALL_DATABASE_URL"])
+        monkeypatch.setenv("LONGCALL_CONFIG", fleet.env["LONGCALL_CONFIG"])
+        written = json.dumps(
+            [fleet.ledger.events(op_id) for op_id in (first, second)] + fleet.deliveries(), default=str
+        )
+        status = CliRunner().invoke(cli_main, ["status", str(second), "--json", "--events"])
+        assert status.exit_code == 0, status.output
+        logs = "".join(p.log() for p in fleet.processes)
+    for where, text_ in (("the ledger or the deliveries", written), ("longcall status", status.output)):
+        assert PASSWORD not in text_, f"the URL's password shows in {where}"
+    leaked = [line for line in logs.splitlines() if PASSWORD in line]
+    assert not leaked, f"the URL's password shows in the logs: {leaked[:3]}"

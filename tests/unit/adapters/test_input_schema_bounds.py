@@ -70,7 +70,13 @@ def test_the_specs_own_schemas_still_validate() -> None:
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "type": "object",
         "properties": {
-            "name": {"type": "string", "minLength": 1, "maxLength": 40, "format": "email", "default": "a@b.c"},
+            "name": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 40,
+                "format": "email",
+                "default": "a@b.c",
+            },
             "age": {"type": "integer", "minimum": 0, "maximum": 150},
             "ok": {"type": "boolean", "default": False},
             "pick": {"type": "string", "enum": ["a", "b"], "enumNames": ["A", "B"]},

@@ -1,0 +1,90 @@
+"""Credentials (issue 8, item 16): the bearer token is read per request, a password in the server URL is
+sent as basic auth and never shown (not in the URL httpx logs, not in ``url``)."""
+
+from __future__ import annotations
+
+import base64
+import logging
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from adapters.base import Limits, Timeouts, redact_url
+from adapters.errors import Transient
+from adapters.streamable_http import StreamableHttpClient
+
+PASSWORD = "pw-s3cret-7Qx"
+
+
+def client(url: str, token: object, seen: list[httpx.Request]) -> StreamableHttpClient:
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(202)
+
+    http = httpx.Client(transport=httpx.MockTransport(answer))
+    return StreamableHttpClient(http, url, bearer_token=token, timeouts=Timeouts(), limits=Limits())  # type: ignore[arg-type]
+
+
+def tokens() -> Iterator[str]:
+    yield from ("token-A", "token-B")
+
+
+def test_the_token_provider_is_called_for_every_request() -> None:
+    seen: list[httpx.Request] = []
+    rotating = tokens()
+    sender = client("http://127.0.0.1:9/mcp", lambda: next(rotating), seen)
+    for _ in range(2):
+        sender.post_message({"jsonrpc": "2.0", "method": "notifications/initialized"}, session=None, what="n")
+    assert [r.headers["authorization"] for r in seen] == ["Bearer token-A", "Bearer token-B"]
+
+
+def test_a_token_that_cannot_be_read_sends_nothing() -> None:
+    seen: list[httpx.Request] = []
+
+    def missing() -> str:
+        raise LookupError("REPORTS_TOKEN is empty")
+
+    sender = client("http://127.0.0.1:9/mcp", missing, seen)
+    with pytest.raises(Transient, match="not sent"):
+        sender.post_message({"jsonrpc": "2.0", "method": "notifications/initialized"}, session=None, what="n")
+    assert seen == []
+
+
+def test_a_password_in_the_url_is_sent_as_basic_auth_and_never_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    seen: list[httpx.Request] = []
+    sender = client(f"http://lc-user:{PASSWORD}@127.0.0.1:9/mcp", None, seen)
+    with caplog.at_level(logging.DEBUG):
+        sender.post_message({"jsonrpc": "2.0", "method": "notifications/initialized"}, session=None, what="n")
+    [request] = seen
+    assert (
+        request.headers["authorization"]
+        == "Basic " + base64.b64encode(f"lc-user:{PASSWORD}".encode()).decode()
+    )
+    assert PASSWORD not in str(request.url)
+    assert PASSWORD not in caplog.text
+    assert "127.0.0.1:9/mcp" in caplog.text  # httpx did log the request
+    assert sender.url == "http://lc-user:***@127.0.0.1:9/mcp"
+
+
+def test_a_bearer_token_wins_over_the_urls_basic_auth() -> None:
+    seen: list[httpx.Request] = []
+    sender = client(f"http://lc-user:{PASSWORD}@127.0.0.1:9/mcp", "token-A", seen)
+    sender.post_message({"jsonrpc": "2.0", "method": "notifications/initialized"}, session=None, what="n")
+    assert seen[0].headers["authorization"] == "Bearer token-A"
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("http://u:p@h:1/mcp", "http://u:***@h:1/mcp"),
+        ("https://u@h/x?y=1", "https://u@h/x?y=1"),
+        ("http://h:1/mcp", "http://h:1/mcp"),
+        ("http://u:p@ss@h/mcp", "http://u:***@h/mcp"),
+        ("not a url", "not a url"),
+    ],
+)
+def test_redact_url(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
