@@ -214,8 +214,9 @@ def read_stream(
     messages = state.messages
     chunks = answer.iter_bytes()
     leg_size = 0
+    cut: httpx.TransportError | None = None
     try:
-        for chunk in chunks:
+        for chunk in _until_cut(chunks, resumable=request_id is not None, decoder=decoder, state=state):
             state.size += len(chunk)
             leg_size += len(chunk)
             if state.size > max_body_bytes:
@@ -235,18 +236,45 @@ def read_stream(
             if deadline.expired():
                 raise ReadBudgetExceeded
         decoder.close()
+    except _Cut as signal:
+        cut = signal.error
     finally:
         state.last_event_id = decoder.last_event_id or state.last_event_id
         state.reconnect_ms = decoder.reconnect_ms if decoder.reconnect_ms is not None else state.reconnect_ms
     exchange = _collect(messages, request_id, method, session_header, from_stream=True)
-    if exchange.response is not None or patient:
-        return replace(exchange, waited_out=exchange.response is None)
+    if exchange.response is not None:
+        return exchange
     if request_id is not None and state.last_event_id is not None:
-        raise Resume
+        # Closed or cut before its response, after an event id: resumable, patient or not (a server's
+        # request cut with the stream comes back only this way).
+        raise Resume from cut
+    if patient:
+        return replace(exchange, waited_out=True)
     text = f"{method}: event stream ended without a response"
     if idempotent:
         raise Transient(text)
     raise OutcomeUnknown(text)
+
+
+class _Cut(Exception):
+    """The connection under a resumable stream broke (see :func:`_until_cut`)."""
+
+    def __init__(self, error: httpx.TransportError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _until_cut(
+    chunks: Iterator[bytes], *, resumable: bool, decoder: SseDecoder, state: StreamState
+) -> Iterator[bytes]:
+    """The stream's chunks; a connection that breaks after an event id of a request's stream ends them
+    with :class:`_Cut` (the stream is resumed), any other break is raised as it is."""
+    try:
+        yield from chunks
+    except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+        if resumable and (decoder.last_event_id or state.last_event_id) is not None:
+            raise _Cut(exc) from exc
+        raise
 
 
 def _is_ours(message: Message, request_id: str | None) -> bool:

@@ -230,6 +230,8 @@ class StreamableHttpClient:
             time.sleep(wait_s)
             self._charge_resumption(budget, method=method, idempotent=idempotent)
             leg, resumed = resume, resumed + 1
+        if patient:
+            return Exchange(response=None, waited_out=True)
         text = f"{method}: event stream closed without a response (resumed {resumed}x)"
         if idempotent:
             raise Transient(text)

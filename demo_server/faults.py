@@ -17,6 +17,7 @@ CountedFault = Literal[
     "drop_result",
     "complete_on_cancel",
     "force_input_required",
+    "lose_input_request",
 ]
 
 
@@ -51,6 +52,11 @@ class FaultSwitches(BaseModel):
     expire_early: ExpireEarly | None = None
     complete_on_cancel: Count = 0
     force_input_required: Count = 0
+    #: ``tasks/result`` SSE streams carry event ids and resume on a GET with ``Last-Event-ID``.
+    sse_event_ids: bool = False
+    lose_input_request: Count = 0
+    #: A client's JSON-RPC response (an input reply) is held this long before it is accepted.
+    delay_reply_ms: Count = 0
     #: While set, every request to /mcp must carry ``Authorization: Bearer <this token>``, else HTTP 401.
     require_bearer: str | None = None
 

@@ -62,6 +62,13 @@ Control endpoints (test harness only, same port):
     instant: the task ends with the tool's result and the cancel answers -32602 already 'completed'.
   - ``require_bearer: "<token>"`` (or null) — every request to /mcp without ``Authorization: Bearer
     <token>`` is answered 401 (a rotated credential: set the new token here).
+  - ``sse_event_ids: true`` — ``tasks/result`` SSE streams carry event ids (a priming event first) and a
+    GET with ``Last-Event-ID`` resumes one: what followed is replayed, then the stream goes on there
+    (``demo_server.resumable``).
+  - ``lose_input_request: N`` — the stream about to carry an input request is cut instead; the server
+    counts the request as sent and never sends it on another stream (as the mcp 1.30 server): only a
+    resumption of that stream (``sse_event_ids``) brings it back.
+  - ``delay_reply_ms: M`` — a client's JSON-RPC response (an input reply) waits M ms before it is taken.
   - ``force_input_required: N`` — a ``slow_report`` task first asks ``elicitation/create`` ("Continue the
     <s>s report?", approved schema): ``input_required`` until answered; not approved -> isError, failed.
 """
@@ -98,6 +105,7 @@ from demo_server._asgi import (
     wait_disconnect,
 )
 from demo_server.faults import Faults, RequestLog
+from demo_server.resumable import LOST_IN_TRANSIT, ResumableStream, StreamLogs
 from demo_server.tasks import RELATED_TASK, PendingInput, RpcError, Task, TaskStore
 from demo_server.tools import TOOLS, Tool, ToolError, text_result
 
@@ -206,6 +214,7 @@ class DemoMcpServer:
         self._pending: dict[str, PendingInput] = {}
         self._runners: set[asyncio.Task[None]] = set()
         self._held_get: asyncio.Event | None = None
+        self._stream_logs = StreamLogs()
 
     # ---- ASGI entry -------------------------------------------------------------------------------
 
@@ -302,6 +311,8 @@ class DemoMcpServer:
             return
         incoming = Incoming(message, session)
         if raw_method is None:
+            if self.faults.switches.delay_reply_ms:
+                await asyncio.sleep(self.faults.switches.delay_reply_ms / 1000)
             self._client_response(incoming)
             await respond(send, 202, headers=self._session_headers(incoming.session))
         elif "id" not in message:
@@ -598,24 +609,11 @@ class DemoMcpServer:
         except RpcError as error:
             await self._answer(send, {"jsonrpc": "2.0", "id": request_id, "error": error.wire()}, headers)
             return
-        stream = None if self.options.json_response else SseStream(send, headers)
-        disconnected = asyncio.ensure_future(wait_disconnect(receive))
-        try:
-            while not task.terminal:
-                if stream is not None:
-                    for pending in list(task.inputs.values()):
-                        if pending.holder is None:
-                            pending.holder = stream
-                            await stream.event(pending.request)
-                change = asyncio.ensure_future(task.changed().wait())
-                await asyncio.wait({change, disconnected}, return_when=asyncio.FIRST_COMPLETED)
-                change.cancel()
-                if disconnected.done():
-                    return
-        finally:
-            disconnected.cancel()
-            if stream is not None:
-                _release(task.inputs.values(), stream)
+        stream = None
+        if not self.options.json_response:
+            stream = await self._result_stream(send, headers, task, request_id)
+        if not await self._follow(task, stream, receive, send):
+            return
         answer = {"jsonrpc": "2.0", "id": request_id, **self._final_answer(task)}
         try:
             await self._send_result(send, answer, headers, stream)
@@ -640,6 +638,76 @@ class DemoMcpServer:
             await stream.close()
         else:
             await respond(send, 200, dumps(answer), headers=headers)
+
+    async def _result_stream(
+        self, send: Send, headers: dict[str, str], task: Task, request_id: object
+    ) -> SseStream:
+        if not self.faults.switches.sse_event_ids:
+            return SseStream(send, headers)
+        stream = ResumableStream(send, headers, self._stream_logs.open(task.task_id, request_id))
+        await stream.prime()
+        return stream
+
+    async def _follow(self, task: Task, stream: SseStream | None, receive: Receive, send: Send) -> bool:
+        """Carry the task's input requests on ``stream`` until the task is terminal (True), or until the
+        client goes away or the stream is cut under a request (False: nothing more to send)."""
+        disconnected = asyncio.ensure_future(wait_disconnect(receive))
+        try:
+            while not task.terminal:
+                if stream is not None:
+                    for pending in list(task.inputs.values()):
+                        if pending.holder is None and not await self._deliver(pending, stream, send):
+                            return False
+                change = asyncio.ensure_future(task.changed().wait())
+                await asyncio.wait({change, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+                change.cancel()
+                if disconnected.done():
+                    return False
+        finally:
+            disconnected.cancel()
+            if stream is not None:
+                _release(task.inputs.values(), stream)
+        return True
+
+    async def _deliver(self, pending: PendingInput, stream: SseStream, send: Send) -> bool:
+        """Send an input request on ``stream``; with ``lose_input_request``, cut the stream under it instead
+        (False). A lost request counts as sent: only resuming this stream brings it back."""
+        if not self.faults.take("lose_input_request"):
+            pending.holder = stream
+            await stream.event(pending.request)
+            return True
+        pending.holder = LOST_IN_TRANSIT
+        if isinstance(stream, ResumableStream):
+            stream.keep_unsent(pending.request)
+        await stream.start()
+        await drop_connection(send)
+        return False
+
+    async def _resume(self, last_event_id: str, session: Session, receive: Receive, send: Send) -> None:
+        """GET with ``Last-Event-ID``: replay what followed that event on its ``tasks/result`` stream, then
+        go on as that stream (its input requests, then its final answer under the original request id)."""
+        log = self._stream_logs.find(last_event_id)
+        replay = log.after(last_event_id) if log is not None else None
+        task = None
+        if log is not None:
+            with contextlib.suppress(RpcError):
+                task = self.store.get(log.task_id, session.session_id)
+        if log is None or replay is None or task is None:
+            message = f"Bad Request: no stream to resume at event {last_event_id!r}"
+            await respond(send, 400, _transport_error(-32000, message))
+            return
+        headers = self._session_headers(session)
+        stream = ResumableStream(send, headers, log)
+        await stream.start()
+        for replayed, data in replay:
+            await stream.write(data)
+            pending = task.inputs.get(str(replayed.get("id")))
+            if pending is not None and pending.holder is LOST_IN_TRANSIT:
+                pending.holder = stream
+        if not await self._follow(task, stream, receive, send):
+            return
+        answer = {"jsonrpc": "2.0", "id": log.request_id, **self._final_answer(task)}
+        await self._send_result(send, answer, headers, stream)
 
     @staticmethod
     def _final_answer(task: Task) -> dict[str, Any]:
@@ -666,6 +734,10 @@ class DemoMcpServer:
             return
         ok, session = await self._check_session(headers, send)
         if not ok or session is None:
+            return
+        last_event_id = headers.get("last-event-id")
+        if last_event_id is not None:
+            await self._resume(last_event_id, session, receive, send)
             return
         if session.stream is not None:
             message = "Conflict: Only one SSE stream is allowed per session"

@@ -51,6 +51,8 @@ class EventKind(enum.StrEnum):
     INPUT_PROVIDED = "input_provided"
     INPUT_REFUSED = "input_refused"
     INPUT_REPLY_FAILED = "input_reply_failed"
+    #: The server waits for input whose request could not be read; it must be read by ``input_deadline``.
+    INPUT_UNREADABLE = "input_unreadable"
 
     # --- operators and reconciliation (rule 11)
     MANUAL_RECONCILIATION = "manual_reconciliation"

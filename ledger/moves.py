@@ -348,10 +348,51 @@ class OperationMoves(GuardedWrites):
             S.WORKING,
             EventKind.INPUT_PROVIDED,
             {"input_round": input_round, "action": action},
-            {"next_poll_at": due_in(0)},
+            # The round's deadline is met; in WORKING the column bounds an unreadable request only.
+            {"next_poll_at": due_in(0), "input_deadline": None},
             input_round=input_round,
         )
         return self._write(op_id, fence, write)
+
+    def record_input_reply_failed(
+        self, op_id: uuid.UUID, fence: Fence, *, input_round: int, answered: Mapping[str, Any], error: str
+    ) -> Operation:
+        """WORKING stays: the reply to round ``input_round`` was not delivered, so the same question seen
+        again opens a new round (``answered`` is the stored request, now marked ``reply_failed``). Event
+        ``input_reply_failed``."""
+        write = GuardedWrite(
+            (S.WORKING,),
+            None,
+            EventKind.INPUT_REPLY_FAILED,
+            {"input_round": input_round, "error": error},
+            {"input_request": {**answered, "reply_failed": True}},
+            input_round=input_round,
+        )
+        return self._write(op_id, fence, write)
+
+    def wait_for_input_request(
+        self,
+        op_id: uuid.UUID,
+        fence: Fence,
+        *,
+        status: ServerStatus,
+        read_by: dt.datetime | None,
+        next_poll_in_s: float,
+    ) -> Operation:
+        """WORKING stays. ``read_by`` set: the server waits for input whose request could not be read; it
+        must be read by then (kept in ``input_deadline``), else an operator decides (rule 10). Event
+        ``input_unreadable``. ``read_by`` None: that wait is over (the server moved on). Event ``polled``."""
+        sets = {
+            **status.columns(),
+            "input_deadline": read_by,
+            "next_poll_at": due_in(next_poll_in_s),
+            "lease_until": None,
+        }
+        event = EventKind.INPUT_UNREADABLE if read_by is not None else EventKind.POLLED
+        detail = {"server_state": status.server_state}
+        if read_by is not None:
+            detail["read_by"] = read_by.isoformat()
+        return self._write(op_id, fence, GuardedWrite((S.WORKING,), None, event, detail, sets))
 
     # --------------------------------------------------------------------------------- operators (11)
 
@@ -389,7 +430,12 @@ class OperationMoves(GuardedWrites):
     ) -> Operation:
         """MANUAL_RECONCILIATION -> WORKING, polled at once: the operator found it alive as ``remote_id``.
         Open records close with ``resolution``. Event ``resolved_found``."""
-        sets = {"remote_id": remote_id, "session_ref": session_ref, "next_poll_at": due_in(0)}
+        sets = {
+            "remote_id": remote_id,
+            "session_ref": session_ref,
+            "next_poll_at": due_in(0),
+            "input_deadline": None,  # an input request still unreadable gets a fresh bound
+        }
         write = GuardedWrite(
             (S.MANUAL_RECONCILIATION,),
             S.WORKING,

@@ -16,3 +16,5 @@ class ReconciliationReason(enum.StrEnum):
     PROTOCOL_VIOLATION = "PROTOCOL_VIOLATION"
     #: The wait budget or the input deadline ran out with the operation still open on the server.
     DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+    #: The server waits for input, but its request could not be read within the bound (rule 10).
+    INPUT_UNREADABLE = "INPUT_UNREADABLE"

@@ -434,6 +434,36 @@ class Ledger(OperationMoves, ExecutorControlTransactions, HistoryRetention):
             ).all()
         return [Operation.from_row(r) for r in rows]
 
+    def unreadable_inputs(self, *, limit: int = 500) -> list[tuple[Operation, ReconciliationRecord | None]]:
+        """Operations whose server waits for input whose request could not be read (rule 10): still
+        WORKING within the bound kept in ``input_deadline`` (no record yet), or with an operator under an
+        open INPUT_UNREADABLE record."""
+        unreadable = ReconciliationReason.INPUT_UNREADABLE.value
+        with self._tx() as conn:
+            waiting = conn.execute(
+                select(OP)
+                .where(OP.c.state == OpState.WORKING.value, OP.c.input_deadline.is_not(None))
+                .order_by(OP.c.input_deadline)
+                .limit(limit)
+            ).all()
+            records = conn.execute(
+                select(RECON)
+                .where(RECON.c.reason == unreadable, RECON.c.resolved_at.is_(None))
+                .order_by(RECON.c.opened_at)
+                .limit(limit)
+            ).all()
+            handed = {
+                row.id: Operation.from_row(row)
+                for row in conn.execute(select(OP).where(OP.c.id.in_([r.op_id for r in records]))).all()
+            }
+        found: list[tuple[Operation, ReconciliationRecord | None]] = [
+            (Operation.from_row(row), None) for row in waiting
+        ]
+        for row in records:
+            record = ReconciliationRecord.from_row(row)
+            found.append((handed[record.op_id], record))
+        return found
+
     def in_flight_by_adapter(self) -> dict[str, int]:
         """How many operations of each ``protocol/protocol_version`` are not final yet (rule 14)."""
         with self._tx() as conn:

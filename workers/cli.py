@@ -306,6 +306,26 @@ def watch(ref: str, timeout: float, as_json: bool) -> None:
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True)
+def inputs(as_json: bool) -> None:
+    """What waits for input: the approval gate's rounds (round, deadline, the server's question), and the
+    operations whose server waits for input that could not be read (rule 10), with what is known."""
+    settings = _settings()
+    with _ledger(settings) as ledger:
+        waiting = ledger.waiting_for_input()
+        unreadable = ledger.unreadable_inputs()
+    rows = output.inputs_rows(waiting, unreadable, unreadable_s=settings.input_unreadable_s)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        console.print("nothing waits for input")
+        return
+    console.print(output.inputs_table(rows))
+    console.print(output.INPUT_HINT)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
 def gate(as_json: bool) -> None:
     """The approval gate: operations whose server waits for input, with round, deadline and request."""
     with _ledger() as ledger:

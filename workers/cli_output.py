@@ -14,6 +14,7 @@ from typing import Any
 from rich.table import Table
 
 from ledger.records import Operation, Receipt, ReconciliationRecord
+from ledger.states import OpState
 
 STATUS_ROWS = (
     "op_id",
@@ -154,6 +155,67 @@ def gate_rows(waiting: Iterable[Operation]) -> list[dict[str, Any]]:
         }
         for op in waiting
     ]
+
+
+def inputs_rows(
+    waiting: Iterable[Operation],
+    unreadable: Iterable[tuple[Operation, ReconciliationRecord | None]],
+    *,
+    unreadable_s: float,
+) -> list[dict[str, Any]]:
+    """``inputs --json``: what waits for input. The approval gate's rounds (``unreadable`` false), then the
+    operations whose server waits for input whose request could not be read (rule 10): no round, no
+    request, and what is known: the server's state and message, since when, and the operator's record."""
+    rows = [{**row, "state": OpState.INPUT_REQUIRED.value, "unreadable": False} for row in gate_rows(waiting)]
+    for op, record in unreadable:
+        deadline: dt.datetime | None
+        if record is not None:
+            since = record.detail.get("unreadable_since")
+            deadline = record.deadline
+        else:
+            bound = dt.timedelta(seconds=unreadable_s)
+            since = jsonable(op.input_deadline - bound) if op.input_deadline is not None else None
+            deadline = op.input_deadline
+        rows.append(
+            {
+                "op_id": str(op.id),
+                "call_node_id": op.call_node_id,
+                "input_round": op.input_round,
+                "deadline": jsonable(deadline),
+                "method": None,
+                "request": None,
+                "schema": None,
+                "schema_digest": None,
+                "state": op.state.value,
+                "unreadable": True,
+                "unreadable_since": since,
+                "remote_id": op.remote_id,
+                "server_state": op.server_state,
+                "status_message": op.status_message,
+                "reconciliation": record.reason.value if record is not None else None,
+                "reconciliation_id": record.id if record is not None else None,
+            }
+        )
+    return rows
+
+
+def inputs_table(rows: Iterable[Mapping[str, Any]]) -> Table:
+    table = Table("op_id", "call node", "state", "round", "deadline", "asks")
+    for row in rows:
+        if row["unreadable"]:
+            said = row["status_message"] or row["server_state"]
+            asks = f"(unreadable since {row['unreadable_since']}: {said})"
+        else:
+            asks = str((row["request"] or {}).get("message", row["method"]))
+        table.add_row(
+            row["op_id"],
+            row["call_node_id"],
+            row["state"],
+            str(row["input_round"]),
+            str(row["deadline"]),
+            asks,
+        )
+    return table
 
 
 def gate_table(rows: Iterable[Mapping[str, Any]]) -> Table:

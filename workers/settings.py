@@ -155,6 +155,10 @@ class Settings(BaseSettings):
     lease_s: PositiveFloat = 30.0
     #: How long the approval gate has to answer an input request.
     input_timeout_s: PositiveFloat = 3600.0
+    #: How long a server may say it waits for input while its request cannot be read (the stream that
+    #: carried it was cut and neither a resumption nor a re-read brings it back) before an operator is
+    #: asked (rule 10; reconciliation reason INPUT_UNREADABLE).
+    input_unreadable_s: PositiveFloat = 60.0
     #: How long an operator has to resolve a reconciliation record: the seed's gate (an UNKNOWN resolved
     #: within 15 minutes). A record past it is flagged overdue (``longcall reconcile`` shows it).
     reconcile_deadline_s: PositiveFloat = 900.0

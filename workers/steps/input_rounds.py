@@ -8,17 +8,23 @@ reply for the current round only, before the deadline, in the shape the adapter 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
 from adapters import AdapterError, InputRequest, RemoteStatus
 from ledger.digests import digest
+from ledger.errors import StaleTransition
 from ledger.events import EventKind
+from ledger.reasons import ReconciliationReason
 from ledger.records import Fence, Operation
 from ledger.states import OpState
 from workers.errors import InputRefused
 from workers.steps.context import StepContext, StepOutcome, describe, remote_ref, server_status
+
+#: How soon to look again when the server says it waits for input whose request could not be read yet.
+AWAITING_INPUT_RECHECK_S = 1.0
 
 
 def ask_for_input(
@@ -57,6 +63,63 @@ def ask_for_input(
     )
 
 
+def answered_already(op: Operation, request: InputRequest) -> bool:
+    """The server shows again the question round ``op.input_round`` answered: the same request id, one
+    round (rule 10). The reply is committed before it is posted, so until the server takes it a poll sees
+    the question again; after a reply that failed, the question is open again and opens a new round."""
+    stored = op.input_request
+    return (
+        op.state is OpState.WORKING
+        and op.input_round >= 1
+        and isinstance(stored, Mapping)
+        and not stored.get("reply_failed")
+        and stored.get("request_id") == request.request_id
+        and stored.get("task_id") == request.task_id
+    )
+
+
+def unreadable_input(
+    ctx: StepContext, op: Operation, fence: Fence, status: RemoteStatus, interval_s: float
+) -> StepOutcome:
+    """WORKING, and the server says it waits for input whose request could not be read (the stream that
+    carried it was cut, and neither its resumption nor a re-read brought it back): look again soon, for
+    at most ``input_unreadable_s`` (the bound is kept in ``input_deadline``); then an operator decides,
+    with an INPUT_UNREADABLE record (rule 10). Never a silent poll until the wait budget ends."""
+    now = ctx.now()
+    bound = dt.timedelta(seconds=ctx.settings.input_unreadable_s)
+    recheck_s = ctx.jittered(min(interval_s, AWAITING_INPUT_RECHECK_S))
+    read_by = op.input_deadline
+    if read_by is None:
+        read_by = now + bound
+        op = ctx.ledger.wait_for_input_request(
+            op.id, fence, status=server_status(status), read_by=read_by, next_poll_in_s=recheck_s
+        )
+        return StepOutcome(op.id, "input_unreadable", op.state, detail={"read_by": read_by.isoformat()})
+    if read_by > now:
+        op = ctx.ledger.record_poll(
+            op.id, fence, state=op.state, status=server_status(status), next_poll_in_s=recheck_s
+        )
+        return StepOutcome(op.id, "input_unreadable", op.state, detail={"read_by": read_by.isoformat()})
+    stored = op.input_request if isinstance(op.input_request, Mapping) else {}
+    op = ctx.hand_to_operator(
+        op,
+        fence,
+        ReconciliationReason.INPUT_UNREADABLE,
+        {
+            "why": "the server waits for input, but its request could not be read (its stream was cut "
+            "and neither a resumption nor a re-read brought it back)",
+            "unreadable_since": (read_by - bound).isoformat(),
+            "read_by": read_by.isoformat(),
+            "remote_id": op.remote_id,
+            "server_state": status.server_state,
+            "status_message": status.status_message,
+            "input_round": op.input_round,
+            "last_answered_request_id": stored.get("request_id"),
+        },
+    )
+    return StepOutcome(op.id, "input_unreadable_to_operator", op.state)
+
+
 def provide_input(
     ctx: StepContext, op: Operation, input_round: int, response: Mapping[str, Any]
 ) -> StepOutcome:
@@ -83,10 +146,17 @@ def provide_input(
             remote_ref(op), request, response, budget=ctx.request_budget(op.server, "control")
         )
     except AdapterError as exc:
-        # Polling resumes either way: a server still waiting asks again, as round N + 1.
-        ctx.ledger.record_event(
-            op.id, EventKind.INPUT_REPLY_FAILED, {"input_round": input_round, "error": describe(exc)}
-        )
+        # Polling resumes either way: a server still waiting shows the question again, and after a failed
+        # reply that is a new round (see answered_already).
+        # A stale write means the operation moved on meanwhile (its refusal is recorded): nothing to mark.
+        with contextlib.suppress(StaleTransition):
+            op = ctx.ledger.record_input_reply_failed(
+                op.id,
+                Fence(op.execution_epoch, op.cancel_generation),
+                input_round=input_round,
+                answered=op.input_request or {},
+                error=describe(exc),
+            )
         return StepOutcome(op.id, "input_reply_failed", op.state)
     return StepOutcome(op.id, "input_provided", op.state)
 

@@ -17,16 +17,19 @@ from adapters import (
 from ledger.events import EventKind
 from ledger.reasons import ReconciliationReason
 from ledger.records import Fence, Operation
-from ledger.states import TerminalKind
+from ledger.states import OpState, TerminalKind
 from workers.errors import NoToken
 from workers.steps.context import TRY_AGAIN, StepContext, StepOutcome, remote_ref, server_status
-from workers.steps.input_rounds import ask_for_input
+from workers.steps.input_rounds import (
+    AWAITING_INPUT_RECHECK_S,
+    answered_already,
+    ask_for_input,
+    unreadable_input,
+)
 from workers.steps.result import fetch, not_found
 
 #: A status read that failed (a refusal included) decided nothing: read again later.
 POLL_AGAIN: tuple[type[AdapterError], ...] = (*TRY_AGAIN, Rejected)
-#: How soon to look again when the server says it waits for input whose request could not be read yet.
-AWAITING_INPUT_RECHECK_S = 1.0
 
 
 def poll(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
@@ -55,11 +58,19 @@ def observed(ctx: StepContext, op: Operation, fence: Fence, status: RemoteStatus
     """Act on one status read: fetch the result, open an input round, or poll again later."""
     if status.terminal is not None:
         return _terminal(ctx, op, fence, status, TerminalKind(status.terminal))
-    if status.input_request is not None:
-        return ask_for_input(ctx, op, fence, status, status.input_request)
     interval = ctx.interval_s(op, status)
-    if status.awaiting_input:
+    if status.input_request is not None and not answered_already(op, status.input_request):
+        return ask_for_input(ctx, op, fence, status, status.input_request)
+    if status.input_request is None and status.awaiting_input:
+        if op.state is OpState.WORKING:
+            return unreadable_input(ctx, op, fence, status, interval)
         interval = min(interval, AWAITING_INPUT_RECHECK_S)  # the request could not be read yet
+    elif op.state is OpState.WORKING and op.input_deadline is not None:
+        # The server no longer waits for a request we could not read: that bound is lifted.
+        op = ctx.ledger.wait_for_input_request(
+            op.id, fence, status=server_status(status), read_by=None, next_poll_in_s=ctx.jittered(interval)
+        )
+        return StepOutcome(op.id, "still_working", op.state)
     op = ctx.ledger.record_poll(
         op.id, fence, state=op.state, status=server_status(status), next_poll_in_s=ctx.jittered(interval)
     )

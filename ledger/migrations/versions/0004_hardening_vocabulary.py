@@ -22,6 +22,7 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 KINDS = (
+    "input_unreadable",
     "cancel_failed",
     "cancel_pending",
     "cancel_read_failed",
@@ -63,6 +64,7 @@ KINDS = (
 )
 
 REASONS = (
+    "INPUT_UNREADABLE",
     "DEADLINE_EXCEEDED",
     "EFFECT_RECONCILIATION_REQUIRED",
     "PROTOCOL_VIOLATION",

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
@@ -371,3 +371,68 @@ def test_the_response_is_found_among_any_interleaving_and_chunking(
     assert answer.response == Response(id="req-1", result={"ok": True})
     assert [r.id for r in answer.server_requests] == [m["id"] for m in before if "id" in m]
     assert [n.method for n in answer.notifications] == [m["method"] for m in before if "id" not in m]
+
+
+SSE_HEADERS = {"content-type": "text/event-stream"}
+
+
+class _CutStream(httpx.SyncByteStream):
+    """An event stream whose connection breaks after ``text``."""
+
+    def __init__(self, text: str) -> None:
+        self._text = text
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield self._text.encode()
+        raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
+
+
+def _asks(message: Message) -> bool:
+    return isinstance(message, Request) and message.method == "elicitation/create"
+
+
+def test_a_patient_read_resumes_a_stream_cut_under_a_server_request() -> None:
+    """Issue 8 item 5: the stream that was to carry the server's question is cut after an event id; only
+    resuming it (Last-Event-ID) brings the question back, patient read or not."""
+    ask = json.dumps({"jsonrpc": "2.0", "id": "srv-1", "method": "elicitation/create", "params": {}})
+    handler, seen = resumable(
+        httpx.Response(200, stream=_CutStream("id: s-0\r\ndata: \r\n\r\n"), headers=SSE_HEADERS),
+        sse_raw(f"id: s-1\r\nevent: message\r\ndata: {ask}\r\n\r\n"),
+    )
+    answer = client(handler).request(
+        "tasks/result", {}, session=SESSION, idempotent=True, read_timeout=1.0, until=_asks, patient=True
+    )
+    assert [r.id for r in answer.server_requests] == ["srv-1"]
+    assert [r.method for r in seen] == ["POST", "GET"]
+    assert seen[1].headers["last-event-id"] == "s-0"
+
+
+def test_a_patient_read_of_a_stream_closed_after_an_event_id_resumes_it() -> None:
+    ask = json.dumps({"jsonrpc": "2.0", "id": "srv-1", "method": "elicitation/create", "params": {}})
+    handler, seen = resumable(
+        sse_raw("id: s-0\r\ndata: \r\n\r\n"), sse_raw(f"id: s-1\r\ndata: {ask}\r\n\r\n")
+    )
+    answer = client(handler).request(
+        "tasks/result", {}, session=SESSION, idempotent=True, read_timeout=1.0, until=_asks, patient=True
+    )
+    assert [r.id for r in answer.server_requests] == ["srv-1"]
+    assert len(seen) == 2
+
+
+def test_a_patient_read_of_a_cut_stream_without_event_ids_is_not_resumed() -> None:
+    handler, seen = resumable(httpx.Response(200, stream=_CutStream("data: \r\n\r\n"), headers=SSE_HEADERS))
+    with pytest.raises(Transient):
+        client(handler).request(
+            "tasks/result", {}, session=SESSION, idempotent=True, read_timeout=1.0, until=_asks, patient=True
+        )
+    assert len(seen) == 1
+
+
+def test_a_patient_read_whose_resumptions_run_out_has_waited_out() -> None:
+    legs = [sse_raw(f"id: e{n}\ndata:\n\n") for n in range(10)]
+    handler, seen = resumable(*legs)
+    answer = client(handler, limits=Limits(max_resumptions=2)).request(
+        "tasks/result", {}, session=SESSION, idempotent=True, read_timeout=1.0, until=_asks, patient=True
+    )
+    assert (answer.response, answer.waited_out) == (None, True)
+    assert [r.method for r in seen] == ["POST", "GET", "GET"]
