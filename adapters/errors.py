@@ -5,13 +5,17 @@ of these, with ``raise ... from``. Each class carries its retry meaning::
 
     AdapterError
      ├── Transient(retry_after)          retry later; nothing was decided
-     │    ├── RateLimited(retry_after)   429 / 503; never a state change
+     │    ├── RateLimited(retry_after)   429, or 503 to a read; never a state change
+     │    │    └── TooManyRequests       429: also NoWorkDone
+     │    ├── NoWorkDone                 the server provably did no work for the request
+     │    │    └── NotSent               the request never left (connect / pool failure, or a step
+     │    │                              before it failed)
      │    └── ResultNotReady             tasks/result asked before a terminal status
      ├── Rejected(code, http_status)     definitive: the server refused this request
      │    ├── WrongTaskMode              -32601 / -32600 on tools/call
      │    └── CapabilityRefused          we refuse before sending: no task support, no sync bound
      ├── NotFound(session_gone)          task unknown, expired, or its session is gone
-     ├── OutcomeUnknown                  a non-idempotent request may or may not have taken effect
+     ├── OutcomeUnknown(retry_after)     a non-idempotent request may or may not have taken effect
      ├── ProtocolViolation               malformed, oversized or mismatched answer
      └── UnknownAdapter                  no adapter registered for (protocol, protocol_version)
 """
@@ -21,12 +25,15 @@ from __future__ import annotations
 __all__ = [
     "AdapterError",
     "CapabilityRefused",
+    "NoWorkDone",
     "NotFound",
+    "NotSent",
     "OutcomeUnknown",
     "ProtocolViolation",
     "RateLimited",
     "Rejected",
     "ResultNotReady",
+    "TooManyRequests",
     "Transient",
     "UnknownAdapter",
     "WrongTaskMode",
@@ -46,7 +53,26 @@ class Transient(AdapterError):
 
 
 class RateLimited(Transient):
-    """HTTP 429 or 503. ``retry_after`` is the server's Retry-After in seconds (None when absent)."""
+    """HTTP 429, or 503 to a request without an effect. ``retry_after`` is the server's Retry-After in
+    seconds (None when absent). A 503 to a request with an effect (a create, a cancel) is
+    :class:`OutcomeUnknown`: a gateway may send it after the origin did the work (DESIGN rule 1)."""
+
+
+class NoWorkDone(Transient):
+    """The server provably did no work for this request: it answered 429, or the request never left.
+
+    This is the only failure after which a request with an effect (a create) may simply be sent again:
+    every other failure of such a request is :class:`OutcomeUnknown` (DESIGN rule 1).
+    """
+
+
+class TooManyRequests(RateLimited, NoWorkDone):
+    """HTTP 429: the server refused the request before doing any work."""
+
+
+class NotSent(NoWorkDone):
+    """The request never reached the server: the connection (or the pool) failed before it was sent, or a
+    request it depends on (the handshake, the tool list) failed first."""
 
 
 class ResultNotReady(Transient):
@@ -96,7 +122,15 @@ class NotFound(AdapterError):
 
 
 class OutcomeUnknown(AdapterError):
-    """A non-idempotent request may or may not have reached the server: do not repeat it blindly."""
+    """A non-idempotent request may or may not have reached the server: do not repeat it blindly.
+
+    ``retry_after`` is the server's Retry-After when it sent one (a 503): a read that follows up on the
+    request waits at least that long.
+    """
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class ProtocolViolation(AdapterError):

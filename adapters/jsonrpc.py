@@ -20,6 +20,7 @@ from adapters.errors import (
     ProtocolViolation,
     RateLimited,
     Rejected,
+    TooManyRequests,
     Transient,
 )
 
@@ -183,20 +184,23 @@ def classify_http_status(
 ) -> AdapterError:
     """The error a non-success HTTP answer to a JSON-RPC POST means.
 
-    404 (a gone session) is not handled here: the client re-initializes first. Statuses that say the
-    server may have started processing (500, 502, 504, other 5xx) are :class:`OutcomeUnknown` for a
-    non-idempotent request and :class:`Transient` otherwise.
+    404 (a gone session) is not handled here: the client re-initializes first. Only a 429 proves that
+    the server did no work (:class:`TooManyRequests`). For a request with an effect (``idempotent`` False:
+    a create, a cancel, a reply) a 408 and every 5xx, 503 included, are :class:`OutcomeUnknown` — a
+    gateway may answer them after the origin did the work (DESIGN rule 1); for a read, 503 is
+    :class:`RateLimited` and the others are :class:`Transient`. The server's Retry-After is kept on all.
     """
     message, code = _body_message(body)
     described = f"HTTP {status}" + (f": {message}" if message else "")
-    if status in (429, 503):
-        return RateLimited(described, retry_after=parse_retry_after(headers.get("retry-after"), now=now))
-    if status == 408:
-        return Transient(described)
+    retry_after = parse_retry_after(headers.get("retry-after"), now=now)
+    if status == 429:
+        return TooManyRequests(described, retry_after=retry_after)
+    if status == 408 or status >= 500:
+        if not idempotent:
+            return OutcomeUnknown(f"may have reached the server, {described}", retry_after=retry_after)
+        if status == 503:
+            return RateLimited(described, retry_after=retry_after)
+        return Transient(described, retry_after=retry_after)
     if 400 <= status < 500:
         return Rejected(described, code=code, http_status=status)
-    if status >= 500:
-        if idempotent:
-            return Transient(described, retry_after=parse_retry_after(headers.get("retry-after"), now=now))
-        return OutcomeUnknown(described)
     return ProtocolViolation(f"unexpected {described}")

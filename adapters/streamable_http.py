@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from adapters.base import UNMETERED, Limits, RequestBudget, Timeouts, redact_url
-from adapters.errors import AdapterError, OutcomeUnknown, ProtocolViolation, Rejected, Transient
+from adapters.errors import AdapterError, NotSent, OutcomeUnknown, ProtocolViolation, Rejected, Transient
 from adapters.http_answers import (
     ERROR_BODY_LIMIT,
     Deadline,
@@ -66,12 +66,12 @@ def request_headers(
 def map_transport_error(exc: httpx.HTTPError, *, idempotent: bool, method: str) -> AdapterError:
     """Map an httpx exception to the most specific adapter error.
 
-    A request that provably never left (connect and pool failures) is always :class:`Transient`. Once
+    A request that provably never left (connect and pool failures) is always :class:`NotSent`. Once
     bytes may have reached the server, a non-idempotent request becomes :class:`OutcomeUnknown`.
     """
     what = f"{method}: {type(exc).__name__}: {exc}"
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
-        return Transient(f"not sent, {what}")
+        return NotSent(f"not sent, {what}")
     if isinstance(exc, httpx.UnsupportedProtocol):
         return Rejected(f"bad URL, {what}")
     if isinstance(exc, httpx.DecodingError | httpx.TooManyRedirects):

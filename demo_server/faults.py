@@ -29,6 +29,15 @@ class StatusFault(BaseModel):
     retry_after_s: Count = 1
 
 
+class StatusAfterCreate(BaseModel):
+    """The next `count` task-augmented ``tools/call`` requests create their task, then are answered with
+    this HTTP status and a -32000 error body (a gateway that fails after the origin did the work)."""
+
+    model_config = ConfigDict(extra="forbid")
+    status: Annotated[int, Field(ge=400, le=599)]
+    count: Count
+
+
 class ExpireEarly(BaseModel):
     """Purge every task `after_ms` after it becomes terminal (0: at once), whatever its ttl."""
 
@@ -40,6 +49,7 @@ class FaultSwitches(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     lose_create_response: Count = 0
+    status_after_create: StatusAfterCreate | None = None
     delay_ms: dict[str, Count] = Field(default_factory=dict)
     reorder: Count = 0
     #: Which answer releases a ``tasks/get`` answer held by ``reorder``: the next ``tasks/get`` answer, or
@@ -90,6 +100,14 @@ class Faults:
                 fault.count -= 1
                 return status, fault.retry_after_s
         return None
+
+    def take_status_after_create(self) -> int | None:
+        """The HTTP status to answer a ``tools/call`` that just created its task with, if any is left."""
+        fault = self.switches.status_after_create
+        if fault is None or fault.count <= 0:
+            return None
+        fault.count -= 1
+        return fault.status
 
     def delay_s(self, method: str) -> float:
         return self.switches.delay_ms.get(method, 0) / 1000

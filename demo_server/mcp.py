@@ -49,6 +49,8 @@ Control endpoints (test harness only, same port):
 
   - ``lose_create_response: N`` — a task-augmented ``tools/call`` creates the task, then the server
     closes the connection without any HTTP answer.
+  - ``status_after_create: {"status": S, "count": N}`` — a task-augmented ``tools/call`` creates the task,
+    then is answered HTTP S with a -32000 error body (a gateway failing after the origin did the work).
   - ``delay_ms: {"<method>": ms}`` — every request of that method waits before it is handled.
   - ``reorder: N`` — a ``tasks/get`` answer (computed on arrival) is held until the next ``tasks/get``
     answer has been sent (at most 10 s), so the older state arrives last; with
@@ -414,6 +416,10 @@ class DemoMcpServer:
             answer = {"jsonrpc": "2.0", "id": incoming.message["id"], "error": error.wire()}
         if created is not None and self.faults.take("lose_create_response"):
             await drop_connection(send)
+        elif created is not None and (status := self.faults.take_status_after_create()) is not None:
+            error = {"code": -32000, "message": f"Gateway error {status}"}
+            body = {"jsonrpc": "2.0", "id": incoming.message["id"], "error": error}
+            await respond(send, status, dumps(body), headers=headers)
         elif method == "tasks/get":
             await self._answer_tasks_get(send, answer, headers)
         else:

@@ -23,6 +23,8 @@ class EventKind(enum.StrEnum):
     #: The create call itself gave the final answer: a definitive refusal, or a synchronous result.
     REJECTED = "rejected"
     RAN_SYNCHRONOUSLY = "ran_synchronously"
+    #: A queued create or a resubmission refused without a remote call: its adapter version is disabled.
+    ADAPTER_DISABLED = "adapter_disabled"
 
     # --- polling (rule 3) and its rescheduling
     POLLED = "polled"

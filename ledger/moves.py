@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import func, update
 
 from ledger.digests import digest
 from ledger.errors import OperationNotFound
@@ -160,11 +160,12 @@ class OperationMoves(GuardedWrites):
         event: EventKind,
     ) -> Operation:
         """SUBMITTING -> TERMINAL_OBSERVED -> FETCHING_RESULT in one statement: the create call itself gave
-        the final answer (event ``rejected`` or ``ran_synchronously``, then ``fetching_result``); the whole
-        result and its digest are held for acceptance."""
-        if event not in (EventKind.REJECTED, EventKind.RAN_SYNCHRONOUSLY):
+        the final answer (event ``rejected`` or ``ran_synchronously``, then ``fetching_result``), or
+        longcall refused it before any remote call (event ``adapter_disabled``); the whole result and its
+        digest are held for acceptance."""
+        if event not in (EventKind.REJECTED, EventKind.RAN_SYNCHRONOUSLY, EventKind.ADAPTER_DISABLED):
             raise IllegalTransition(
-                f"a create's own final answer is rejected or ran_synchronously, not {event}"
+                f"a create's own final answer is rejected, ran_synchronously or adapter_disabled, not {event}"
             )
         sets = {
             "observed_terminal": kind.value,
@@ -235,6 +236,29 @@ class OperationMoves(GuardedWrites):
             counter="no_token_count" if quiet else None,
         )
         return self._write(op_id, fence, write)
+
+    def renew_lease(self, op_id: uuid.UUID, fence: Fence, *, lease_s: float) -> bool:
+        """Same state, no event: the step that holds the claim ``fence`` is still running (a slow create, a
+        synchronous call, a large result), so its lease runs ``lease_s`` from now (rule 3). Only a lease
+        still held is renewed (a move that let the claim go cleared it), under the same epoch, generation
+        and cursor. False when the fence moved or the lease is gone: the keeper stops, nothing is recorded
+        (the step's own next write meets the fence and is refused as stale)."""
+        guard = [
+            OP.c.id == op_id,
+            OP.c.execution_epoch == fence.execution_epoch,
+            OP.c.cancel_generation == fence.cancel_generation,
+            OP.c.lease_until.is_not(None),
+        ]
+        if fence.poll_cursor is not None:
+            guard.append(OP.c.poll_cursor == fence.poll_cursor)
+        renewal = (
+            update(OP)
+            .where(*guard)
+            .values(lease_until=func.now() + dt.timedelta(seconds=lease_s))
+            .returning(OP.c.id)
+        )
+        with self._tx() as conn:
+            return conn.execute(renewal).first() is not None
 
     # ------------------------------------------------------------------------- result, accept (7, 8)
 

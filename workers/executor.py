@@ -18,6 +18,7 @@ from ledger.records import Fence, NewOperation, Operation, Submission
 from ledger.repository import Ledger
 from ledger.states import OpState
 from workers.errors import NoToken
+from workers.lease import keep_lease
 from workers.runtime import Runtime
 from workers.steps import cancel, dispatch, input_rounds, poll, reconciliation, result, submit
 from workers.steps.context import StepContext, StepOutcome, spread, utc_now
@@ -115,14 +116,16 @@ class Executor:
         return reconciliation.resolve(self.ctx, self.ledger.get(op_id), resolution)
 
     def _guard(self, op: Operation, cursor: int, step: Step) -> StepOutcome:
-        """Run a step under the caller's claim; map a lost claim, a stale write and a missing token."""
+        """Run a step under the caller's claim, its lease renewed while it runs (rule 3); map a lost claim, a
+        stale write and a missing token."""
         if op.poll_cursor != cursor:
             return StepOutcome(
                 op.id, "superseded", op.state, detail={"cursor": cursor, "now": op.poll_cursor}
             )
         fence = Fence(op.execution_epoch, op.cancel_generation, cursor)
         try:
-            return step(self.ctx, op, fence)
+            with keep_lease(self.ledger, op.id, fence, self.rt.settings.lease_s):
+                return step(self.ctx, op, fence)
         except StaleTransition as stale:
             log.info("stale step on %s: %s", op.id, stale)
             return StepOutcome(op.id, "stale", None, detail={"found": stale.found})

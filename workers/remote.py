@@ -1,4 +1,9 @@
-"""One adapter per configured server, per worker process, each on its own httpx client."""
+"""One adapter per configured server and protocol version, per worker process, each on its own httpx client.
+
+An operation is followed by the adapter of the protocol and version recorded on its row at submit (DESIGN
+rule 14), not by the server's current configuration: when the configuration moves a server to another
+version, the operations in flight keep theirs (the URL, the token and the budgets are the server's).
+"""
 
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ class RemotePool:
         self._fleet = fleet
         self._registry = registry or default_registry()
         self._timeouts = timeouts or Timeouts()
-        self._adapters: dict[str, ToolAdapter] = {}
+        self._adapters: dict[tuple[str, str, str], ToolAdapter] = {}
         self._clients: list[httpx.Client] = []
         self._lock = threading.Lock()
 
@@ -28,16 +33,27 @@ class RemotePool:
         except KeyError:
             raise UnknownServer(f"server {name!r} is not in LONGCALL_CONFIG") from None
 
-    def adapter(self, name: str) -> ToolAdapter:
+    def adapter(
+        self, name: str, *, protocol: str | None = None, protocol_version: str | None = None
+    ) -> ToolAdapter:
+        """The adapter for server ``name`` speaking ``protocol`` ``protocol_version`` (an operation's
+        recorded pair; by default the server's configured one).
+
+        Raises:
+            UnknownServer: ``name`` is not configured.
+            UnknownAdapter: no adapter is registered for the pair.
+        """
+        server = self.server(name)
+        key = (name, protocol or server.protocol, protocol_version or server.protocol_version)
         with self._lock:
-            adapter = self._adapters.get(name)
+            adapter = self._adapters.get(key)
             if adapter is None:
-                server = self.server(name)
+                factory = self._registry.factory_for(key[1], key[2])  # no client made for an unknown pair
                 config = AdapterConfig(
                     name=name,
                     url=server.url,
-                    protocol=server.protocol,
-                    protocol_version=server.protocol_version,
+                    protocol=key[1],
+                    protocol_version=key[2],
                     token_provider=server.token,  # read per request: a rotated token needs no restart
                     timeouts=self._timeouts,
                 )
@@ -46,8 +62,8 @@ class RemotePool:
                     timeout=httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool)
                 )
                 self._clients.append(client)
-                adapter = self._registry.build(config, client)
-                self._adapters[name] = adapter
+                adapter = factory(config, client)
+                self._adapters[key] = adapter
             return adapter
 
     def close(self) -> None:

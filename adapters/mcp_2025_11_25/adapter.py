@@ -40,6 +40,8 @@ from adapters.errors import (
     AdapterError,
     CapabilityRefused,
     NotFound,
+    NotSent,
+    NoWorkDone,
     OutcomeUnknown,
     ProtocolViolation,
     Rejected,
@@ -86,6 +88,22 @@ def _unreadable_answer_is_unknown(what: str) -> Iterator[None]:
     except ProtocolViolation as exc:
         raise OutcomeUnknown(
             f"{what}: the answer is unreadable ({exc}); the request may have taken effect"
+        ) from exc
+
+
+@contextlib.contextmanager
+def _not_sent_yet(what: str) -> Iterator[None]:
+    """Around what a request with an effect needs before it is sent (the handshake, the tool list): a
+    failure there is a fact about the request too — it never left, so the server did no work for it
+    (:class:`NotSent`, the one failure besides a 429 after which a create is simply made again). A
+    definitive refusal stays one."""
+    try:
+        yield
+    except (NoWorkDone, Rejected):
+        raise
+    except AdapterError as exc:
+        raise NotSent(
+            f"{what} not sent: {type(exc).__name__}: {exc}", retry_after=getattr(exc, "retry_after", None)
         ) from exc
 
 
@@ -201,25 +219,31 @@ class McpTasksAdapter:
                 server without tasks).
             WrongTaskMode: the server refused the call's task mode (-32601/-32600).
             Rejected: any other definitive refusal.
-            OutcomeUnknown: the request may have started the tool.
-            Transient, RateLimited, ProtocolViolation.
+            OutcomeUnknown: the request may have started the tool (anything but a 429 once it was sent:
+                a 503, a 408, any 5xx, a timeout, a cut or unreadable answer).
+            NoWorkDone: the server did no work for it: a 429 (:class:`TooManyRequests`), or the
+                ``tools/call`` was never sent (:class:`NotSent`, its handshake or tool list included).
         """
         del submission_key  # no key in this protocol version; kept by the ledger only
         if isinstance(ttl_ms, bool) or not isinstance(ttl_ms, int) or ttl_ms <= 0:
             raise ValueError(f"ttl_ms must be a positive integer, got {ttl_ms!r}")
-        caps = self.capabilities(tool, budget=budget)
+        call = f"server {self.name!r}: tools/call {tool!r}"
+        with _not_sent_yet(call):
+            caps = self.capabilities(tool, budget=budget)
         if caps.use_task:
             params = {"name": tool, "arguments": dict(arguments), "task": {"ttl": ttl_ms}}
-            session = self._session.current(budget=budget)
-            with _unreadable_answer_is_unknown(f"server {self.name!r}: tools/call {tool!r}"):
+            with _not_sent_yet(call):
+                session = self._session.current(budget=budget)
+            with _unreadable_answer_is_unknown(call):
                 try:
                     exchange = self._client.request(
                         "tools/call", params, session=session, idempotent=False, budget=budget
                     )
                 except SessionGone:
                     # 404 before dispatch: the call never ran, so sending it again on a new session is safe.
-                    self._session.gone(session, budget=budget)
-                    session = self._session.current(budget=budget)
+                    with _not_sent_yet(call):
+                        self._session.gone(session, budget=budget)
+                        session = self._session.current(budget=budget)
                     exchange = self._client.request(
                         "tools/call", params, session=session, idempotent=False, budget=budget
                     )
@@ -247,7 +271,9 @@ class McpTasksAdapter:
         self, tool: str, arguments: Mapping[str, Any], bound_s: float, budget: RequestBudget
     ) -> Created:
         params = {"name": tool, "arguments": dict(arguments)}
-        session = self._session.current(budget=budget)
+        call = f"server {self.name!r}: tools/call {tool!r}"
+        with _not_sent_yet(call):
+            session = self._session.current(budget=budget)
 
         def send(on: Session) -> Exchange:
             return self._client.request(
@@ -264,8 +290,9 @@ class McpTasksAdapter:
             try:
                 exchange = send(session)
             except SessionGone:
-                self._session.gone(session, budget=budget)
-                session = self._session.current(budget=budget)
+                with _not_sent_yet(call):
+                    self._session.gone(session, budget=budget)
+                    session = self._session.current(budget=budget)
                 exchange = send(session)
             result = self._result_of("tools/call", exchange, tool=tool)
             if "task" in result:

@@ -18,11 +18,13 @@ from adapters import (
     AdapterConfig,
     McpTasksAdapter,
     NotFound,
+    NoWorkDone,
     OutcomeUnknown,
     RateLimited,
     RemoteRef,
     RemoteStatus,
     Timeouts,
+    TooManyRequests,
     Transient,
 )
 from tests.conformance.conftest import McpPeer, reset_faults
@@ -110,14 +112,29 @@ def test_429_on_poll_is_rate_limited_with_retry_after_then_polling_resumes(
     assert wait_terminal(adapter, ref).server_state == "completed"
 
 
-def test_503_on_create_is_rate_limited_and_creates_nothing(adapter: McpTasksAdapter, peer: McpPeer) -> None:
+def test_429_on_create_proves_no_work_and_creates_nothing(adapter: McpTasksAdapter, peer: McpPeer) -> None:
     adapter.capabilities("slow_report")
     before = len(server_tasks(peer))
-    set_faults(peer, {"status_503": {"tools/call": {"count": 1, "retry_after_s": 3}}})
-    with pytest.raises(RateLimited) as caught:
+    set_faults(peer, {"status_429": {"tools/call": {"count": 1, "retry_after_s": 3}}})
+    with pytest.raises(TooManyRequests) as caught:
         adapter.create("slow_report", {"seconds": 0.1}, submission_key="k", ttl_ms=TTL_MS)
+    assert isinstance(caught.value, NoWorkDone)
     assert caught.value.retry_after == 3.0
     assert len(server_tasks(peer)) == before
+
+
+@pytest.mark.parametrize("status", [503, 408, 500])
+def test_an_error_status_after_the_task_was_created_is_an_unknown_outcome(
+    adapter: McpTasksAdapter, peer: McpPeer, status: int
+) -> None:
+    """A gateway may answer 503 (408, 500) after the origin created the task: never "no work done"."""
+    adapter.capabilities("slow_report")
+    before = len(server_tasks(peer))
+    set_faults(peer, {"status_after_create": {"status": status, "count": 1}})
+    with pytest.raises(OutcomeUnknown) as caught:
+        adapter.create("slow_report", {"seconds": 0.1}, submission_key="k", ttl_ms=TTL_MS)
+    assert not isinstance(caught.value, NoWorkDone)
+    assert len(server_tasks(peer)) == before + 1
 
 
 def test_a_lost_create_answer_is_outcome_unknown_though_the_task_exists(

@@ -107,7 +107,10 @@ class StepContext:
         return self.runtime.remote.server(op.server)
 
     def adapter(self, op: Operation) -> ToolAdapter:
-        return self.runtime.remote.adapter(op.server)
+        """The adapter of the protocol and version recorded on the operation at submit (rule 14)."""
+        return self.runtime.remote.adapter(
+            op.server, protocol=op.protocol, protocol_version=op.protocol_version
+        )
 
     # ------------------------------------------------------------------------------------ rule 4: tokens
 

@@ -14,18 +14,20 @@ from adapters import (
     AdapterError,
     CapabilityRefused,
     Created,
+    ErrorInfo,
     NotFound,
-    OutcomeUnknown,
+    NoWorkDone,
     ProtocolViolation,
     Rejected,
     RemoteResult,
     RemoteStatus,
-    Transient,
 )
+from ledger.errors import AdapterDisabled
 from ledger.events import EventKind
 from ledger.reasons import ReconciliationReason
-from ledger.records import Fence, Operation
+from ledger.records import Fence, Operation, adapter_key
 from ledger.states import OpState, TerminalKind
+from workers.errors import NoToken
 from workers.steps.context import TRY_AGAIN, Moved, StepContext, StepOutcome, describe, retry_s, server_status
 from workers.steps.poll import observed
 from workers.steps.result import error_result, fetch, result_json
@@ -56,6 +58,11 @@ def create(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved
                 detail={"why": "a create was attempted before and its answer was never recorded"},
             )
         )
+    if adapter_key(op.protocol, op.protocol_version) in ctx.ledger.control().disabled_adapters:
+        # Rule 14: a disabled adapter version makes no new remote operation, a queued create or a
+        # resubmission included. Answered at once (no remote call): the pipeline hears why.
+        refusal = AdapterDisabled(op.protocol, op.protocol_version)
+        return _answered_at_once(ctx, op, fence, _refused_here(str(refusal)), EventKind.ADAPTER_DISABLED)
     server = ctx.server(op)
     adapter = ctx.adapter(op)
     budget = ctx.request_budget(op.server, "control")
@@ -84,15 +91,23 @@ def create(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved
         )
     except (CapabilityRefused, Rejected) as exc:
         return _answered_at_once(ctx, op, fence, error_result(exc), EventKind.REJECTED)
-    except Transient as exc:
-        # Refused before any work (a 429 included): the create did not happen, so the attempt is undone.
-        op = ctx.ledger.undo_create_attempt(
-            op.id, fence, retry_in_s=retry_s(exc), detail={"error": describe(exc)}
-        )
-        return StepOutcome(op.id, "create_retry", op.state)
-    except (OutcomeUnknown, ProtocolViolation, NotFound) as exc:
+    except NoWorkDone as exc:
+        # Rule 1: only a 429, or a tools/call that never left, proves the server did no work: the attempt
+        # is undone and the create made again, not before the server's Retry-After.
+        return _undo_attempt(ctx, op, fence, retry_s(exc), describe(exc))
+    except NoToken as no_token:
+        # The request budget refused the create call itself: it was never sent.
+        return _undo_attempt(ctx, op, fence, no_token.wait_s, describe(no_token))
+    except AdapterError as exc:
+        # Anything else once the call may have gone out (a 503 or another 5xx, a 408, a timeout, a cut or
+        # unreadable answer) is an unknown outcome: looked up by key, never created again blindly.
         return Moved(ctx.ledger.mark_submission_unknown(op.id, fence, detail={"error": describe(exc)}))
     return _created(ctx, op, fence, created)
+
+
+def _undo_attempt(ctx: StepContext, op: Operation, fence: Fence, retry_in_s: float, why: str) -> StepOutcome:
+    op = ctx.ledger.undo_create_attempt(op.id, fence, retry_in_s=retry_in_s, detail={"error": why})
+    return StepOutcome(op.id, "create_retry", op.state)
 
 
 def lookup(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved:
@@ -167,6 +182,13 @@ def _answered_at_once(
         event=why,
     )
     return fetch(ctx, op, fence)
+
+
+def _refused_here(message: str) -> RemoteResult:
+    """A create refused by longcall itself, before any remote call, as the failed result of its receipt."""
+    return RemoteResult(
+        outcome="failed", server_state=None, payload={}, is_error=True, error=ErrorInfo(message=message)
+    )
 
 
 def _expiry(ctx: StepContext, status: RemoteStatus) -> dt.datetime | None:

@@ -22,6 +22,7 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 KINDS = (
+    "adapter_disabled",
     "input_unreadable",
     "cancel_failed",
     "cancel_pending",

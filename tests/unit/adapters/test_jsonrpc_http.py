@@ -5,7 +5,16 @@ from datetime import UTC, datetime
 
 import pytest
 
-from adapters.errors import AdapterError, OutcomeUnknown, ProtocolViolation, RateLimited, Rejected, Transient
+from adapters.errors import (
+    AdapterError,
+    NoWorkDone,
+    OutcomeUnknown,
+    ProtocolViolation,
+    RateLimited,
+    Rejected,
+    TooManyRequests,
+    Transient,
+)
 from adapters.jsonrpc import (
     ErrorResponse,
     Notification,
@@ -132,23 +141,45 @@ def test_400_bad_protocol_version_from_the_transcript_is_a_rejection() -> None:
     assert "Unsupported protocol version" in str(error)
 
 
-@pytest.mark.parametrize("status", [429, 503])
-@pytest.mark.parametrize(
-    ("header", "seconds"), [("12", 12.0), ("Mon, 30 Nov 2026 08:01:00 GMT", 60.0), (None, None)]
-)
-def test_429_and_503_are_rate_limits_with_retry_after(
-    status: int, header: str | None, seconds: float | None
+RETRY_AFTER = [("12", 12.0), ("Mon, 30 Nov 2026 08:01:00 GMT", 60.0), (None, None)]
+
+
+@pytest.mark.parametrize("idempotent", [True, False])
+@pytest.mark.parametrize(("header", "seconds"), RETRY_AFTER)
+def test_429_proves_no_work_was_done_for_any_request(
+    idempotent: bool, header: str | None, seconds: float | None
 ) -> None:
-    error = _status(status, idempotent=False, headers={"retry-after": header} if header else {})
+    error = _status(429, idempotent=idempotent, headers={"retry-after": header} if header else {})
+    assert type(error) is TooManyRequests
     assert isinstance(error, RateLimited)
-    assert isinstance(error, Transient)
+    assert isinstance(error, NoWorkDone)
     assert error.retry_after == seconds
 
 
-@pytest.mark.parametrize("status", [500, 502, 504])
-def test_server_errors_are_transient_for_reads_and_outcome_unknown_for_creates(status: int) -> None:
-    assert type(_status(status, idempotent=True)) is Transient
-    assert type(_status(status, idempotent=False)) is OutcomeUnknown
+@pytest.mark.parametrize(("header", "seconds"), RETRY_AFTER)
+def test_503_is_a_rate_limit_for_a_read(header: str | None, seconds: float | None) -> None:
+    error = _status(503, idempotent=True, headers={"retry-after": header} if header else {})
+    assert type(error) is RateLimited
+    assert not isinstance(error, NoWorkDone)
+    assert error.retry_after == seconds
+
+
+@pytest.mark.parametrize("status", [408, 500, 502, 503, 504])
+@pytest.mark.parametrize(("header", "seconds"), RETRY_AFTER)
+def test_408_and_5xx_to_a_request_with_an_effect_are_an_unknown_outcome(
+    status: int, header: str | None, seconds: float | None
+) -> None:
+    # Rule 1: a gateway may answer any of these after the origin did the work (a created task).
+    error = _status(status, idempotent=False, headers={"retry-after": header} if header else {})
+    assert type(error) is OutcomeUnknown
+    assert error.retry_after == seconds
+
+
+@pytest.mark.parametrize("status", [408, 500, 502, 504])
+def test_408_and_server_errors_are_transient_for_reads(status: int) -> None:
+    error = _status(status, idempotent=True)
+    assert type(error) is Transient
+    assert not isinstance(error, NoWorkDone)
 
 
 @pytest.mark.parametrize("status", [401, 403, 405, 413, 415])
@@ -156,10 +187,6 @@ def test_other_client_errors_are_rejections(status: int) -> None:
     error = _status(status, body="plain text")
     assert isinstance(error, Rejected)
     assert error.http_status == status
-
-
-def test_408_is_transient() -> None:
-    assert type(_status(408, idempotent=False)) is Transient
 
 
 def test_a_redirect_is_a_protocol_violation() -> None:

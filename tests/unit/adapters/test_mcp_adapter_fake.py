@@ -10,10 +10,14 @@ import httpx
 import pytest
 
 from adapters import (
+    AdapterConfig,
     CapabilityRefused,
     InputRequest,
     Limits,
+    McpTasksAdapter,
     NotFound,
+    NotSent,
+    NoWorkDone,
     OutcomeUnknown,
     ProtocolViolation,
     RateLimited,
@@ -21,6 +25,7 @@ from adapters import (
     RemoteRef,
     ResultNotReady,
     Timeouts,
+    TooManyRequests,
     Transient,
     WrongTaskMode,
 )
@@ -223,12 +228,53 @@ def test_a_lost_create_answer_is_outcome_unknown_and_never_repeated() -> None:
     assert len(server.calls("tools/call")) == 1
 
 
-def test_rate_limited_create_carries_retry_after() -> None:
+def test_a_429_to_a_create_says_no_work_was_done_and_carries_retry_after() -> None:
     server = FakeMcpServer()
-    server.on("tools/call", lambda _b, _r: httpx.Response(503, headers={"Retry-After": "4"}))
-    with pytest.raises(RateLimited) as caught:
+    server.on("tools/call", lambda _b, _r: httpx.Response(429, headers={"Retry-After": "4"}))
+    with pytest.raises(TooManyRequests) as caught:
         make_adapter(server).create("slow_count", {}, submission_key="k", ttl_ms=1000)
+    assert isinstance(caught.value, NoWorkDone)
     assert caught.value.retry_after == 4.0
+
+
+@pytest.mark.parametrize("status", [503, 408, 500, 502])
+def test_a_gateway_error_to_a_create_is_an_unknown_outcome(status: int) -> None:
+    """Rule 1: a gateway may answer 503 (or 408, or another 5xx) after the origin created the task."""
+    server = FakeMcpServer()
+    server.on("tools/call", lambda _b, _r: httpx.Response(status, headers={"Retry-After": "4"}))
+    with pytest.raises(OutcomeUnknown) as caught:
+        make_adapter(server).create("slow_count", {}, submission_key="k", ttl_ms=1000)
+    assert not isinstance(caught.value, NoWorkDone)
+    assert caught.value.retry_after == 4.0
+    assert len(server.calls("tools/call")) == 1
+
+
+@pytest.mark.parametrize("status", [503, 500])
+def test_a_create_whose_tool_list_failed_was_not_sent(status: int) -> None:
+    """The tools/call never left when what it needs first failed: the one other "no work done"."""
+    server = FakeMcpServer()
+    server.on("tools/list", lambda _b, _r: httpx.Response(status, headers={"Retry-After": "2"}))
+    with pytest.raises(NotSent) as caught:
+        make_adapter(server).create("slow_count", {}, submission_key="k", ttl_ms=1000)
+    assert caught.value.retry_after == 2.0
+    assert server.calls("tools/call") == []
+
+
+VERSION = "2025-11-25"
+
+
+def test_a_create_whose_connection_failed_was_not_sent() -> None:
+    def refused(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    adapter = McpTasksAdapter(
+        AdapterConfig(
+            name="demo", url="http://127.0.0.1:9/mcp", protocol="mcp", protocol_version="2025-11-25"
+        ),
+        httpx.Client(transport=httpx.MockTransport(refused)),
+    )
+    with pytest.raises(NotSent):
+        adapter.create("slow_count", {}, submission_key="k", ttl_ms=1000)
 
 
 @pytest.mark.parametrize("ttl", [0, -1, True])

@@ -10,7 +10,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from adapters import Limits, Timeouts
-from adapters.errors import NotFound, OutcomeUnknown, ProtocolViolation, RateLimited, Rejected, Transient
+from adapters.errors import (
+    NotFound,
+    NotSent,
+    OutcomeUnknown,
+    ProtocolViolation,
+    RateLimited,
+    Rejected,
+    Transient,
+)
 from adapters.jsonrpc import Message, Request, Response
 from adapters.streamable_http import (
     ACCEPT,
@@ -221,9 +229,9 @@ def raising(exc: Exception) -> Handler:
 @pytest.mark.parametrize(
     ("exc", "idempotent", "expected"),
     [
-        (httpx.ConnectError("refused"), False, Transient),
-        (httpx.ConnectTimeout("slow"), False, Transient),
-        (httpx.PoolTimeout("busy"), False, Transient),
+        (httpx.ConnectError("refused"), False, NotSent),
+        (httpx.ConnectTimeout("slow"), False, NotSent),
+        (httpx.PoolTimeout("busy"), False, NotSent),
         (httpx.ReadTimeout("slow"), True, Transient),
         (httpx.ReadTimeout("slow"), False, OutcomeUnknown),
         (httpx.WriteTimeout("slow"), False, OutcomeUnknown),
