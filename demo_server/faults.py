@@ -123,9 +123,38 @@ class RequestLog:
     def __init__(self, limit: int = 100_000) -> None:
         self.entries: deque[dict[str, Any]] = deque(maxlen=limit)
 
-    def record(self, *, method: str, message_id: object, task_id: object, session: str | None) -> None:
-        entry = {"t": time.time(), "method": method, "id": message_id, "task_id": task_id, "session": session}
+    def record(
+        self,
+        *,
+        method: str,
+        message_id: object,
+        task_id: object,
+        session: str | None,
+        budget: str | None = None,
+    ) -> None:
+        entry = {
+            "t": time.time(),
+            "method": method,
+            "id": message_id,
+            "task_id": task_id,
+            "session": session,
+            "budget": budget,
+        }
         self.entries.append(entry)
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+
+class HttpLog:
+    """Every HTTP request to the MCP endpoint (POST, GET, DELETE; JSON-RPC responses and refused requests
+    included), with the request budget the client named in its ``Longcall-Budget`` header (None: none)."""
+
+    def __init__(self, limit: int = 100_000) -> None:
+        self.entries: deque[dict[str, Any]] = deque(maxlen=limit)
+
+    def record(self, *, verb: str, budget: str | None) -> None:
+        self.entries.append({"t": time.time(), "verb": verb, "budget": budget})
 
     def clear(self) -> None:
         self.entries.clear()

@@ -40,8 +40,11 @@ differs:
 
 Control endpoints (test harness only, same port):
 
-* ``GET /_control/log`` -> ``{"entries": [{"t": time.time(), "method", "id", "task_id", "session"}]}``,
-  one entry per JSON-RPC request or notification received, refused ones included. ``DELETE`` clears it.
+* ``GET /_control/log`` -> ``{"entries": [{"t": time.time(), "method", "id", "task_id", "session",
+  "budget"}]}``, one entry per JSON-RPC request or notification received, refused ones included
+  (``budget``: the request's ``Longcall-Budget`` header, or null). ``DELETE`` clears it.
+* ``GET /_control/http_log`` -> ``{"entries": [{"t", "verb", "budget"}]}``: every HTTP request to ``/mcp``
+  (POST, GET, DELETE; JSON-RPC responses and refused requests included). ``DELETE`` clears it.
 * ``GET /_control/tasks`` -> ``{"tasks": [every task with session, tool, arguments, result, error,
   pendingInputs], "expired": [purged ids]}``.
 * ``GET /_control/faults`` shows the switches; ``POST`` a JSON object sets the named ones (others stay);
@@ -106,7 +109,7 @@ from demo_server._asgi import (
     sse_event,
     wait_disconnect,
 )
-from demo_server.faults import Faults, RequestLog
+from demo_server.faults import Faults, HttpLog, RequestLog
 from demo_server.resumable import LOST_IN_TRANSIT, ResumableStream, StreamLogs
 from demo_server.tasks import RELATED_TASK, PendingInput, RpcError, Task, TaskStore
 from demo_server.tools import TOOLS, Tool, ToolError, text_result
@@ -116,6 +119,8 @@ SUPPORTED_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 SERVER_INFO = {"name": "longcall-demo", "version": "0.1.0"}
 REORDER_HOLD_S = 10.0
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+#: The request budget longcall charged a request to (``poll`` / ``control``), as the request names it.
+BUDGET_HEADER = "longcall-budget"
 _CLOSE = object()
 
 
@@ -211,6 +216,7 @@ class DemoMcpServer:
         self.options = options
         self.faults = Faults()
         self.log = RequestLog()
+        self.http_log = HttpLog()
         self.store = TaskStore()
         self._sessions: dict[str, Session] = {}
         self._pending: dict[str, PendingInput] = {}
@@ -229,6 +235,7 @@ class DemoMcpServer:
         path: str = scope["path"]
         method: str = scope["method"]
         if path.rstrip("/") == "/mcp":
+            self.http_log.record(verb=method, budget=request_headers(scope).get(BUDGET_HEADER))
             origin = request_headers(scope).get("origin")
             required = self.faults.switches.require_bearer
             if origin is not None and urlsplit(origin).hostname not in LOOPBACK_HOSTS:
@@ -304,6 +311,7 @@ class DemoMcpServer:
                 message_id=message.get("id"),
                 task_id=task_id,
                 session=headers.get("mcp-session-id"),
+                budget=headers.get(BUDGET_HEADER),
             )
         if raw_method == "initialize":
             await self._initialize(message, send)
@@ -817,6 +825,11 @@ class DemoMcpServer:
             await respond(send, 200, dumps({"entries": list(self.log.entries)}))
         elif name == "log" and method == "DELETE":
             self.log.clear()
+            await respond(send, 200, dumps({"entries": []}))
+        elif name == "http_log" and method == "GET":
+            await respond(send, 200, dumps({"entries": list(self.http_log.entries)}))
+        elif name == "http_log" and method == "DELETE":
+            self.http_log.clear()
             await respond(send, 200, dumps({"entries": []}))
         elif name == "tasks" and method == "GET":
             tasks = [task.view() for task in self.store.all()]

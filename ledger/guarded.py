@@ -158,6 +158,8 @@ class GuardedWrites:
         }
         for name, value in sets.items():
             params[f"new_{name}"] = value.interval() if isinstance(value, DueIn) else value
+            if isinstance(value, DueIn):
+                params[f"new_{name}_capped"] = value.capped
         with self._tx() as conn:
             row = conn.execute(STATEMENTS.get(guarded_update, shape), params).first()
             if row is not None:

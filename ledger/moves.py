@@ -25,7 +25,7 @@ from ledger.errors import OperationNotFound
 from ledger.events import EventKind
 from ledger.guarded import GuardedWrite, GuardedWrites
 from ledger.reasons import ReconciliationReason
-from ledger.records import Fence, NewReconciliation, Operation, ServerStatus, due_in
+from ledger.records import Fence, NewReconciliation, Operation, ServerStatus, due_after, due_in
 from ledger.side_rows import append_event
 from ledger.statements import OP
 from ledger.states import IllegalTransition, OpState, TerminalKind
@@ -52,9 +52,9 @@ class OperationMoves(GuardedWrites):
         self, op_id: uuid.UUID, fence: Fence, *, retry_in_s: float, detail: Mapping[str, Any]
     ) -> Operation:
         """SUBMITTING stays: the server refused the create before any work (rate limit, transient), so the
-        attempt is undone and the create is due again in ``retry_in_s``. Event
+        attempt is undone and the create is due again in ``retry_in_s`` (not sooner, deadlines or not). Event
         ``create_refused_before_work``."""
-        sets = {"submit_attempted_at": None, "next_poll_at": due_in(retry_in_s), "lease_until": None}
+        sets = {"submit_attempted_at": None, "next_poll_at": due_after(retry_in_s), "lease_until": None}
         write = GuardedWrite((S.SUBMITTING,), None, EventKind.CREATE_REFUSED_BEFORE_WORK, detail, sets)
         return self._write(op_id, fence, write)
 
@@ -222,9 +222,10 @@ class OperationMoves(GuardedWrites):
         detail: Mapping[str, Any],
     ) -> Operation:
         """Same state: the step could not finish now (no token, rate limited, a failed call) and is due again
-        in ``delay_s``, its lease released. ``event`` says why; a missing token (``no_token``) is counted on
-        the row (``no_token_count``), not written as an event."""
-        sets = {"next_poll_at": due_in(delay_s), "lease_until": None}
+        in ``delay_s`` (not sooner, deadlines or not: a Retry-After holds), its lease released. ``event``
+        says why; a missing token (``no_token``) is counted on the row (``no_token_count``), not written as
+        an event."""
+        sets = {"next_poll_at": due_after(delay_s), "lease_until": None}
         quiet = event is EventKind.NO_TOKEN
         write = GuardedWrite(
             (state,),

@@ -290,14 +290,25 @@ class ServerStatus:
 
 @dataclass(frozen=True, slots=True)
 class DueIn:
-    """A ``next_poll_at`` value (see :func:`due_in`): bound as a parameter, so the statement is built once."""
+    """A ``next_poll_at`` value (see :func:`due_in`, :func:`due_after`): bound as parameters, so the
+    statement is built once."""
 
     seconds: float
+    #: Never past the wait deadline or the expiry while they are ahead (a poll's schedule); not capped: a
+    #: time the row must not be due before (a Retry-After, the wait for a token).
+    capped: bool = True
 
     def interval(self) -> dt.timedelta:
         return dt.timedelta(seconds=max(0.0, self.seconds))
 
 
 def due_in(seconds: float) -> DueIn:
-    """A ``next_poll_at`` value: ``seconds`` from the database's now, never past the wait budget or expiry."""
+    """A ``next_poll_at`` value: ``seconds`` from the database's now, never past the wait budget or expiry
+    still ahead (a deadline already past never makes the row due sooner)."""
     return DueIn(seconds)
+
+
+def due_after(seconds: float) -> DueIn:
+    """A ``next_poll_at`` value not sooner than ``seconds`` from the database's now, deadlines or not: a
+    server's Retry-After, or the wait for a token (rule 3: nothing is due sooner than a Retry-After)."""
+    return DueIn(seconds, capped=False)

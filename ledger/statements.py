@@ -12,9 +12,11 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from sqlalchemy import (
+    Boolean,
     Interval,
     Table,
     Text,
+    and_,
     bindparam,
     case,
     false,
@@ -79,7 +81,18 @@ STATEMENTS = _Statements()
 
 
 def due_at(param: str) -> Any:
-    return func.least(func.now() + bindparam(param, type_=Interval()), OP.c.wait_deadline, OP.c.expires_at)
+    """``now + :param``; when ``:param_capped``, never past the wait deadline or the expiry while they are
+    still ahead. A deadline already past caps nothing: the step that meets it decides (rule 11, the wait
+    budget's hand-over); it never makes a row due again at once, which would poll it in a tight loop and
+    put it first in every claim (rule 3)."""
+    capped = bindparam(f"{param}_capped", type_=Boolean())
+
+    def ahead(deadline: Any) -> Any:
+        return case((and_(capped, deadline > func.now()), deadline), else_=None)  # LEAST skips NULLs
+
+    return func.least(
+        func.now() + bindparam(param, type_=Interval()), ahead(OP.c.wait_deadline), ahead(OP.c.expires_at)
+    )
 
 
 # ----------------------------------------------------------------------------------- hot statements

@@ -12,6 +12,7 @@ import threading
 import httpx
 
 from adapters import AdapterConfig, AdapterRegistry, Timeouts, ToolAdapter, default_registry
+from workers.budget import label_request
 from workers.errors import UnknownServer
 from workers.settings import FleetConfig, ServerConfig
 
@@ -59,7 +60,8 @@ class RemotePool:
                 )
                 t = self._timeouts
                 client = httpx.Client(
-                    timeout=httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool)
+                    timeout=httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool),
+                    event_hooks={"request": [label_request]},  # names the bucket each request was charged to
                 )
                 self._clients.append(client)
                 adapter = factory(config, client)

@@ -66,8 +66,6 @@ def record_intent(ctx: StepContext, op: Operation) -> StepOutcome | Claim:
 
 def send(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
     """CANCEL_REQUESTED: send the cancel request; its answer, or a status read after it, tells the end."""
-    ctx.take(op.server, "control")
-    ctx.take(op.server, "poll")  # the adapter reads the status first: that is a status read
     adapter = ctx.adapter(op)
     try:
         outcome = adapter.cancel(remote_ref(op), budget=ctx.request_budget(op.server, "control"))

@@ -9,6 +9,7 @@ named, guarded moves.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import random
 import time
 import uuid
@@ -17,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adapters import (
-    UNMETERED,
     AdapterError,
     OutcomeUnknown,
     ProtocolViolation,
@@ -32,13 +32,16 @@ from ledger.reasons import ReconciliationReason
 from ledger.records import Fence, Operation, ServerStatus
 from ledger.repository import Ledger
 from ledger.states import OpState
+from workers.budget import TokenBudget
 from workers.errors import NoToken
-from workers.hot import Budget
+from workers.hot import RATE_HEADROOM, Budget
 from workers.runtime import Runtime
 from workers.settings import ServerConfig, Settings
 
 #: The shortest poll interval a server's hint may set.
 MIN_POLL_S = 0.1
+#: How many of a bucket's slots ahead a step's later request may wait for (see :meth:`StepContext.take`).
+FOLLOW_UP_SLOTS = 2
 #: The shortest pause after a server's Retry-After.
 RETRY_FLOOR_S = 0.5
 #: What a failed read or cancel request leaves undecided: it is asked again later (a create's unknown
@@ -114,34 +117,34 @@ class StepContext:
 
     # ------------------------------------------------------------------------------------ rule 4: tokens
 
-    def take(self, server: str, bucket: Budget) -> None:
+    def take(self, server: str, bucket: Budget, *, follow_up: bool = False) -> None:
         """Book a slot on the server's bucket (rule 4). A slot within one dispatch tick is waited for here;
         none within reach raises :class:`NoToken`: the step is rescheduled, never blocked.
 
-        Today a step takes one token per adapter call, before the call (see :meth:`request_budget`).
+        Called per HTTP request, by the budget :meth:`request_budget` hands to the adapter. ``follow_up``:
+        a later request of a step that has sent one already (``tools/call`` after the handshake,
+        ``tasks/cancel`` or ``tasks/result`` after a status read, the next ``tasks/list`` page). It may
+        also wait for the bucket's next :data:`FOLLOW_UP_SLOTS` slots: on a bucket slower than one slot
+        per tick, a step of two requests would otherwise never get its second token, and what its first
+        request cost would be spent again on every attempt.
         """
         config = self.runtime.remote.server(server)
-        token = self.runtime.hot.take(
-            server,
-            bucket,
-            config.poll_qps if bucket == "poll" else config.control_qps,
-            horizon_s=self.settings.dispatch_interval_s,
-        )
+        rate = config.poll_qps if bucket == "poll" else config.control_qps
+        horizon = self.settings.dispatch_interval_s
+        if follow_up:
+            horizon = max(horizon, FOLLOW_UP_SLOTS / (rate * RATE_HEADROOM))
+        token = self.runtime.hot.take(server, bucket, rate, horizon_s=horizon)
         if not token.granted:
             raise NoToken(token.wait_s)
         if token.wait_s > 0:
-            time.sleep(token.wait_s)  # bounded by the horizon: at most one dispatch tick
+            time.sleep(token.wait_s)  # bounded by the horizon
 
-    def request_budget(self, server: str, bucket: Budget) -> RequestBudget:
-        """What the adapter call a step makes charges per HTTP request it sends (DESIGN rule 4 as amended).
-
-        Unmetered for now: the step took its token(s) with :meth:`take` before the call, as before. The
-        hardening issue that follows returns a budget here whose ``charge`` takes a token from ``bucket``
-        (waiting within the horizon, raising :class:`NoToken` beyond it), and the steps' own ``take``
-        calls go; every step already passes what this returns to the adapter.
-        """
-        del server, bucket  # the metered budget will be built from both
-        return UNMETERED
+    def request_budget(self, server: str, bucket: Budget, *, prepaid: int = 0) -> RequestBudget:
+        """What the adapter call a step makes charges per HTTP request it sends (DESIGN rule 4 as amended):
+        a token from ``server``'s ``bucket`` each, waited for within one dispatch tick, else
+        :class:`NoToken` (the adapter passes it on; that request is not sent). ``prepaid``: tokens the step
+        took with :meth:`take` already, used by the first charges (see :class:`TokenBudget`)."""
+        return TokenBudget(bucket, functools.partial(self.take, server, bucket), prepaid=prepaid)
 
     # --------------------------------------------------------------------------- moves every step shares
 

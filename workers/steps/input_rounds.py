@@ -20,7 +20,7 @@ from ledger.events import EventKind
 from ledger.reasons import ReconciliationReason
 from ledger.records import Fence, Operation
 from ledger.states import OpState
-from workers.errors import InputRefused
+from workers.errors import InputRefused, NoToken
 from workers.steps.context import StepContext, StepOutcome, describe, remote_ref, server_status
 
 #: How soon to look again when the server says it waits for input whose request could not be read yet.
@@ -134,6 +134,8 @@ def provide_input(
         ctx.ledger.record_event(op.id, EventKind.INPUT_REFUSED, {"input_round": input_round, "why": refusal})
         raise InputRefused(f"input for operation {op.id} round {input_round} refused: {refusal}")
     request = InputRequest.from_json(op.input_request or {})
+    # The reply's token is taken before the reply is recorded (a reply recorded is a reply sent); the
+    # budget passed to the adapter uses it for the reply's request.
     ctx.take(op.server, "control")
     op = ctx.ledger.record_input_reply(
         op.id,
@@ -143,9 +145,9 @@ def provide_input(
     )
     try:
         ctx.adapter(op).reply_input(
-            remote_ref(op), request, response, budget=ctx.request_budget(op.server, "control")
+            remote_ref(op), request, response, budget=ctx.request_budget(op.server, "control", prepaid=1)
         )
-    except AdapterError as exc:
+    except (AdapterError, NoToken) as exc:
         # Polling resumes either way: a server still waiting shows the question again, and after a failed
         # reply that is a new round (see answered_already).
         # A stale write means the operation moved on meanwhile (its refusal is recorded): nothing to mark.

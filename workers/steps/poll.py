@@ -42,7 +42,6 @@ def poll(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
             {"why": "the wait budget ran out with the operation still open on the server"},
         )
         return StepOutcome(op.id, "wait_budget_exhausted", op.state)
-    ctx.take(op.server, "poll")
     try:
         status = ctx.adapter(op).get(remote_ref(op), budget=ctx.request_budget(op.server, "poll"))
     except RateLimited as exc:
@@ -81,7 +80,8 @@ def _terminal(
     ctx: StepContext, op: Operation, fence: Fence, status: RemoteStatus, kind: TerminalKind
 ) -> StepOutcome:
     """TERMINAL_OBSERVED; unless the end is a cancel (nothing to read), the result is read in this same
-    step, with a control token taken now. Without one, the fetch waits for its own step."""
+    step, its request's control token taken now (and passed to the fetch's budget: charged once). Without
+    one, the fetch waits for its own step, in TERMINAL_OBSERVED."""
     wait: NoToken | None = None
     if kind is not TerminalKind.CANCELLED:
         try:
@@ -99,4 +99,4 @@ def _terminal(
     )
     if wait is not None:
         return StepOutcome(op.id, "no_token", op.state, detail={"wait_s": round(wait.wait_s, 3)})
-    return fetch(ctx, op, fence, status, token_taken=True)
+    return fetch(ctx, op, fence, status, prepaid=1 if kind is not TerminalKind.CANCELLED else 0)

@@ -62,16 +62,12 @@ def fetch(
     fence: Fence,
     status: RemoteStatus | None = None,
     *,
-    token_taken: bool = False,
+    prepaid: int = 0,
 ) -> StepOutcome:
     """TERMINAL_OBSERVED / FETCHING_RESULT: read the result (unless it is held or the end is a cancel),
-    then accept. ``token_taken``: the caller already took the control token for the read."""
-    remote_call = op.observed_terminal is not TerminalKind.CANCELLED and op.result is None
-    if remote_call and not token_taken:
-        try:
-            ctx.take(op.server, "control")
-        except NoToken as no_token:
-            return ctx.no_token(op, fence, no_token)
+    then accept. Every request of the read (the status read first when ``status`` is not the terminal one
+    just observed) is charged to the control budget, the first ``prepaid`` with the tokens the caller took
+    already; without a token the fetch is due again later."""
     if op.state is OpState.TERMINAL_OBSERVED:
         op = ctx.ledger.start_fetch(op.id, fence)
     if op.observed_terminal is TerminalKind.CANCELLED:
@@ -83,8 +79,10 @@ def fetch(
         result = ctx.adapter(op).result(
             remote_ref(op),
             status=status if status and status.terminal else None,
-            budget=ctx.request_budget(op.server, "control"),
+            budget=ctx.request_budget(op.server, "control", prepaid=prepaid),
         )
+    except NoToken as no_token:
+        return ctx.no_token(op, fence, no_token)  # nothing was read that is not read again
     except NotFound as exc:
         return _unknown(ctx, op, fence, exc)  # no result is held here (it would have been accepted above)
     except FETCH_AGAIN as exc:

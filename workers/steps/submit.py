@@ -66,7 +66,6 @@ def create(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved
     server = ctx.server(op)
     adapter = ctx.adapter(op)
     budget = ctx.request_budget(op.server, "control")
-    ctx.take(op.server, "control")
     try:
         capabilities = adapter.capabilities(op.tool_name, budget=budget)
     except Rejected as exc:
@@ -114,7 +113,6 @@ def lookup(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved
     """SUBMISSION_UNKNOWN (rule 2): ask by submission key; only a server's proof of "never created"
     allows a resubmission, anything unproved goes to an operator."""
     adapter = ctx.adapter(op)
-    ctx.take(op.server, "control")
     try:
         found = adapter.lookup_by_key(
             str(op.submission_key),
