@@ -374,7 +374,12 @@ class ToolAdapter(Protocol):
         self, remote: RemoteRef, *, status: RemoteStatus | None = None, budget: RequestBudget = UNMETERED
     ) -> RemoteResult: ...
 
-    def cancel(self, remote: RemoteRef, *, budget: RequestBudget = UNMETERED) -> CancelOutcome: ...
+    def cancel(
+        self, remote: RemoteRef, *, budget: RequestBudget = UNMETERED, read_status_first: bool = False
+    ) -> CancelOutcome:
+        """Ask the server to cancel. ``read_status_first``: read the status first and send no cancel for a
+        task already terminal (for a server that would answer "cancelled" for a completed task)."""
+        ...
 
     def reply_input(
         self,

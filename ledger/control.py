@@ -11,7 +11,15 @@ from sqlalchemy import Connection, func, insert, select, update
 
 from ledger.guarded import GuardedWrites
 from ledger.records import ControlState, adapter_key
-from ledger.statements import CONTROL, CONTROL_AUDIT, STATEMENTS, select_control, update_disabled_adapters
+from ledger.statements import (
+    CONTROL,
+    CONTROL_AUDIT,
+    OP,
+    STATEMENTS,
+    select_control,
+    update_disabled_adapters,
+)
+from ledger.states import FINAL_STATES
 
 
 def read_control(conn: Connection) -> ControlState:
@@ -36,7 +44,14 @@ class ExecutorControlTransactions(GuardedWrites):
         return self._change_control(actor, "set_admission", {"admission_open": open_})
 
     def bump_epoch(self, *, actor: str) -> ControlState:
-        return self._change_control(actor, "bump_epoch", {"execution_epoch": CONTROL.c.execution_epoch + 1})
+        """Rule 13: the next execution epoch, and every operation not final yet taken over into it in the
+        same transaction. From the commit on, a step of the old epoch still in flight (its fence names the
+        old epoch) moves no row and has no receipt accepted: its write is refused as stale. Each guarded
+        statement also compares its epoch with the control row's, so a row the take-over could not see (one
+        inserted by a transaction still open) is fenced too; a claim takes such a row over."""
+        return self._change_control(
+            actor, "bump_epoch", {"execution_epoch": CONTROL.c.execution_epoch + 1}, take_over=True
+        )
 
     def set_adapter_disabled(
         self, protocol: str, protocol_version: str, *, disabled: bool, actor: str
@@ -53,11 +68,22 @@ class ExecutorControlTransactions(GuardedWrites):
             },
         )
 
-    def _change_control(self, actor: str, action: str, values: Mapping[str, Any]) -> ControlState:
+    def _change_control(
+        self, actor: str, action: str, values: Mapping[str, Any], *, take_over: bool = False
+    ) -> ControlState:
         with self._tx() as conn:
             before = conn.execute(select(CONTROL).where(CONTROL.c.id == 1).with_for_update()).one()
             conn.execute(update(CONTROL).where(CONTROL.c.id == 1).values(**values, updated_at=func.now()))
             after = read_control(conn)
+            if take_over:
+                conn.execute(
+                    update(OP)
+                    .where(
+                        OP.c.state.not_in([s.value for s in FINAL_STATES]),
+                        OP.c.execution_epoch < after.execution_epoch,
+                    )
+                    .values(execution_epoch=after.execution_epoch)
+                )
             conn.execute(
                 insert(CONTROL_AUDIT).values(
                     actor=actor,

@@ -65,6 +65,12 @@ def row_mismatches(op: Operation, evidence: TerminalEvidence, kind: TerminalKind
         "execution_epoch": op.execution_epoch == evidence.execution_epoch,
         "cancel_generation": op.cancel_generation == evidence.cancel_generation,
         "terminal_state": op.observed_terminal is kind
-        or (kind is TerminalKind.CANCELLED and op.state is OpState.CANCEL_REQUESTED),
+        or (kind is TerminalKind.CANCELLED and op.state is OpState.CANCEL_REQUESTED)
+        or (
+            kind is TerminalKind.CANCELLED
+            and op.state is OpState.SUBMITTING
+            and op.submit_attempted_at is None
+            and op.cancel_generation > 0
+        ),
     }
     return [name for name, ok in checks.items() if not ok]

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import Connection, Engine, insert
 
@@ -73,6 +73,12 @@ class GuardedWrite:
     #: when empty); otherwise the write counts itself in ``counter`` on the row.
     quiet_unless_changed: tuple[str, ...] | None = None
     counter: str | None = None
+    #: A cancel intent recorded while the writer was in flight (rule 6): "strict" refuses the write,
+    #: "tolerate" makes it anyway where an intent waits (``CANCEL_WAITS_IN``: the intent stays, the generation
+    #: with it), "route" too, and goes to CANCEL_REQUESTED instead of ``to`` when the row's generation is
+    #: above ``route_above``.
+    after_intent: Literal["strict", "tolerate", "route"] = "strict"
+    route_above: int = 0
 
 
 class GuardedWrites:
@@ -121,6 +127,8 @@ class GuardedWrites:
             check_edges(write.in_states, write.to)
             if write.then is not None:
                 check_edges([write.to], write.then)
+            if write.after_intent == "route":
+                check_edges(write.in_states, OpState.CANCEL_REQUESTED)
             if write.to in FINAL_STATES or write.then in FINAL_STATES:
                 raise IllegalTransition(
                     f"{write.then or write.to} is reached only through accept_terminal (rule 8)"
@@ -140,6 +148,7 @@ class GuardedWrites:
             then_names_key=write.then_names_key,
             quiet_unless_changed=write.quiet_unless_changed,
             counter=write.counter,
+            after_intent=write.after_intent,
         )
         end = write.then or write.to
         params: dict[str, Any] = {
@@ -155,6 +164,7 @@ class GuardedWrites:
             "halfway_state": write.to.value if write.then is not None and write.to is not None else None,
             "then_kind": write.then_event.value if write.then_event is not None else None,
             "then_detail": {},
+            "fence_route_above": write.route_above,
         }
         for name, value in sets.items():
             params[f"new_{name}"] = value.interval() if isinstance(value, DueIn) else value

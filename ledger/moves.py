@@ -28,7 +28,7 @@ from ledger.reasons import ReconciliationReason
 from ledger.records import Fence, NewReconciliation, Operation, ServerStatus, due_after, due_in
 from ledger.side_rows import append_event
 from ledger.statements import OP
-from ledger.states import IllegalTransition, OpState, TerminalKind
+from ledger.states import CANCEL_WAITS_IN, IllegalTransition, OpState, TerminalKind
 
 S = OpState
 
@@ -55,7 +55,14 @@ class OperationMoves(GuardedWrites):
         attempt is undone and the create is due again in ``retry_in_s`` (not sooner, deadlines or not). Event
         ``create_refused_before_work``."""
         sets = {"submit_attempted_at": None, "next_poll_at": due_after(retry_in_s), "lease_until": None}
-        write = GuardedWrite((S.SUBMITTING,), None, EventKind.CREATE_REFUSED_BEFORE_WORK, detail, sets)
+        write = GuardedWrite(
+            (S.SUBMITTING,),
+            None,
+            EventKind.CREATE_REFUSED_BEFORE_WORK,
+            detail,
+            sets,
+            after_intent="tolerate",
+        )
         return self._write(op_id, fence, write)
 
     def mark_submission_unknown(
@@ -69,6 +76,7 @@ class OperationMoves(GuardedWrites):
             EventKind.SUBMISSION_UNKNOWN,
             detail,
             {"next_poll_at": due_in(0)},
+            after_intent="tolerate",
         )
         return self._write(op_id, fence, write)
 
@@ -84,7 +92,8 @@ class OperationMoves(GuardedWrites):
         next_poll_in_s: float,
     ) -> Operation:
         """SUBMITTING -> WORKING: the create call returned a queryable remote id; the first poll is due in
-        ``next_poll_in_s``. Event ``created``."""
+        ``next_poll_in_s``. Event ``created``. A cancel requested meanwhile never orphans the remote id: it
+        is recorded all the same, and the operation goes to CANCEL_REQUESTED instead (rule 6)."""
         sets = {
             "remote_id": remote_id,
             "session_ref": session_ref,
@@ -94,9 +103,10 @@ class OperationMoves(GuardedWrites):
             "lease_until": None,
         }
         detail = {"remote_id": remote_id, "server_state": status.server_state}
-        return self._write(
-            op_id, fence, GuardedWrite((S.SUBMITTING,), S.WORKING, EventKind.CREATED, detail, sets)
+        write = GuardedWrite(
+            (S.SUBMITTING,), S.WORKING, EventKind.CREATED, detail, sets, after_intent="route"
         )
+        return self._write(op_id, fence, write)
 
     def record_found_by_key(
         self,
@@ -108,14 +118,17 @@ class OperationMoves(GuardedWrites):
         detail: Mapping[str, Any],
     ) -> Operation:
         """SUBMISSION_UNKNOWN -> WORKING, polled at once: a lookup by submission key found the operation.
-        Event ``found_by_key``."""
+        Event ``found_by_key``. With a cancel requested (the generation above 0): -> CANCEL_REQUESTED, due
+        at once (rule 6)."""
         sets = {
             "remote_id": remote_id,
             "session_ref": session_ref,
             "next_poll_at": due_in(0),
             "lease_until": None,
         }
-        write = GuardedWrite((S.SUBMISSION_UNKNOWN,), S.WORKING, EventKind.FOUND_BY_KEY, detail, sets)
+        write = GuardedWrite(
+            (S.SUBMISSION_UNKNOWN,), S.WORKING, EventKind.FOUND_BY_KEY, detail, sets, after_intent="route"
+        )
         return self._write(op_id, fence, write)
 
     def resubmit(
@@ -146,6 +159,8 @@ class OperationMoves(GuardedWrites):
             then_event=EventKind.RESUBMISSION,
             then_names_key=True,
             resolution=resolution,
+            # A cancel intent stays with the row: the create step then ends it cancelled, with no create.
+            after_intent="tolerate",
         )
         return self._write(op_id, fence, write)
 
@@ -182,6 +197,7 @@ class OperationMoves(GuardedWrites):
             sets,
             then=S.FETCHING_RESULT,
             then_event=EventKind.FETCHING_RESULT,
+            after_intent="tolerate",  # the create's own end wins over a cancel requested meanwhile
         )
         return self._write(op_id, fence, write)
 
@@ -235,6 +251,7 @@ class OperationMoves(GuardedWrites):
             sets,
             quiet_unless_changed=() if quiet else None,
             counter="no_token_count" if quiet else None,
+            after_intent="tolerate",  # where a cancel intent waits, it stays; the step is due again anyway
         )
         return self._write(op_id, fence, write)
 
@@ -312,17 +329,45 @@ class OperationMoves(GuardedWrites):
     # ------------------------------------------------------------------------------------- cancel (6)
 
     def request_cancel(
-        self, op_id: uuid.UUID, fence: Fence, *, from_state: OpState, due_in_s: float = 0.0
+        self,
+        op_id: uuid.UUID,
+        fence: Fence,
+        *,
+        from_state: OpState | tuple[OpState, ...],
+        due_in_s: float = 0.0,
+        resolution: str | None = None,
     ) -> Operation:
         """-> CANCEL_REQUESTED with the cancel generation bumped, so every writer of the old generation is
         fenced off; the cancel is due in ``due_in_s`` (at once by default) under a fresh claim: the lease goes
-        too. Event ``cancel_requested``."""
+        too. ``from_state`` may name several states (WORKING and INPUT_REQUIRED: a poll moving the row between
+        them does not refuse the cancel). ``resolution`` closes open records (a cancel of an operation an
+        operator holds under a known remote id). Event ``cancel_requested``."""
         write = GuardedWrite(
-            (from_state,),
+            from_state if isinstance(from_state, tuple) else (from_state,),
             S.CANCEL_REQUESTED,
             EventKind.CANCEL_REQUESTED,
             {"generation": fence.cancel_generation + 1},
             {"next_poll_at": due_in(due_in_s), "lease_until": None},
+            bump_generation=True,
+            resolution=resolution,
+        )
+        return self._write(op_id, fence, write)
+
+    def record_cancel_intent(self, op_id: uuid.UUID, fence: Fence, *, from_state: OpState) -> Operation:
+        """Same state (one of ``CANCEL_WAITS_IN``), the cancel generation bumped: a cancel was requested and
+        no remote operation is known to send it to yet (rule 6). The intent is the generation: the create's
+        answer, a lookup that finds the operation or an operator who does, goes on to CANCEL_REQUESTED; a
+        proof of "never created" ends the operation cancelled without a create. Lease and due time stay (a
+        create may be in flight). Event ``cancel_requested``."""
+        if from_state not in CANCEL_WAITS_IN:
+            raise IllegalTransition(
+                f"a cancel intent waits in {sorted(CANCEL_WAITS_IN)}, not in {from_state}"
+            )
+        write = GuardedWrite(
+            (from_state,),
+            None,
+            EventKind.CANCEL_REQUESTED,
+            {"generation": fence.cancel_generation + 1, "waits_for": "a remote operation to cancel"},
             bump_generation=True,
         )
         return self._write(op_id, fence, write)
@@ -440,6 +485,7 @@ class OperationMoves(GuardedWrites):
             {"reason": reason.value, **detail},
             {"next_poll_at": None, "lease_until": None},
             reconcile=NewReconciliation(reason, dt.timedelta(seconds=deadline_s), detail),
+            after_intent="tolerate",
         )
         return self._write(op_id, fence, write)
 
@@ -452,9 +498,12 @@ class OperationMoves(GuardedWrites):
         session_ref: str | None,
         detail: Mapping[str, Any],
         resolution: str,
+        cancel_above: int | None = None,
     ) -> Operation:
         """MANUAL_RECONCILIATION -> WORKING, polled at once: the operator found it alive as ``remote_id``.
-        Open records close with ``resolution``. Event ``resolved_found``."""
+        Open records close with ``resolution``. Event ``resolved_found``. When the row's cancel generation is
+        above ``cancel_above`` (by default the fence's: a cancel requested while the operator decided; 0: any
+        cancel ever requested), -> CANCEL_REQUESTED instead, due at once: the cancel is sent (rule 6)."""
         sets = {
             "remote_id": remote_id,
             "session_ref": session_ref,
@@ -468,6 +517,8 @@ class OperationMoves(GuardedWrites):
             detail,
             sets,
             resolution=resolution,
+            after_intent="route",
+            route_above=fence.cancel_generation if cancel_above is None else cancel_above,
         )
         return self._write(op_id, fence, write)
 
@@ -496,6 +547,7 @@ class OperationMoves(GuardedWrites):
             {**detail, "terminal": kind.value},
             sets,
             resolution=resolution,
+            after_intent="tolerate",
         )
         return self._write(op_id, fence, write)
 

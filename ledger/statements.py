@@ -33,7 +33,7 @@ from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from ledger import models
-from ledger.states import ACCEPT_FROM, ACCEPT_TO, OpState, TerminalKind
+from ledger.states import ACCEPT_FROM, ACCEPT_TO, CANCEL_WAITS_IN, OpState, TerminalKind
 
 OP = cast(Table, models.ToolOperation.__table__)
 EVENT = cast(Table, models.OperationEvent.__table__)
@@ -80,6 +80,12 @@ class _Statements:
 STATEMENTS = _Statements()
 
 
+def current_epoch() -> Any:
+    """The control row's execution epoch, read by the statement itself (rule 13: a write or an acceptance of
+    an older epoch is refused from the moment of the rollback, whatever the row still says)."""
+    return select(CONTROL.c.execution_epoch).where(CONTROL.c.id == 1).scalar_subquery()
+
+
 def due_at(param: str) -> Any:
     """``now + :param``; when ``:param_capped``, never past the wait deadline or the expiry while they are
     still ahead. A deadline already past caps nothing: the step that meets it decides (rule 11, the wait
@@ -116,6 +122,11 @@ class WriteShape:
     #: write that always appends its event.
     quiet_unless_changed: tuple[str, ...] | None = None
     counter: str | None = None
+    #: How the write treats a cancel intent recorded while its writer was in flight (rule 6): "strict"
+    #: refuses it (the generation must match), "tolerate" writes anyway in a state where an intent waits,
+    #: "route" does too and goes to CANCEL_REQUESTED instead of ``new_state`` when the row's generation is
+    #: above ``fence_route_above``.
+    after_intent: str = "strict"
 
 
 def guarded_update(shape: WriteShape) -> Any:
@@ -147,13 +158,31 @@ def guarded_update(shape: WriteShape) -> Any:
     sets["updated_at"] = func.now()
     if shape.to_state:
         sets["state"] = bindparam("new_state", type_=OP.c.state.type)
+        if shape.after_intent == "route":
+            sets["state"] = case(
+                (
+                    OP.c.cancel_generation > bindparam("fence_route_above"),
+                    literal(OpState.CANCEL_REQUESTED.value, type_=OP.c.state.type),
+                ),
+                else_=sets["state"],
+            )
     if shape.bump_generation:
         sets["cancel_generation"] = OP.c.cancel_generation + 1
+    generation_ok: Any = OP.c.cancel_generation == bindparam("fence_generation")
+    if shape.after_intent != "strict":
+        generation_ok = or_(
+            generation_ok,
+            and_(
+                OP.c.cancel_generation > bindparam("fence_generation"),
+                OP.c.state.in_([s.value for s in CANCEL_WAITS_IN]),
+            ),
+        )
     where = [
         OP.c.id == prior.c.id,
         OP.c.state.in_(bindparam("fence_states", expanding=True)),
         OP.c.execution_epoch == bindparam("fence_epoch"),
-        OP.c.cancel_generation == bindparam("fence_generation"),
+        OP.c.execution_epoch == current_epoch(),
+        generation_ok,
     ]
     if shape.with_cursor:
         where.append(OP.c.poll_cursor == bindparam("fence_cursor"))
@@ -234,7 +263,16 @@ def accept_update(kind: TerminalKind) -> Any:
     with it as ``receipt_*`` columns. Nothing accepted, no receipt."""
     observed_ok = OP.c.observed_terminal == kind.value
     if kind is TerminalKind.CANCELLED:
-        observed_ok = or_(observed_ok, OP.c.state == OpState.CANCEL_REQUESTED.value)
+        observed_ok = or_(
+            observed_ok,
+            OP.c.state == OpState.CANCEL_REQUESTED.value,
+            # A cancel requested before any create was attempted: nothing ever ran on the server.
+            and_(
+                OP.c.state == OpState.SUBMITTING.value,
+                OP.c.submit_attempted_at.is_(None),
+                OP.c.cancel_generation > 0,
+            ),
+        )
     prior = select(OP.c.id, OP.c.state).where(OP.c.id == bindparam("fence_id")).with_for_update().cte("prior")
     moved = (
         update(OP)
@@ -248,6 +286,7 @@ def accept_update(kind: TerminalKind) -> Any:
                 bindparam("ev_tool_descriptor_version", type_=OP.c.tool_descriptor_version.type)
             ),
             OP.c.execution_epoch == bindparam("ev_execution_epoch"),
+            OP.c.execution_epoch == current_epoch(),
             OP.c.cancel_generation == bindparam("ev_cancel_generation"),
             observed_ok,
         )

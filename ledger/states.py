@@ -17,6 +17,7 @@ from ledger.errors import IllegalTransition
 __all__ = [
     "ACCEPT_FROM",
     "ACCEPT_TO",
+    "CANCEL_WAITS_IN",
     "EDGES",
     "EXTENSION_EDGES",
     "FINAL_STATES",
@@ -99,6 +100,21 @@ EXTENSION_EDGES: Mapping[tuple[OpState, OpState], str] = {
             S.FETCHING_RESULT,
         )
     },
+    (S.SUBMITTING, S.CANCEL_REQUESTED): (
+        "the create answered with a remote id after a cancel was requested (rule 6): the id is recorded "
+        "and the cancel is sent"
+    ),
+    (S.SUBMISSION_UNKNOWN, S.CANCEL_REQUESTED): (
+        "a lookup by submission key found the operation after a cancel was requested: the cancel is sent"
+    ),
+    (S.MANUAL_RECONCILIATION, S.CANCEL_REQUESTED): (
+        "a cancel was requested for an operation an operator holds under a known remote id, or the "
+        "operator found it after a cancel was requested: the cancel is sent"
+    ),
+    (S.SUBMITTING, S.CANCELLED_ACCEPTED): (
+        "a cancel was requested before any create was attempted (or before the resubmission that followed "
+        "a proof of 'never created'): nothing runs on the server, the receipt is cancelled, no create is made"
+    ),
     (S.MANUAL_RECONCILIATION, S.WORKING): "the operator found the operation alive on the server",
     (S.MANUAL_RECONCILIATION, S.NOT_FOUND_SAFE): "the operator proved the operation was never created",
     (S.MANUAL_RECONCILIATION, S.TERMINAL_OBSERVED): "the operator found the operation ended on the server",
@@ -123,8 +139,16 @@ NEVER_POLLED: frozenset[OpState] = FINAL_STATES | {S.INPUT_REQUIRED, S.NOT_FOUND
 ACCEPT_FROM: Mapping[TerminalKind, frozenset[OpState]] = {
     TerminalKind.COMPLETED: frozenset({S.FETCHING_RESULT}),
     TerminalKind.FAILED: frozenset({S.FETCHING_RESULT}),
-    TerminalKind.CANCELLED: frozenset({S.FETCHING_RESULT, S.CANCEL_REQUESTED}),
+    TerminalKind.CANCELLED: frozenset({S.FETCHING_RESULT, S.CANCEL_REQUESTED, S.SUBMITTING}),
 }
+
+#: Where a cancel request is recorded as an intent that waits, the state unchanged (rule 6): no remote
+#: operation is known to cancel yet. The bumped ``cancel_generation`` is the intent: it is applied when a
+#: remote operation becomes known (-> CANCEL_REQUESTED), or ends the operation cancelled without a create
+#: once "never created" is proved (SUBMITTING with no create attempted -> CANCELLED_ACCEPTED).
+CANCEL_WAITS_IN: frozenset[OpState] = frozenset(
+    {S.SUBMITTING, S.SUBMISSION_UNKNOWN, S.NOT_FOUND_SAFE, S.MANUAL_RECONCILIATION}
+)
 
 #: The final state a receipt of each kind moves the operation to.
 ACCEPT_TO: Mapping[TerminalKind, OpState] = {

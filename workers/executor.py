@@ -84,15 +84,18 @@ class Executor:
         return self._guard(op, cursor, cancel.send)
 
     def request_cancel(self, op_id: uuid.UUID) -> StepOutcome:
-        """``longcall.cancel``: record the intent, then send the cancel request at once under a fresh claim.
+        """``longcall.cancel``: record the intent (in any state that is not final), then, under a fresh
+        claim, send the cancel request at once, or end an operation no create was attempted for cancelled.
 
         Raises:
-            NotCancellable: the operation is not in a state a cancel applies to.
+            NotCancellable: the row kept moving under every try to record the intent.
         """
         recorded = cancel.record_intent(self.ctx, self.ledger.get(op_id))
         if isinstance(recorded, StepOutcome):
             return recorded
-        return self.send_cancel(op_id, recorded.poll_cursor)
+        if recorded.state is S.CANCEL_REQUESTED:
+            return self.send_cancel(op_id, recorded.poll_cursor)
+        return self.advance(op_id, recorded.poll_cursor)
 
     def provide_input(self, op_id: uuid.UUID, input_round: int, response: Mapping[str, Any]) -> StepOutcome:
         """``longcall.provide_input``: the current round only, before its deadline, a reply the adapter takes.

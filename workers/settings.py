@@ -67,6 +67,10 @@ class ServerConfig(_Strict):
     wait_budget_s: PositiveFloat = 3600.0
     #: Poll interval when the server gives none.
     default_poll_interval_ms: PositiveInt = 1000
+    #: Read the task's status (on the control budget) before ``tasks/cancel`` and send no cancel for a task
+    #: already terminal: for a server that answers "cancelled" to a cancel of a completed task (FastMCP).
+    #: Off by default: the cancel is sent first and a "-32602 already terminal" answer is read after.
+    read_status_before_cancel: bool = False
     tools: dict[str, ToolConfig] = Field(default_factory=dict)
 
     @field_validator("auth_env")

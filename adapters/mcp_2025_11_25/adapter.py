@@ -462,9 +462,12 @@ class McpTasksAdapter:
         return True
 
     @budget_edge
-    def cancel(self, remote: RemoteRef, *, budget: RequestBudget = UNMETERED) -> CancelOutcome:
-        """Ask the server to cancel (``tasks/cancel``), after one ``tasks/get`` that skips the request when
-        the task is terminal already.
+    def cancel(
+        self, remote: RemoteRef, *, budget: RequestBudget = UNMETERED, read_status_first: bool = False
+    ) -> CancelOutcome:
+        """Ask the server to cancel (``tasks/cancel``). With ``read_status_first``, one ``tasks/get`` first
+        skips the request when the task is terminal already (for a server that answers "cancelled" to a
+        cancel of a completed task); both requests are charged to ``budget``.
 
         A success answer is the evidence of the cancelled terminal state. ``-32602`` means already
         terminal (or gone): the outcome says so and the caller reads the state with ``get``.
@@ -474,10 +477,13 @@ class McpTasksAdapter:
             NotFound: the session is gone. Rejected: the server does not implement tasks/cancel.
             Transient, RateLimited, ProtocolViolation.
         """
-        observed = self.get(remote, read_input=False, budget=budget)
-        if observed.terminal is not None:
-            # Already terminal: never send a cancel a lenient server might answer with "cancelled".
-            return CancelOutcome(kind="already_terminal", status=observed, message=observed.status_message)
+        if read_status_first:
+            observed = self.get(remote, read_input=False, budget=budget)
+            if observed.terminal is not None:
+                # Already terminal: never send a cancel a lenient server might answer with "cancelled".
+                return CancelOutcome(
+                    kind="already_terminal", status=observed, message=observed.status_message
+                )
         with _unreadable_answer_is_unknown(f"server {self.name!r}: tasks/cancel {remote.remote_id}"):
             exchange = self._tasks.send("tasks/cancel", remote, idempotent=False, budget=budget)
             response = exchange.response

@@ -208,8 +208,10 @@ def test_cancel_running_task_is_cancelled(adapter: McpTasksAdapter, mcp_peer: Mc
         ghost = RemoteRef(
             remote_id="no-such-task", session_ref=adapter.session_ref, protocol_version="2025-11-25"
         )
-        with pytest.raises(Rejected, match="does not implement tasks/get"):
+        with pytest.raises(Rejected, match="does not implement tasks/cancel"):
             adapter.cancel(ghost)
+        with pytest.raises(Rejected, match="does not implement tasks/get"):
+            adapter.cancel(ghost, read_status_first=True)
         return
     ref = start(adapter, "slow_report", {"seconds": 30})
     outcome = adapter.cancel(ref)
@@ -238,12 +240,18 @@ def test_cancel_completed_task_reports_already_terminal(adapter: McpTasksAdapter
         return
     ref = start(adapter, "slow_report", {"seconds": 0.1})
     wait_for(adapter, ref, is_terminal)
-    outcome = adapter.cancel(ref)
-    # The adapter reads the state first and never sends a cancel for a terminal task, so even a peer
-    # that would answer "cancelled" (quirk cancel_completed_succeeds) keeps its completed result.
+    # A peer that would answer "cancelled" for a completed task (quirk cancel_completed_succeeds) is one
+    # to configure with read_status_before_cancel: the adapter reads the state first and sends no cancel
+    # for a terminal task. Any other peer answers the cancel itself with -32602 "already terminal".
+    read_first = "cancel_completed_succeeds" in mcp_peer.quirks
+    outcome = adapter.cancel(ref, read_status_first=read_first)
     assert outcome.kind == "already_terminal"
-    assert outcome.status is not None
-    assert outcome.status.server_state == "completed"
+    if read_first:
+        assert outcome.status is not None
+        assert outcome.status.server_state == "completed"
+    else:
+        assert outcome.status is None
+        assert outcome.message is not None
     assert adapter.get(ref).server_state == "completed"
     assert adapter.result(ref).outcome == "completed"
 

@@ -120,7 +120,16 @@ class LedgerMachine(RuleBasedStateMachine):
             evidence = evidence_for(op, kind, cancel_generation=op.cancel_generation + 1)
         acceptance = self.ledger.accept_terminal(op_id, evidence)
         observed_ok = op.observed_terminal is kind or (
-            kind is TerminalKind.CANCELLED and model.state is OpState.CANCEL_REQUESTED
+            kind is TerminalKind.CANCELLED
+            and (
+                model.state is OpState.CANCEL_REQUESTED
+                # Rule 6: a cancel requested before any create was attempted ends it with no create.
+                or (
+                    model.state is OpState.SUBMITTING
+                    and op.submit_attempted_at is None
+                    and model.generation > 0
+                )
+            )
         )
         if model.receipt is None and model.state in ACCEPT_FROM[kind] and observed_ok and stale == "none":
             assert acceptance.outcome == "accepted"

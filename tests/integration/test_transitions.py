@@ -36,6 +36,9 @@ def test_every_pair(shared_ledger: Ledger, source: OpState, target: OpState) -> 
     kind = _kind_into(source, target)
     terminal = TerminalKind.CANCELLED if kind is TerminalKind.CANCELLED else TerminalKind.COMPLETED
     op = place(ledger, source, terminal=terminal)
+    if (source, target) == (OpState.SUBMITTING, OpState.CANCELLED_ACCEPTED):
+        # Its precondition: a cancel requested before any create was attempted (rule 6).
+        op = ledger.record_cancel_intent(op.id, op.fence, from_state=source)
     allowed = (source, target) in EDGES
 
     if target in FINAL_STATES:

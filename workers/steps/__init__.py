@@ -3,7 +3,7 @@
 
 Steps flow one way; no module calls back into one that called it::
 
-    submit          create, lookup by key (1, 2)   -> poll.observed, result.fetch
+    submit          create, lookup by key (1, 2)   -> cancel.send, poll.observed, result.fetch
     cancel          the intent, the request (6)    -> poll.observed, result.accept, result.not_found
     poll            status reads (3)               -> input_rounds.ask_for_input, result.fetch, .not_found
     input_rounds    input rounds (10)

@@ -1,5 +1,7 @@
-"""Rule 6: a cancel is a request. First the intent (the generation CAS, CANCEL_REQUESTED), then the cancel
-request to the server, then whatever the server says the task's end is.
+"""Rule 6: a cancel is a request. First the intent (the generation CAS, the ledger's generation bumped:
+CANCEL_REQUESTED, or an intent that waits for a remote operation), then the cancel request to the server,
+then whatever the server says the task's end is. The request is control traffic (rule 4): no step of a
+cancel waits for a poll token.
 
 A client that stops waiting never comes here: that is not a cancel.
 """
@@ -19,56 +21,124 @@ from adapters import (
 from ledger.errors import StaleTransition
 from ledger.events import EventKind
 from ledger.records import Claim, Fence, Operation
-from ledger.states import OpState, TerminalKind
+from ledger.states import CANCEL_WAITS_IN, OpState, TerminalKind
 from workers.errors import NotCancellable
 from workers.steps.context import TRY_AGAIN, StepContext, StepOutcome, describe, remote_ref
 from workers.steps.poll import observed
 from workers.steps.result import accept, not_found
 
+#: How often the intent is tried again when the row moved under it (a poll between WORKING and
+#: INPUT_REQUIRED, a create answering, another cancel) before the request is refused: each try reads the row
+#: afresh, so only a row that keeps moving under every try exhausts them.
+INTENT_TRIES = 8
+
 
 def record_intent(ctx: StepContext, op: Operation) -> StepOutcome | Claim:
-    """The CAS on the hot generation, then CANCEL_REQUESTED in the ledger. Returns the claim under which
-    the cancel request is to be sent now, or the outcome when there is nothing (more) to send.
+    """Record the intent (rule 6 as amended), in any state that is not final: the CAS on the hot generation,
+    then the ledger's generation bumped. With a remote operation to cancel (WORKING, INPUT_REQUIRED, or an
+    operator's MANUAL_RECONCILIATION under a known remote id): CANCEL_REQUESTED, and the claim under which
+    the cancel request is sent now. Without one yet (SUBMITTING, SUBMISSION_UNKNOWN, an operator's
+    operation with no remote id): the intent waits in the state (``record_cancel_intent``) and is applied
+    by the step that learns of a remote operation, or ends the operation cancelled once "never created" is
+    proved; a SUBMITTING row no create was attempted for is claimed, so its step ends it at once. A terminal
+    state already observed is not cancelled: its outcome stands (never rewritten to cancelled).
 
     Raises:
-        NotCancellable: the operation is not WORKING or INPUT_REQUIRED.
+        NotCancellable: the row moved under every one of ``INTENT_TRIES`` tries (nothing was recorded).
     """
-    if op.is_final or op.state is OpState.CANCEL_REQUESTED:
-        return StepOutcome(op.id, "already_" + ("final" if op.is_final else "requested"), op.state)
-    if op.state not in (OpState.WORKING, OpState.INPUT_REQUIRED):
-        raise NotCancellable(
-            f"operation {op.id} is {op.state}; a cancel applies once it is WORKING or INPUT_REQUIRED"
+    for _ in range(INTENT_TRIES):
+        settled = _already_settled(op)
+        if settled is not None:
+            return settled
+        _bump_hot_generation(ctx, op)
+        fence = Fence(op.execution_epoch, op.cancel_generation)
+        try:
+            op = _record(ctx, op, fence)
+        except StaleTransition:
+            op = ctx.ledger.get(op.id)
+            ctx.runtime.hot.seed_cancel_generation(op.id, op.cancel_generation)
+            continue
+        if op.state is OpState.CANCEL_REQUESTED or (
+            op.state is OpState.SUBMITTING and op.submit_attempted_at is None
+        ):
+            claim = ctx.ledger.claim(op.id, lease_s=ctx.settings.lease_s)
+            if claim is not None:
+                return claim
+        return StepOutcome(
+            op.id,
+            "cancel_requested" if op.state is OpState.CANCEL_REQUESTED else "cancel_recorded",
+            op.state,
+            detail={"cancel_generation": op.cancel_generation},
         )
+    raise NotCancellable(f"operation {op.id} kept moving under {INTENT_TRIES} tries to record the cancel")
+
+
+def _already_settled(op: Operation) -> StepOutcome | None:
+    """The outcome when a cancel has nothing (more) to record: final, requested already, an intent waiting
+    already, or a terminal state observed (its outcome stands: never rewritten to cancelled)."""
+    if op.is_final:
+        return StepOutcome(op.id, "already_final", op.state)
+    if op.state is OpState.CANCEL_REQUESTED:
+        return StepOutcome(op.id, "already_requested", op.state)
+    if op.state in (OpState.TERMINAL_OBSERVED, OpState.FETCHING_RESULT):
+        return StepOutcome(op.id, "terminal_observed", op.state, detail={"terminal": op.observed_terminal})
+    if op.state in CANCEL_WAITS_IN and not _cancel_now(op) and op.cancel_generation > 0:
+        return StepOutcome(op.id, "cancel_recorded", op.state, detail={"already": True})
+    return None
+
+
+def _cancel_now(op: Operation) -> bool:
+    """A remote operation is known to send the cancel to."""
+    if op.state in (OpState.WORKING, OpState.INPUT_REQUIRED):
+        return True
+    return (
+        op.state is OpState.MANUAL_RECONCILIATION
+        and op.remote_id is not None
+        and op.observed_terminal is None
+    )
+
+
+def _record(ctx: StepContext, op: Operation, fence: Fence) -> Operation:
+    if op.state in (OpState.WORKING, OpState.INPUT_REQUIRED):
+        # Either state: a poll that moves the row between them does not refuse the cancel. The lease goes
+        # too: a poll in flight is fenced off by the generation, and the cancel is sent under a fresh claim
+        # at once instead of after that poll's lease.
+        return ctx.ledger.request_cancel(op.id, fence, from_state=(OpState.WORKING, OpState.INPUT_REQUIRED))
+    if _cancel_now(op):
+        return ctx.ledger.request_cancel(
+            op.id,
+            fence,
+            from_state=op.state,
+            resolution=f"cancel requested: the cancel is sent to {op.remote_id}",
+        )
+    return ctx.ledger.record_cancel_intent(op.id, fence, from_state=op.state)
+
+
+def _bump_hot_generation(ctx: StepContext, op: Operation) -> None:
+    """The CAS on the hot copy. The ledger is the record: a hot copy that differs from it (ahead: a cancel
+    whose ledger write lost or is under way; behind: a Redis restored from an older copy, or restarted) is
+    re-seeded from the ledger, and the ledger's guarded write decides who recorded the cancel."""
     hot = ctx.runtime.hot
-    won, hot_generation = hot.bump_cancel_generation(op.id, op.cancel_generation)
+    won, _ = hot.bump_cancel_generation(op.id, op.cancel_generation)
     if not won:
-        if hot_generation > op.cancel_generation:
-            # The hot copy ran ahead of the ledger (a cancel whose ledger write lost): the ledger wins.
-            hot.seed_cancel_generation(op.id, op.cancel_generation)
-            won, _ = hot.bump_cancel_generation(op.id, op.cancel_generation)
-        if not won:
-            return StepOutcome(op.id, "cancel_race_lost", op.state)
-    try:
-        # The lease goes too: a poll in flight is fenced off by the generation, and the cancel is sent under
-        # a fresh claim at once instead of after that poll's lease.
-        op = ctx.ledger.request_cancel(
-            op.id, Fence(op.execution_epoch, op.cancel_generation), from_state=op.state
-        )
-    except StaleTransition:
-        current = ctx.ledger.get(op.id)
-        hot.seed_cancel_generation(op.id, current.cancel_generation)
-        return StepOutcome(op.id, "cancel_raced", current.state)
-    claim = ctx.ledger.claim(op.id, lease_s=ctx.settings.lease_s)
-    if claim is None:
-        return StepOutcome(op.id, "cancel_requested", op.state)
-    return claim
+        hot.seed_cancel_generation(op.id, op.cancel_generation)
+        hot.bump_cancel_generation(op.id, op.cancel_generation)
 
 
 def send(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
-    """CANCEL_REQUESTED: send the cancel request; its answer, or a status read after it, tells the end."""
+    """CANCEL_REQUESTED: send the cancel request; its answer, or a status read after it, tells the end.
+
+    Every request goes to the control budget (rule 4): a poll storm never delays a cancel. The order is the
+    seed's, ``tasks/cancel`` first (a ``-32602`` answer -> the terminal state is read); a status read
+    before it only for a server configured so (``read_status_before_cancel``: one that would answer
+    "cancelled" for a task already completed)."""
     adapter = ctx.adapter(op)
     try:
-        outcome = adapter.cancel(remote_ref(op), budget=ctx.request_budget(op.server, "control"))
+        outcome = adapter.cancel(
+            remote_ref(op),
+            budget=ctx.request_budget(op.server, "control"),
+            read_status_first=ctx.server(op).read_status_before_cancel,
+        )
     except NotFound as exc:
         return not_found(ctx, op, fence, exc)
     except Rejected as exc:

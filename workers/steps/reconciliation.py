@@ -73,7 +73,9 @@ def resolve(ctx: StepContext, op: Operation, resolution: Resolution) -> Operatio
     ``found``: the operation exists on the server under ``remote_id`` -> WORKING, polled at once.
     ``never_created``: the operator proved it never ran -> NOT_FOUND_SAFE -> SUBMITTING with the same
     submission key (the only resubmission there is). ``terminal``: it ended on the server -> its result is
-    fetched and accepted like any other.
+    fetched and accepted like any other. With a cancel requested (rule 6): ``found`` goes to
+    CANCEL_REQUESTED and the cancel is sent; ``never_created`` ends CANCELLED_ACCEPTED with no create (the
+    create step finds the intent before it makes any call).
 
     Raises:
         WrongState: the operation is not waiting for an operator.
@@ -94,6 +96,7 @@ def resolve(ctx: StepContext, op: Operation, resolution: Resolution) -> Operatio
             session_ref=resolution.session_ref or op.session_ref,
             detail=detail,
             resolution=note,
+            cancel_above=0,  # any cancel requested, before or while the operator decided, is sent now
         )
     if resolution.kind == "never_created":
         return ctx.ledger.resubmit(op.id, fence, from_state=op.state, detail=detail, resolution=note)

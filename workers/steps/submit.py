@@ -28,9 +28,10 @@ from ledger.reasons import ReconciliationReason
 from ledger.records import Fence, Operation, adapter_key
 from ledger.states import OpState, TerminalKind
 from workers.errors import NoToken
+from workers.steps.cancel import send as send_cancel
 from workers.steps.context import TRY_AGAIN, Moved, StepContext, StepOutcome, describe, retry_s, server_status
 from workers.steps.poll import observed
-from workers.steps.result import error_result, fetch, result_json
+from workers.steps.result import accept, error_result, fetch, result_json
 
 #: A capabilities read or a lookup that failed decided nothing (a "not found" included: the lookup, not
 #: the error, proves "never created"): ask again later.
@@ -58,6 +59,10 @@ def create(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved
                 detail={"why": "a create was attempted before and its answer was never recorded"},
             )
         )
+    if op.cancel_generation > 0:
+        # Rule 6: a cancel was requested before any create was attempted (or before the resubmission that
+        # followed a proof of "never created"): nothing runs on the server, and no create is made.
+        return accept(ctx, op, TerminalKind.CANCELLED, None, audit={"why": "cancelled before any create"})
     if adapter_key(op.protocol, op.protocol_version) in ctx.ledger.control().disabled_adapters:
         # Rule 14: a disabled adapter version makes no new remote operation, a queued create or a
         # resubmission included. Answered at once (no remote call): the pipeline hears why.
@@ -130,6 +135,8 @@ def lookup(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved
             session_ref=found.ref.session_ref,
             detail={"detail": found.detail},
         )
+        if op.state is OpState.CANCEL_REQUESTED:
+            return _cancel_now(ctx, op, fence)
         return StepOutcome(op.id, "found_by_key", op.state)
     if found.proof == "never_created":
         return Moved(ctx.ledger.resubmit(op.id, fence, from_state=op.state, detail={"detail": found.detail}))
@@ -161,9 +168,17 @@ def _created(ctx: StepContext, op: Operation, fence: Fence, created: Created) ->
         expires_at=_expiry(ctx, status),
         next_poll_in_s=ctx.jittered(ctx.interval_s(op, status)),
     )
+    if op.state is OpState.CANCEL_REQUESTED:
+        return _cancel_now(ctx, op, fence)
     if status.terminal is not None or status.input_request is not None:
         return observed(ctx, op, fence, status)
     return StepOutcome(op.id, "created", op.state, detail={"remote_id": op.remote_id})
+
+
+def _cancel_now(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
+    """The remote id is recorded and a cancel was requested meanwhile (rule 6): the row went to
+    CANCEL_REQUESTED with it, and the cancel is sent now, under the same claim and the row's generation."""
+    return send_cancel(ctx, op, Fence(op.execution_epoch, op.cancel_generation, fence.poll_cursor))
 
 
 def _answered_at_once(

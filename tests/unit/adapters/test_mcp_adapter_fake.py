@@ -482,10 +482,19 @@ def test_cancel_racing_completion_is_already_terminal() -> None:
     assert outcome.message == "Cannot cancel task in terminal state 'completed'"
 
 
-def test_cancel_of_a_terminal_task_sends_no_cancel() -> None:
+def test_cancel_is_sent_first_with_no_status_read_before_it() -> None:
+    server = FakeMcpServer()
+    server.on_result("tasks/get", task("working"))
+    server.on_error("tasks/cancel", -32602, "Cannot cancel task: already in terminal status 'completed'")
+    outcome = make_adapter(server).cancel(REF)
+    assert (outcome.kind, outcome.status) == ("already_terminal", None)
+    assert server.calls("tasks/get") == []
+
+
+def test_cancel_reading_the_status_first_sends_no_cancel_for_a_terminal_task() -> None:
     server = FakeMcpServer()
     server.on_result("tasks/get", task("completed"))
-    outcome = make_adapter(server).cancel(REF)
+    outcome = make_adapter(server).cancel(REF, read_status_first=True)
     assert outcome.kind == "already_terminal"
     assert server.calls("tasks/cancel") == []
 
@@ -665,7 +674,7 @@ def test_an_unreadable_cancel_answer_is_outcome_unknown_but_an_unreadable_poll_i
     server.on_result("tasks/cancel", {"taskId": TASK, "status": "bogus"})
     adapter = make_adapter(server)
     with pytest.raises(OutcomeUnknown):
-        adapter.cancel(REF)
+        adapter.cancel(REF, read_status_first=True)  # the read takes the first ("working") answer
     with pytest.raises(ProtocolViolation):
         adapter.get(REF)
 

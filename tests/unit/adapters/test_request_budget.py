@@ -135,6 +135,10 @@ def cancel(adapter: McpTasksAdapter, budget: RequestBudget) -> object:
     return adapter.cancel(REF, budget=budget)
 
 
+def cancel_after_a_read(adapter: McpTasksAdapter, budget: RequestBudget) -> object:
+    return adapter.cancel(REF, budget=budget, read_status_first=True)
+
+
 def reply(adapter: McpTasksAdapter, budget: RequestBudget) -> object:
     request = InputRequest(
         request_id="ask-1", method="elicitation/create", params={}, schema=None, task_id=TASK
@@ -185,7 +189,7 @@ def script(name: str, server: FakeMcpServer) -> None:
     elif name == "result of a failed task, -32602, still there":
         server.on_result("tasks/get", task("failed"))
         server.on_error("tasks/result", -32602, "Invalid params")
-    elif name == "cancel":
+    elif name.startswith("cancel"):
         server.on_result("tasks/get", task("working"))
         server.on_result("tasks/cancel", task("cancelled"))
     else:
@@ -205,7 +209,8 @@ SCENARIOS: list[tuple[str, Call, int]] = [
     ("get on an ended session", get, 3),
     ("result after one poll", result, 2),
     ("result of a failed task, -32602, still there", result, 3),
-    ("cancel", cancel, 2),
+    ("cancel", cancel, 1),
+    ("cancel, reading the status first", cancel_after_a_read, 2),
     ("reply_input", reply, 1),
 ]
 
@@ -304,11 +309,12 @@ def test_a_refused_listing_is_not_folded_into_the_lookups_detail() -> None:
     assert len(server.calls("tasks/list")) == 1
 
 
-def test_a_refused_cancel_is_not_sent() -> None:
+@pytest.mark.parametrize(("call", "refused"), [(cancel, 1), (cancel_after_a_read, 2)])
+def test_a_refused_cancel_is_not_sent(call: Call, refused: int) -> None:
     server = FakeMcpServer()
     script("cancel", server)
     with pytest.raises(Refusal):
-        cancel(make_adapter(server), CountingBudget(server, refuse=frozenset({2})))
+        call(make_adapter(server), CountingBudget(server, refuse=frozenset({refused})))
     assert server.calls("tasks/cancel") == []
 
 
