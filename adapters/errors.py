@@ -10,7 +10,8 @@ of these, with ``raise ... from``. Each class carries its retry meaning::
      │    ├── NoWorkDone                 the server provably did no work for the request
      │    │    └── NotSent               the request never left (connect / pool failure, or a step
      │    │                              before it failed)
-     │    └── ResultNotReady             tasks/result asked before a terminal status
+     │    ├── ResultNotReady             tasks/result asked before a terminal status
+     │    └── ResultContradictsStatus    a result the observed terminal state rules out
      ├── Rejected(code, http_status)     definitive: the server refused this request
      │    ├── WrongTaskMode              -32601 / -32600 on tools/call
      │    └── CapabilityRefused          we refuse before sending: no task support, no sync bound
@@ -32,6 +33,7 @@ __all__ = [
     "ProtocolViolation",
     "RateLimited",
     "Rejected",
+    "ResultContradictsStatus",
     "ResultNotReady",
     "TooManyRequests",
     "Transient",
@@ -77,6 +79,21 @@ class NotSent(NoWorkDone):
 
 class ResultNotReady(Transient):
     """The task is not terminal yet, so fetching its result would block: poll again first."""
+
+
+class ResultContradictsStatus(Transient):
+    """The result read for a terminal task contradicts its observed status: a JSON-RPC error (say -32603,
+    a transient store error) for a task whose status said ``completed``. Such an answer decides nothing:
+    only a ``failed`` status, or the protocol's own failure shape, makes a failed outcome. ``code`` and
+    ``error_message`` are the server's words; ``observed`` is the status it contradicts."""
+
+    def __init__(
+        self, message: str, *, observed: str, code: int | None = None, error_message: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.observed = observed
+        self.code = code
+        self.error_message = error_message
 
 
 class Rejected(AdapterError):

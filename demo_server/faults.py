@@ -29,6 +29,16 @@ class StatusFault(BaseModel):
     retry_after_s: Count = 1
 
 
+class ResultError(BaseModel):
+    """Answer the next `count` ``tasks/result`` requests of a terminal task with this JSON-RPC error (a
+    transient store error, say) instead of the task's result; the task itself is unchanged."""
+
+    model_config = ConfigDict(extra="forbid")
+    count: Count
+    code: int = -32603
+    message: str = "Internal error: the result store is unavailable"
+
+
 class StatusAfterCreate(BaseModel):
     """The next `count` task-augmented ``tools/call`` requests create their task, then are answered with
     this HTTP status and a -32000 error body (a gateway that fails after the origin did the work)."""
@@ -67,6 +77,9 @@ class FaultSwitches(BaseModel):
     lose_input_request: Count = 0
     #: A client's JSON-RPC response (an input reply) is held this long before it is accepted.
     delay_reply_ms: Count = 0
+    result_error: ResultError | None = None
+    #: While set, every tool run that finishes ends with this CallToolResult instead of its own.
+    result_payload: dict[str, Any] | None = None
     #: While set, every request to /mcp must carry ``Authorization: Bearer <this token>``, else HTTP 401.
     require_bearer: str | None = None
 
@@ -100,6 +113,14 @@ class Faults:
                 fault.count -= 1
                 return status, fault.retry_after_s
         return None
+
+    def take_result_error(self) -> dict[str, Any] | None:
+        """The JSON-RPC error to answer this ``tasks/result`` with, if the switch has one left."""
+        fault = self.switches.result_error
+        if fault is None or fault.count <= 0:
+            return None
+        fault.count -= 1
+        return {"code": fault.code, "message": fault.message}
 
     def take_status_after_create(self) -> int | None:
         """The HTTP status to answer a ``tools/call`` that just created its task with, if any is left."""

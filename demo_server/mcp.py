@@ -65,8 +65,6 @@ Control endpoints (test harness only, same port):
   - ``expire_early: {"after_ms": M}`` (or null) — tasks are purged M ms after they become terminal.
   - ``complete_on_cancel: N`` — a ``tasks/cancel`` of a running task finds it completing at that
     instant: the task ends with the tool's result and the cancel answers -32602 already 'completed'.
-  - ``require_bearer: "<token>"`` (or null) — every request to /mcp without ``Authorization: Bearer
-    <token>`` is answered 401 (a rotated credential: set the new token here).
   - ``sse_event_ids: true`` — ``tasks/result`` SSE streams carry event ids (a priming event first) and a
     GET with ``Last-Event-ID`` resumes one: what followed is replayed, then the stream goes on there
     (``demo_server.resumable``).
@@ -74,8 +72,14 @@ Control endpoints (test harness only, same port):
     counts the request as sent and never sends it on another stream (as the mcp 1.30 server): only a
     resumption of that stream (``sse_event_ids``) brings it back.
   - ``delay_reply_ms: M`` — a client's JSON-RPC response (an input reply) waits M ms before it is taken.
+  - ``require_bearer: "<token>"`` (or null) — every request to /mcp without ``Authorization: Bearer
+    <token>`` is answered 401 (a rotated credential: set the new token here).
   - ``force_input_required: N`` — a ``slow_report`` task first asks ``elicitation/create`` ("Continue the
     <s>s report?", approved schema): ``input_required`` until answered; not approved -> isError, failed.
+  - ``result_error: {"count": N, "code": C, "message": M}`` (or null) — the next N ``tasks/result``
+    answers of a terminal task are the JSON-RPC error C (default -32603) instead of its result.
+  - ``result_payload: {...}`` (or null) — while set, every tool run that finishes ends with this
+    CallToolResult instead of its own (``isError`` true ends the task failed).
 """
 
 from __future__ import annotations
@@ -84,6 +88,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import copy
 import json
 import uuid
 from collections.abc import Iterable
@@ -542,6 +547,9 @@ class DemoMcpServer:
     def _finish(self, task: Task, result: dict[str, Any]) -> None:
         if task.terminal:  # cancelled meanwhile: it stays cancelled
             return
+        chosen = self.faults.switches.result_payload
+        if chosen is not None:
+            result = copy.deepcopy(chosen)
         task.result = result
         task.purge_after_s = self.faults.expire_after_s()
         if result.get("isError"):
@@ -628,7 +636,9 @@ class DemoMcpServer:
             stream = await self._result_stream(send, headers, task, request_id)
         if not await self._follow(task, stream, receive, send):
             return
-        answer = {"jsonrpc": "2.0", "id": request_id, **self._final_answer(task)}
+        injected = self.faults.take_result_error()
+        final = {"error": injected} if injected is not None else self._final_answer(task)
+        answer = {"jsonrpc": "2.0", "id": request_id, **final}
         try:
             await self._send_result(send, answer, headers, stream)
         finally:

@@ -6,7 +6,8 @@ LedgerError
 ├── StaleTransition      a guarded write matched zero rows: the writer's view is out of date (rule 5)
 ├── CallNodeConflict     the call node already runs a different request (rule 1)
 ├── AdmissionClosed      new operations are refused (executor_control.admission_open)
-└── AdapterDisabled      new operations for this adapter are refused (executor_control.disabled_adapters)
+├── AdapterDisabled      new operations for this adapter are refused (executor_control.disabled_adapters)
+└── UnstorableResult     a result the ledger cannot store and give back exactly (never retried)
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ __all__ = [
     "LedgerError",
     "OperationNotFound",
     "StaleTransition",
+    "UnstorableResult",
 ]
 
 
@@ -81,3 +83,12 @@ class AdapterDisabled(LedgerError):
             f"the {protocol} {protocol_version} adapter is disabled for new operations "
             "(executor_control.disabled_adapters)"
         )
+
+
+class UnstorableResult(LedgerError):
+    """A result the ledger cannot store and give back exactly: not JSON (NaN, an infinity, a lone
+    surrogate), refused by ``jsonb`` (a ``\\u0000`` in a string), or too large. ``why`` says which."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why

@@ -38,6 +38,9 @@ class EventKind(enum.StrEnum):
     TERMINAL_OBSERVED = "terminal_observed"
     FETCHING_RESULT = "fetching_result"
     RESULT_FAILED = "result_failed"
+    #: ``tasks/result`` answered something the observed terminal state rules out (an error for a task
+    #: whose status said completed): read again later, an operator past ``result_contradiction_s``.
+    RESULT_CONTRADICTS_STATUS = "result_contradicts_status"
     OUTCOME_FROM_RESULT = "outcome_from_result"
     TERMINAL_ACCEPTED = "terminal_accepted"
 

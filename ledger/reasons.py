@@ -18,3 +18,8 @@ class ReconciliationReason(enum.StrEnum):
     DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
     #: The server waits for input, but its request could not be read within the bound (rule 10).
     INPUT_UNREADABLE = "INPUT_UNREADABLE"
+    #: The result kept contradicting the observed terminal state (e.g. an error for a completed task).
+    RESULT_CONTRADICTS_STATUS = "RESULT_CONTRADICTS_STATUS"
+    #: The result cannot be stored and delivered exactly (not JSON, refused by jsonb, changed by the
+    #: Celery JSON serializer) or is larger than ``max_result_bytes``.
+    RESULT_UNSTORABLE = "RESULT_UNSTORABLE"

@@ -16,12 +16,14 @@ from typing import Any
 from sqlalchemy import Connection, Engine, func, select, update
 
 from ledger.control import ExecutorControlTransactions, read_control
+from ledger.digests import digest
 from ledger.engine import make_engine
 from ledger.errors import (
     AdapterDisabled,
     AdmissionClosed,
     CallNodeConflict,
     OperationNotFound,
+    UnstorableResult,
 )
 from ledger.events import EventKind
 from ledger.evidence import evidence_problems, receipt_payload, row_mismatches, same_receipt
@@ -40,6 +42,7 @@ from ledger.records import (
     TerminalEvidence,
     adapter_key,
 )
+from ledger.results import ResultStorage
 from ledger.retention import HistoryRetention
 from ledger.side_rows import append_event, open_reconciliation, record_stale
 from ledger.statements import (
@@ -66,7 +69,7 @@ from ledger.states import ACCEPT_FROM, ACCEPT_TO, FINAL_STATES, OpState, Termina
 DEFAULT_RECONCILE_DEADLINE_S = 900.0
 
 
-class Ledger(OperationMoves, ExecutorControlTransactions, HistoryRetention):
+class Ledger(OperationMoves, ExecutorControlTransactions, HistoryRetention, ResultStorage):
     """The repository. Construct it with an engine; every method owns exactly one transaction.
 
     ``reconcile_deadline_s`` is how long an operator has for a record the ledger opens itself (a late
@@ -240,8 +243,10 @@ class Ledger(OperationMoves, ExecutorControlTransactions, HistoryRetention):
 
         The row is matched on call node, request digest, remote id, tool descriptor version, execution epoch,
         cancel generation, the observed terminal state and the result digest; anything that does not match
-        writes no receipt. A completion offered for an operation whose cancel was already accepted opens an
-        EFFECT_RECONCILIATION_REQUIRED record instead (rule 6).
+        writes no receipt. The digest must be the stored result's (see :meth:`as_stored`): a result that
+        digests differently once stored raises :class:`UnstorableResult` and is rolled back. A completion
+        offered for an operation whose cancel was already accepted opens an EFFECT_RECONCILIATION_REQUIRED
+        record instead (rule 6).
         """
         kind = TerminalKind(evidence.terminal_state)
         mismatches = evidence_problems(evidence)
@@ -267,6 +272,11 @@ class Ledger(OperationMoves, ExecutorControlTransactions, HistoryRetention):
             if row is not None:
                 # The receipt went in with the move; the ready outbox row and the event go in together next.
                 op = Operation.from_row(row)
+                if op.result is not None and digest(op.result) != evidence.result_digest:
+                    # Rolled back: a digest taken over another value than the one stored (see as_stored).
+                    raise UnstorableResult(
+                        f"the result as stored digests to {digest(op.result)}, not {evidence.result_digest}"
+                    )
                 receipt = Receipt.from_row(row, prefix="receipt_")
                 outbox_id = conn.execute(
                     STATEMENTS.get(insert_terminal_outbox),

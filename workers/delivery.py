@@ -14,11 +14,24 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import Celery, signature
+from kombu.utils import json as celery_json
 
+from ledger.digests import NotJson, canonical_json
 from ledger.records import OutboxMessage
 
 #: Namespace of the downstream task ids: uuid5(DELIVERY_NAMESPACE, "receipt:<id>" | "input:<op>:<round>").
 DELIVERY_NAMESPACE = uuid.UUID("5b0f7c1e-9a3c-4d51-8a59-2f6f3c0b9a11")
+
+
+def delivered_unchanged(value: Any) -> bool:
+    """Whether the Celery JSON serializer delivers ``value`` as it is. It does not for an object with exactly
+    the keys ``__type__`` and ``__value__``: kombu decodes that into a datetime, a Decimal, bytes, ... (or
+    refuses the whole message for a type it does not know)."""
+    try:
+        delivered = celery_json.loads(celery_json.dumps(value))
+        return canonical_json(delivered) == canonical_json(value)
+    except (NotJson, TypeError, ValueError):
+        return False
 
 
 def delivery_task_id(message: OutboxMessage) -> str:

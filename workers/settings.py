@@ -172,6 +172,12 @@ class Settings(BaseSettings):
     outbox_retention_s: PositiveFloat = 7 * 86_400.0
     #: How many due operations one dispatch_due tick claims at most.
     dispatch_batch: PositiveInt = 500
+    #: How long a result that contradicts the observed terminal state (an error for a completed task) is
+    #: read again before an operator gets the operation (reason RESULT_CONTRADICTS_STATUS).
+    result_contradiction_s: PositiveFloat = 300.0
+    #: The largest result accepted, in bytes of canonical JSON; a larger one goes to an operator
+    #: (reason RESULT_UNSTORABLE) rather than into the ledger, the outbox and the broker.
+    max_result_bytes: PositiveInt = 8_388_608
 
     @property
     def broker(self) -> str:

@@ -31,6 +31,7 @@ from adapters.errors import (
     NotFound,
     ProtocolViolation,
     Rejected,
+    ResultContradictsStatus,
     Transient,
     WrongTaskMode,
 )
@@ -274,8 +275,22 @@ def result_from_payload(
 
 
 def result_from_error(error: ErrorResponse, *, server_state: str | None) -> RemoteResult:
-    """``tasks/result`` answered with the underlying request's JSON-RPC error: a failed outcome
-    (or, for a cancelled task, a cancelled one whose error goes to the audit)."""
+    """``tasks/result`` answered with a JSON-RPC error: for a ``failed`` task, the underlying request's
+    error (a failed outcome); for a ``cancelled`` one, whatever the server says (TS SDK: -32603) goes to
+    the audit of a cancelled outcome.
+
+    Raises:
+        ResultContradictsStatus: any other status (``completed``): an error cannot be the result of a
+            completed task (a transient store error, say), so it decides nothing and is read again.
+    """
+    if server_state not in ("failed", "cancelled"):
+        raise ResultContradictsStatus(
+            f"tasks/result answered JSON-RPC error {error.code} ({error.message}) for a task whose status "
+            f"is {server_state!r}",
+            observed=str(server_state),
+            code=error.code,
+            error_message=error.message,
+        )
     outcome: TerminalKind = "cancelled" if server_state == "cancelled" else "failed"
     return RemoteResult(
         outcome=outcome,

@@ -6,6 +6,7 @@ count deliveries.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from typing import Any
@@ -33,6 +34,19 @@ def make_app(broker_url: str, keyprefix: str, sink: str) -> Celery:
     def record(self: Task[Any, Any], /, **kwargs: Any) -> None:
         client = redis.Redis.from_url(broker_url)
         client.rpush(sink, json.dumps({"task_id": self.request.id, "kwargs": kwargs}))
+        client.close()
+
+    @app.task(name="pipeline.check_digest", bind=True)
+    def check_digest(self: Task[Any, Any], /, receipt: dict[str, Any]) -> None:
+        """Recomputes the receipt's digest over the ``result`` it received, with the recipe a consumer
+        reads in longcall's documentation (and nothing of longcall's code), and records both."""
+        canonical = json.dumps(
+            receipt["result"], sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
+        recomputed = "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+        client = redis.Redis.from_url(broker_url)
+        entry = {"task_id": self.request.id, "kwargs": {"receipt": receipt}, "recomputed": recomputed}
+        client.rpush(sink, json.dumps(entry))
         client.close()
 
     @app.task(name="pipeline.flaky", bind=True, max_retries=3)

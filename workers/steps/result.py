@@ -9,6 +9,7 @@ answer is always UNKNOWN).
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from typing import Any
 
@@ -21,14 +22,19 @@ from adapters import (
     RemoteStatus,
     ResultNotReady,
 )
-from ledger.digests import digest
+from adapters.errors import ResultContradictsStatus
+from ledger.digests import NotJson, canonical_json, digest
+from ledger.errors import UnstorableResult
 from ledger.events import EventKind
 from ledger.reasons import ReconciliationReason
 from ledger.records import Fence, Operation, TerminalEvidence
 from ledger.states import OpState, TerminalKind
+from workers.delivery import delivered_unchanged
 from workers.errors import NoToken
-from workers.steps.context import TRY_AGAIN, StepContext, StepOutcome, describe, remote_ref
+from workers.steps.context import TRY_AGAIN, StepContext, StepOutcome, describe, remote_ref, retry_s
 
+#: The longest pause between two reads of a result that contradicts the observed terminal state.
+CONTRADICTION_PAUSE_MAX_S = 30.0
 #: A lost, truncated or early result read decided nothing: read it again later (rule 7).
 FETCH_AGAIN: tuple[type[AdapterError], ...] = (*TRY_AGAIN, ResultNotReady)
 
@@ -85,19 +91,51 @@ def fetch(
         return ctx.no_token(op, fence, no_token)  # nothing was read that is not read again
     except NotFound as exc:
         return _unknown(ctx, op, fence, exc)  # no result is held here (it would have been accepted above)
+    except ResultContradictsStatus as exc:
+        return _contradicted(ctx, op, fence, exc, exc.code)
     except FETCH_AGAIN as exc:
         # A lost or truncated result is fetched again; nothing advances without a whole one (rule 7).
         return ctx.retry_later(op, fence, exc, EventKind.RESULT_FAILED)
     except Rejected as exc:
+        if op.observed_terminal is TerminalKind.COMPLETED:
+            # A refusal to hand the result over is not the result: only a failed status fails a task.
+            return _contradicted(ctx, op, fence, exc, exc.code)
         result = error_result(exc)
     if result.outcome == "cancelled":
         op = _correct_outcome(ctx, op, fence, TerminalKind.CANCELLED)
-        return accept(ctx, op, TerminalKind.CANCELLED, None, audit=result_json(result))
+        return accept(ctx, op, TerminalKind.CANCELLED, None, audit=_storable_audit(ctx, result_json(result)))
     kind = TerminalKind(result.outcome)
+    try:
+        stored = storable(ctx, result_json(result))
+    except UnstorableResult as exc:
+        return _unstorable(ctx, op, fence, exc, result)
     if kind is not op.observed_terminal:
         op = _correct_outcome(ctx, op, fence, kind)  # e.g. "completed" with isError: true is a failure
     audit = None if result.task_verified else {"task_verified": False, "why": "no related-task _meta"}
-    return accept(ctx, op, kind, result_json(result), audit=audit)
+    return accept(ctx, op, kind, stored, audit=audit)
+
+
+def storable(ctx: StepContext, value: Any) -> Any:
+    """The result as it is stored, delivered and digested: the value Postgres jsonb gives back for it
+    (``1e16`` becomes ``10000000000000000``, ``-0.0`` becomes ``0.0``), checked to pass the Celery JSON
+    serializer unchanged and to be within ``max_result_bytes``.
+
+    Raises:
+        UnstorableResult: not JSON, refused by jsonb, changed by the Celery JSON serializer, or too large.
+    """
+    try:
+        size = len(canonical_json(value).encode("utf-8"))
+    except NotJson as exc:
+        raise UnstorableResult(f"not JSON: {exc}") from exc
+    if size > ctx.settings.max_result_bytes:
+        raise UnstorableResult(f"too large: {size} bytes of JSON, over max_result_bytes")
+    stored = ctx.ledger.as_stored(value)
+    if not delivered_unchanged(stored):
+        raise UnstorableResult(
+            "the Celery JSON serializer would deliver another value (an object with exactly the keys "
+            "__type__ and __value__)"
+        )
+    return stored
 
 
 def accept(
@@ -160,6 +198,56 @@ def _correct_outcome(ctx: StepContext, op: Operation, fence: Fence, kind: Termin
     return ctx.ledger.correct_observed_terminal(
         op.id, fence, state=op.state, kind=kind, was=op.observed_terminal
     )
+
+
+def _contradicted(
+    ctx: StepContext, op: Operation, fence: Fence, exc: AdapterError, code: int | None
+) -> StepOutcome:
+    """The server answered the result read with something the observed terminal state rules out (an
+    error for a completed task): read again later, with a growing pause; past ``result_contradiction_s``
+    since the first such answer, an operator decides (RESULT_CONTRADICTS_STATUS)."""
+    attempts, elapsed_s = ctx.ledger.contradictions_since_fetch(op.id)
+    detail = {
+        "error": {"code": code, "message": describe(exc)},
+        "observed_terminal": op.observed_terminal.value if op.observed_terminal else None,
+        "server_state": op.server_state,
+        "attempts": attempts + 1,
+    }
+    if elapsed_s is not None and elapsed_s >= ctx.settings.result_contradiction_s:
+        op = ctx.hand_to_operator(
+            op,
+            fence,
+            ReconciliationReason.RESULT_CONTRADICTS_STATUS,
+            {**detail, "for_s": round(elapsed_s, 3)},
+        )
+        return StepOutcome(op.id, "manual_reconciliation", op.state)
+    delay = max(retry_s(exc), min(CONTRADICTION_PAUSE_MAX_S, 2.0**attempts))
+    return ctx.reschedule(op, fence, delay, EventKind.RESULT_CONTRADICTS_STATUS, detail)
+
+
+def _unstorable(
+    ctx: StepContext, op: Operation, fence: Fence, exc: UnstorableResult, result: RemoteResult
+) -> StepOutcome:
+    """A result that cannot be stored and delivered exactly: an operator decides (RESULT_UNSTORABLE),
+    rather than a fetch retried for ever."""
+    detail: dict[str, Any] = {
+        "why": exc.why[:500],
+        "outcome": result.outcome,
+        "server_state": result.server_state,
+        "max_result_bytes": ctx.settings.max_result_bytes,
+    }
+    with contextlib.suppress(NotJson):
+        detail["fetched_digest"] = digest(result_json(result))
+    op = ctx.hand_to_operator(op, fence, ReconciliationReason.RESULT_UNSTORABLE, detail)
+    return StepOutcome(op.id, "manual_reconciliation", op.state)
+
+
+def _storable_audit(ctx: StepContext, audit: Any) -> Any:
+    """What a cancelled task left, for the receipt's audit; a note in its place when it cannot be stored."""
+    try:
+        return storable(ctx, audit)
+    except UnstorableResult as exc:
+        return {"unstorable": exc.why[:500]}
 
 
 def _unknown(ctx: StepContext, op: Operation, fence: Fence, exc: NotFound) -> StepOutcome:

@@ -62,6 +62,7 @@ KINDS = (
     "terminal_accepted",
     "terminal_observed",
     "transition",
+    "result_contradicts_status",
 )
 
 REASONS = (
@@ -71,6 +72,8 @@ REASONS = (
     "PROTOCOL_VIOLATION",
     "SUBMISSION_UNKNOWN",
     "UNKNOWN_NOT_FOUND",
+    "RESULT_CONTRADICTS_STATUS",
+    "RESULT_UNSTORABLE",
 )
 
 #: The lists this revision replaces (0003's kinds, 0001's reasons), for the downgrade.

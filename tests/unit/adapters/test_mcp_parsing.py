@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from adapters import ErrorInfo, NotFound, ProtocolViolation, Rejected, Transient, WrongTaskMode
+from adapters.errors import ResultContradictsStatus
 from adapters.jsonrpc import ErrorResponse, Request
 from adapters.mcp_2025_11_25.wire import (
     RELATED_TASK,
@@ -257,6 +258,20 @@ def test_an_underlying_json_rpc_error_is_a_failed_outcome() -> None:
     )
     assert (outcome.outcome, outcome.is_error) == ("failed", True)
     assert outcome.error == ErrorInfo(message="tool crashed", code=-32000)
+
+
+@pytest.mark.parametrize("code", [-32603, -32000, -32601])
+def test_a_json_rpc_error_for_a_completed_task_contradicts_its_status(code: int) -> None:
+    """Issue 8 item 1: an error (a transient store error, say) is never the result of a completed task."""
+    error = ErrorResponse(id=1, code=code, message="store unavailable")
+    with pytest.raises(ResultContradictsStatus, match="completed") as raised:
+        result_from_error(error, server_state="completed")
+    assert (raised.value.observed, raised.value.code, raised.value.error_message) == (
+        "completed",
+        code,
+        "store unavailable",
+    )
+    assert isinstance(raised.value, Transient)  # read again: it decided nothing
 
 
 def test_a_plain_tool_result_to_a_task_request_is_a_synchronous_answer() -> None:
