@@ -429,10 +429,10 @@ class DemoMcpServer:
             answer = {"jsonrpc": "2.0", "id": incoming.message["id"], "error": error.wire()}
         if created is not None and self.faults.take("lose_create_response"):
             await drop_connection(send)
-        elif created is not None and (status := self.faults.take_status_after_create()) is not None:
-            error = {"code": -32000, "message": f"Gateway error {status}"}
-            body = {"jsonrpc": "2.0", "id": incoming.message["id"], "error": error}
-            await respond(send, status, dumps(body), headers=headers)
+        elif created is not None and (gateway := self.faults.take_status_after_create()) is not None:
+            gateway_error = {"code": -32000, "message": f"Gateway error {gateway}"}
+            body = {"jsonrpc": "2.0", "id": incoming.message["id"], "error": gateway_error}
+            await respond(send, gateway, dumps(body), headers=headers)
         elif method == "tasks/get":
             await self._answer_tasks_get(send, answer, headers)
         else:
