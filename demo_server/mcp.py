@@ -502,9 +502,11 @@ class DemoMcpServer:
             raise RpcError(-32601, f"Tool '{tool.name}' requires task-augmented invocation")
         if task_request is None:
             try:
-                return await tool.run(_PlainContext(), arguments), None
+                result = await tool.run(_PlainContext(), arguments)
             except ToolError as error:
                 return text_result(str(error), is_error=True), None
+            chosen = self.faults.switches.result_payload
+            return (copy.deepcopy(chosen) if chosen is not None else result), None
         task = self._create_task(tool, arguments, task_request.get("ttl"), incoming.session_id)
         return {"task": task.wire()}, task
 

@@ -177,7 +177,8 @@ class OperationMoves(GuardedWrites):
         """SUBMITTING -> TERMINAL_OBSERVED -> FETCHING_RESULT in one statement: the create call itself gave
         the final answer (event ``rejected`` or ``ran_synchronously``, then ``fetching_result``), or
         longcall refused it before any remote call (event ``adapter_disabled``); the whole result and its
-        digest are held for acceptance."""
+        digest are held for acceptance. ``result=None``: the answer could not be stored (an operator
+        decides next, in the same step: :meth:`hand_to_operator` from FETCHING_RESULT)."""
         if event not in (EventKind.REJECTED, EventKind.RAN_SYNCHRONOUSLY, EventKind.ADAPTER_DISABLED):
             raise IllegalTransition(
                 f"a create's own final answer is rejected, ran_synchronously or adapter_disabled, not {event}"
@@ -186,7 +187,7 @@ class OperationMoves(GuardedWrites):
             "observed_terminal": kind.value,
             "server_state": server_state,
             "result": result,
-            "result_digest": digest(result),
+            "result_digest": digest(result) if result is not None else None,
             "next_poll_at": due_in(0),
         }
         write = GuardedWrite(

@@ -202,3 +202,30 @@ def test_an_unstorable_or_too_large_result_ends_in_a_reconciliation_record_not_a
             assert receipt_rows(fleet.ledger, op_id) == 0, name
             del payload
         assert fleet.receipts() == []
+
+
+def test_an_unstorable_result_of_a_synchronous_call_goes_to_an_operator_with_its_reason(
+    fleet_parts: FleetParts,
+) -> None:
+    """A tool run as one synchronous call (no task) whose answer jsonb cannot hold: the create's own
+    answer is not stored half-way nor the call repeated; an operator gets a RESULT_UNSTORABLE record
+    (before: the hold of the result raised, the redelivered step found the attempt committed and called the
+    outcome unknown: SUBMISSION_UNKNOWN, the wrong reason)."""
+    with running_fleet(fleet_parts) as fleet:
+        set_payload(fleet, UNSTORABLE[0][1])
+        answer = fleet.send(
+            "longcall.submit",
+            call_node_id="n/sync-unstorable",
+            server="reports",
+            tool="quick_lookup",
+            arguments={"key": "k1"},
+            on_terminal=dict(fleet.pipeline.signature("pipeline.check_digest", queue="pipeline")),
+        )
+        op_id = uuid.UUID(answer["op_id"])
+        fleet.wait_state(op_id, S.MANUAL_RECONCILIATION, timeout=60)
+        records = fleet.ledger.reconciliations_for(op_id)
+        assert [r.reason for r in records] == [ReconciliationReason.RESULT_UNSTORABLE]
+        assert "not storable" in records[0].detail["why"], records[0].detail
+        assert receipt_rows(fleet.ledger, op_id) == 0
+        assert [e["method"] for e in fleet.mcp.log()].count("tools/call") == 1
+        assert fleet.ledger.get(op_id).remote_id is None

@@ -81,6 +81,16 @@ def fetch(
     if op.result is not None:
         # Held already: the create call answered it, or an earlier fetch did (EXPIRED_WITH_RECEIPT).
         return accept(ctx, op, TerminalKind(op.observed_terminal or "failed"), op.result)
+    if op.remote_id is None:
+        # No remote operation to read from and nothing held: a synchronous answer that could not be stored,
+        # whose hand-over to an operator was interrupted. Never a tight loop, never a second call.
+        op = ctx.hand_to_operator(
+            op,
+            fence,
+            ReconciliationReason.RESULT_UNSTORABLE,
+            {"why": "no result is held and there is no remote operation to read it from"},
+        )
+        return StepOutcome(op.id, "manual_reconciliation", op.state)
     try:
         result = ctx.adapter(op).result(
             remote_ref(op),
@@ -108,7 +118,7 @@ def fetch(
     try:
         stored = storable(ctx, result_json(result))
     except UnstorableResult as exc:
-        return _unstorable(ctx, op, fence, exc, result)
+        return unstorable(ctx, op, fence, exc, result)
     if kind is not op.observed_terminal:
         op = _correct_outcome(ctx, op, fence, kind)  # e.g. "completed" with isError: true is a failure
     audit = None if result.task_verified else {"task_verified": False, "why": "no related-task _meta"}
@@ -225,7 +235,7 @@ def _contradicted(
     return ctx.reschedule(op, fence, delay, EventKind.RESULT_CONTRADICTS_STATUS, detail)
 
 
-def _unstorable(
+def unstorable(
     ctx: StepContext, op: Operation, fence: Fence, exc: UnstorableResult, result: RemoteResult
 ) -> StepOutcome:
     """A result that cannot be stored and delivered exactly: an operator decides (RESULT_UNSTORABLE),

@@ -22,7 +22,7 @@ from adapters import (
     RemoteResult,
     RemoteStatus,
 )
-from ledger.errors import AdapterDisabled
+from ledger.errors import AdapterDisabled, UnstorableResult
 from ledger.events import EventKind
 from ledger.reasons import ReconciliationReason
 from ledger.records import Fence, Operation, adapter_key
@@ -31,7 +31,7 @@ from workers.errors import NoToken
 from workers.steps.cancel import send as send_cancel
 from workers.steps.context import TRY_AGAIN, Moved, StepContext, StepOutcome, describe, retry_s, server_status
 from workers.steps.poll import observed
-from workers.steps.result import accept, error_result, fetch, result_json
+from workers.steps.result import accept, error_result, fetch, result_json, storable, unstorable
 
 #: A capabilities read or a lookup that failed decided nothing (a "not found" included: the lookup, not
 #: the error, proves "never created"): ask again later.
@@ -185,13 +185,26 @@ def _answered_at_once(
     ctx: StepContext, op: Operation, fence: Fence, result: RemoteResult, why: EventKind
 ) -> StepOutcome:
     """The create call itself gave the final answer (SUBMITTING -> TERMINAL_OBSERVED -> FETCHING_RESULT,
-    the result held), which is then accepted like any other."""
+    the result held), which is then accepted like any other. An answer that cannot be stored and delivered
+    exactly is held as nothing and goes to an operator (RESULT_UNSTORABLE): the call is never made again."""
+    try:
+        held = storable(ctx, result_json(result))
+    except UnstorableResult as exc:
+        op = ctx.ledger.hold_create_result(
+            op.id,
+            fence,
+            kind=TerminalKind(result.outcome),
+            server_state=result.server_state,
+            result=None,
+            event=why,
+        )
+        return unstorable(ctx, op, fence, exc, result)
     op = ctx.ledger.hold_create_result(
         op.id,
         fence,
         kind=TerminalKind(result.outcome),
         server_state=result.server_state,
-        result=result_json(result),
+        result=held,
         event=why,
     )
     return fetch(ctx, op, fence)
