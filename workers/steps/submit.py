@@ -187,18 +187,11 @@ def _answered_at_once(
     """The create call itself gave the final answer (SUBMITTING -> TERMINAL_OBSERVED -> FETCHING_RESULT,
     the result held), which is then accepted like any other. An answer that cannot be stored and delivered
     exactly is held as nothing and goes to an operator (RESULT_UNSTORABLE): the call is never made again."""
+    unstorable_why: UnstorableResult | None = None
     try:
         held = storable(ctx, result_json(result))
     except UnstorableResult as exc:
-        op = ctx.ledger.hold_create_result(
-            op.id,
-            fence,
-            kind=TerminalKind(result.outcome),
-            server_state=result.server_state,
-            result=None,
-            event=why,
-        )
-        return unstorable(ctx, op, fence, exc, result)
+        held, unstorable_why = None, exc
     op = ctx.ledger.hold_create_result(
         op.id,
         fence,
@@ -207,6 +200,8 @@ def _answered_at_once(
         result=held,
         event=why,
     )
+    if unstorable_why is not None:
+        return unstorable(ctx, op, fence, unstorable_why, result)
     return fetch(ctx, op, fence)
 
 
