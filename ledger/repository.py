@@ -2,8 +2,9 @@
 
 ``Ledger`` holds the transactions: the submission (rule 1), reads, claims, the single acceptance point
 (rule 8), the outbox and reconciliation records. The guarded moves of an operation, each named for what it
-does, come from :class:`ledger.moves.OperationMoves`, the executor control transactions from
-``ledger/control.py``; the SQL is in ``ledger/statements.py``, the records in ``ledger/records.py``.
+does, come from :class:`ledger.moves.OperationMoves` and :class:`ledger.intent_moves.IntentMoves`, the
+executor control transactions from ``ledger/control.py``; the SQL is in ``ledger/statements.py``, the
+records in ``ledger/records.py``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ledger.errors import (
 )
 from ledger.events import EventKind
 from ledger.evidence import evidence_problems, receipt_payload, row_mismatches, same_receipt
+from ledger.intent_moves import IntentMoves
 from ledger.moves import OperationMoves
 from ledger.reasons import ReconciliationReason
 from ledger.records import (
@@ -69,7 +71,7 @@ from ledger.states import ACCEPT_FROM, ACCEPT_TO, FINAL_STATES, OpState, Termina
 DEFAULT_RECONCILE_DEADLINE_S = 900.0
 
 
-class Ledger(OperationMoves, ExecutorControlTransactions, HistoryRetention, ResultStorage):
+class Ledger(OperationMoves, IntentMoves, ExecutorControlTransactions, HistoryRetention, ResultStorage):
     """The repository. Construct it with an engine; every method owns exactly one transaction.
 
     ``reconcile_deadline_s`` is how long an operator has for a record the ledger opens itself (a late
