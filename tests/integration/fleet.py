@@ -221,6 +221,15 @@ class Fleet:
         self.processes.append(process)
         return process
 
+    def revive_workers(self) -> list[str]:
+        """What a process supervisor does (compose's ``restart: unless-stopped``): start a new longcall
+        worker for each one that exited. Returns the names of the workers that had exited."""
+        dead = [w for w in self.workers() if w.proc.poll() is not None and not w.name.endswith("(revived)")]
+        for worker in dead:
+            self.start_worker(f"{worker.name}-revived{len(self.processes)}")
+            worker.name = f"{worker.name}(revived)"
+        return [w.name for w in dead]
+
     def start_worker(
         self, name: str, queues: str = "longcall.control,longcall.poll,longcall.outbox", concurrency: int = 2
     ) -> support.CeleryProcess:
