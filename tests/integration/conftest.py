@@ -2,12 +2,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
 from ledger.repository import Ledger
-from tests.integration.fleet import Fleet, FleetParts, running_fleet
+from tests import support
+from tests.integration.fleet import Fleet, FleetParts, fleet_config, running_fleet, start_mcp_server
+from workers.runtime import Runtime
+from workers.settings import Settings
 
 
 @pytest.fixture
@@ -28,3 +32,30 @@ def fleet(fleet_parts: FleetParts) -> Iterator[Fleet]:
     """longcall's MCP server, two longcall workers, beat and a pipeline worker, on this test's database."""
     with running_fleet(fleet_parts) as fleet:
         yield fleet
+
+
+@pytest.fixture
+def runtimes(database_url: str, broker_prefix: str, tmp_path: Path, log_dir: Path) -> Iterator[Any]:
+    """A running MCP server and a factory of in-process runtimes (each one a 'worker': its own pools)."""
+    mcp = start_mcp_server(log_dir, poll_interval_ms=200)
+    config = tmp_path / "longcall.toml"
+    config.write_text(fleet_config(mcp.url))
+    settings = Settings(
+        database_url=database_url,
+        redis_url=support.REDIS_URL,
+        broker_keyprefix=broker_prefix,
+        config=config,
+        lease_s=30,
+    )
+    made: list[Runtime] = []
+
+    def make() -> Runtime:
+        made.append(Runtime.from_settings(settings))
+        return made[-1]
+
+    try:
+        yield mcp, make
+    finally:
+        for runtime in made:
+            runtime.close()
+        mcp.process.stop()

@@ -10,7 +10,6 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +25,11 @@ from tests import support
 from tests.integration.fleet import (
     Fleet,
     FleetParts,
-    fleet_config,
     free_port,
     running_fleet,
-    start_mcp_server,
 )
 from tests.integration.helpers import evidence_for
 from workers.executor import Executor, StepOutcome
-from workers.runtime import Runtime
-from workers.settings import Settings
 from workers.submission import validate_submission
 
 S = OpState
@@ -201,33 +196,6 @@ def test_kill_9_during_the_cancel_call_gives_one_cancelled_receipt(fleet: Fleet)
 
 
 # ------------------------------------------------------------------------ 3. two pollers out of order
-
-
-@pytest.fixture
-def runtimes(database_url: str, broker_prefix: str, tmp_path: Path, log_dir: Path) -> Iterator[Any]:
-    """A running MCP server and a factory of in-process runtimes (each one a 'worker': its own pools)."""
-    mcp = start_mcp_server(log_dir, poll_interval_ms=200)
-    config = tmp_path / "longcall.toml"
-    config.write_text(fleet_config(mcp.url))
-    settings = Settings(
-        database_url=database_url,
-        redis_url=support.REDIS_URL,
-        broker_keyprefix=broker_prefix,
-        config=config,
-        lease_s=30,
-    )
-    made: list[Runtime] = []
-
-    def make() -> Runtime:
-        made.append(Runtime.from_settings(settings))
-        return made[-1]
-
-    try:
-        yield mcp, make
-    finally:
-        for runtime in made:
-            runtime.close()
-        mcp.process.stop()
 
 
 def test_two_pollers_answering_out_of_order_never_move_the_state_back(runtimes: Any) -> None:

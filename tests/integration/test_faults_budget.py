@@ -12,12 +12,10 @@ import itertools
 import time
 import uuid
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import redis
 
 from ledger.repository import Ledger
 from ledger.states import OpState
@@ -47,20 +45,16 @@ BUDGET_CONTROL_QPS = 5
 
 @pytest.mark.slow
 def test_every_request_is_charged_to_its_steps_budget_under_429s_and_cut_results(
-    ledger: Ledger,
-    database_url: str,
-    broker_prefix: str,
-    redis_client: redis.Redis,
-    tmp_path: Path,
-    log_dir: Path,
+    fleet_parts: FleetParts,
 ) -> None:
     """4 worker processes, 30 operations, polls refused with 429 and results cut or dropped (so results are
     fetched again in their own step, status read first): in every 1 s window of the server's log, the
     requests charged to poll stay within ``poll_qps``, those charged to control within ``control_qps``, all
     within their sum, and no request arrives uncharged (initialize, notifications/initialized, tools/list,
     the fetch's status read and re-reads included)."""
+    ledger = fleet_parts.ledger
     with running_fleet(
-        FleetParts(ledger, database_url, broker_prefix, redis_client, tmp_path, log_dir),
+        fleet_parts,
         server={"poll_qps": BUDGET_POLL_QPS, "control_qps": BUDGET_CONTROL_QPS},
         workers=2,  # x concurrency 2 = 4 worker processes
     ) as fleet:
@@ -121,20 +115,16 @@ MEASURE_S = 10.0
 
 @pytest.mark.slow
 def test_past_expiry_never_polls_faster_than_the_interval_nor_starves_a_cancel(
-    ledger: Ledger,
-    database_url: str,
-    broker_prefix: str,
-    redis_client: redis.Redis,
-    tmp_path: Path,
-    log_dir: Path,
+    fleet_parts: FleetParts,
 ) -> None:
     """Ten operations whose server TTL (1 s) is far shorter than their run (60 s), and one more that is
     cancelled while they run past their expiry: each is polled at most once per server interval (2 s),
     and the cancel is confirmed within 2 s. The dispatcher claims at most 7 rows a tick on this server, so
     ten rows due at once forever would also keep every other row (the cancel included) from being claimed.
     """
+    ledger = fleet_parts.ledger
     with running_fleet(
-        FleetParts(ledger, database_url, broker_prefix, redis_client, tmp_path, log_dir),
+        fleet_parts,
         poll_interval_ms=int(POLL_INTERVAL_S * 1000),
         server={"poll_qps": 10, "control_qps": 4},
         workers=2,

@@ -12,7 +12,6 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,11 +23,9 @@ from ledger.records import Fence, Operation, ServerStatus
 from ledger.repository import Ledger
 from ledger.states import OpState, TerminalKind
 from tests import support
-from tests.integration.fleet import Fleet, FleetParts, fleet_config, running_fleet, start_mcp_server
+from tests.integration.fleet import Fleet, FleetParts, running_fleet
 from tests.integration.helpers import evidence_for, place
 from workers.executor import Executor
-from workers.runtime import Runtime
-from workers.settings import Settings
 from workers.submission import validate_submission
 
 S = OpState
@@ -202,30 +199,10 @@ def test_a_cancel_is_sent_when_the_hot_generation_is_behind_the_ledger(fleet: Fl
 
 
 @pytest.fixture
-def executors(database_url: str, broker_prefix: str, tmp_path: Path, log_dir: Path) -> Iterator[Any]:
+def executors(runtimes: Any) -> Any:
     """The MCP server and in-process executors (each its own pools, as separate workers)."""
-    mcp = start_mcp_server(log_dir, poll_interval_ms=200)
-    config = tmp_path / "longcall.toml"
-    config.write_text(fleet_config(mcp.url))
-    settings = Settings(
-        database_url=database_url,
-        redis_url=support.REDIS_URL,
-        broker_keyprefix=broker_prefix,
-        config=config,
-        lease_s=30,
-    )
-    made: list[Runtime] = []
-
-    def make() -> Executor:
-        made.append(Runtime.from_settings(settings))
-        return Executor(made[-1])
-
-    try:
-        yield mcp, make
-    finally:
-        for runtime in made:
-            runtime.close()
-        mcp.process.stop()
+    mcp, make = runtimes
+    return mcp, lambda: Executor(make())
 
 
 def test_a_poll_moving_the_operation_to_input_required_never_drops_the_cancel(executors: Any) -> None:
