@@ -1,0 +1,486 @@
+"""longcall's own AIP-151 server: google.longrunning operations over REST/JSON, done the way the AIPs say.
+
+Run: ``python -m demo_server.aip151 --host 127.0.0.1 --port 8151`` (plain ASGI under uvicorn, as
+``demo_server.mcp``). The facts it follows are in reference/aip-151.md (AIP-151, 155, 193, operations.proto):
+
+* ``POST /v1/projects/{project}/reports:run`` with ``{"seconds": S, "outcome"?: "response" | "error" |
+  "empty" | "none", "requestId"?: "<up to 36 ASCII chars>"}`` starts a report and answers its Operation
+  ``{"name": "projects/{project}/operations/{id}", "metadata": {"@type": ...ReportMetadata, state,
+  progressPercent, createTime, cancelRequested, endTime?}}``: running (``done`` left out, proto3 JSON) or
+  already done when S is 0 (AIP-133 allows it). When done: outcome "response" -> ``response`` is an Any
+  ``{"@type": ...Report, name, seconds, rows}``; "error" -> ``error`` ``{code: 13, message, details:
+  [ErrorInfo]}``; "empty" -> ``response`` is ``google.protobuf.Empty``; "none" -> neither (legal now).
+  The same requestId again returns the same operation (AIP-155), with a different body too (the earlier
+  response; switch ``request_id_conflict: "already_exists"`` for 409), and after the operation is gone the
+  last Operation JSON it had.
+* ``GET /v1/{name}`` GetOperation; ``GET /v1/projects/{project}/operations?pageSize=&pageToken=``
+  ListOperations (oldest first, opaque ``nextPageToken``; a bad token or size is INVALID_ARGUMENT);
+  ``POST /v1/{name}:cancel`` (empty body or a JSON object) answers ``{}``: a running operation becomes
+  done with ``error {code: 1}`` (CANCELLED) and is kept; for a done one see ``cancel_of_done``;
+  ``DELETE /v1/{name}`` answers ``{}`` and forgets the operation without cancelling it. An unknown,
+  deleted or expired name is 404 NOT_FOUND.
+* Errors are google.rpc.Status with an ErrorInfo (and RetryInfo for 429/503, with a ``Retry-After``
+  header): AIP-193 ``{"error": {code: HTTP, status, message, details}}`` by default, grpc-gateway's bare
+  ``{code: gRPC, message, details}`` with ``envelope: "grpc_gateway"``.
+
+Control endpoints (test harness only, same port):
+
+* ``GET /_control/log`` -> ``{"entries": [{"t": time.time(), "method", "path", "rpc", "status",
+  "inside_retry_after", "request_id"}]}``: every request to ``/v1`` in arrival order (``status`` null when
+  the connection was dropped; ``inside_retry_after``: it came while a Retry-After the server had given
+  was still running). ``DELETE`` clears it.
+* ``GET /_control/operations`` -> ``{"operations": [every operation's JSON, with "requestId" and
+  "request"], "expired": [names], "deleted": [names]}``.
+* ``GET /_control/faults`` shows the switches; ``POST`` a JSON object sets the named ones (others stay);
+  ``DELETE`` resets them (the ``--expire-after-done-s``/``--envelope``/``--cancel-of-done`` start values
+  included). The switches (``demo_server.aip151_model.FaultSwitches``):
+
+  - ``envelope``: "aip193" | "grpc_gateway"; ``cancel_of_done``: "failed_precondition" (400) | "empty"
+    (a silent ``{}``) | "unimplemented" (501); ``expire_after_done_s``: seconds (null: never).
+  - ``lose_create_response: N`` — RunReport creates the operation, then the connection is closed unanswered.
+  - ``status_after_create: {"count": N, "status": "UNAVAILABLE"}`` — creates it, then answers that error.
+  - ``status_429`` / ``status_503: {"<Rpc>" | "*": {"count": N, "retry_after_s": S}}`` — the next N
+    requests are refused with RetryInfo ``S s`` and ``Retry-After: S``; nothing is done.
+  - ``rate_limit_window: {"rpc": "*", "seconds": W, "retry_after_s": S | null}`` — every matching request
+    for W seconds from now gets 429 (Retry-After: S, or the window's time left).
+  - ``delay_ms: {"<Rpc>": ms}`` — requests of that RPC wait before they are handled.
+  - ``go_empty`` (outcome "empty" written the Go way, ``"value": {}``), ``go_empty_response`` (every
+    response is the Go-style Empty), ``unknown_type_response`` (an Any of an unknown ``@type``),
+    ``emit_default_done`` (``"done": false`` on running operations).
+  - ``cancel_takes_ms: M`` — a cancel lands M ms after its answer; ``complete_on_cancel: N`` — the next N
+    cancels are answered ``{}`` but the operation completes with its own outcome (completion wins).
+  - ``ignore_request_id`` — no dedupe: a repeated create makes a second operation.
+
+RPC names (log and switches): RunReport, GetOperation, ListOperations, CancelOperation, DeleteOperation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import functools
+import json
+import math
+import re
+import time
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs
+
+import uvicorn
+from pydantic import ValidationError
+
+from demo_server._asgi import Receive, Scope, Send, drop_connection, dumps, read_body, respond
+from demo_server.aip151_model import (
+    ApiError,
+    CancelOfDone,
+    Envelope,
+    FaultSwitches,
+    Operation,
+    OperationStore,
+    invalid,
+    not_found,
+)
+
+PROJECT = r"[a-z][a-z0-9-]{0,62}"
+RUN_PATH = re.compile(rf"/v1/projects/(?P<project>{PROJECT})/reports:run")
+LIST_PATH = re.compile(rf"/v1/projects/(?P<project>{PROJECT})/operations")
+OP_PATH = re.compile(rf"/v1/(?P<name>projects/{PROJECT}/operations/[A-Za-z0-9_-]+)(?P<verb>:cancel)?")
+MAX_PAGE_SIZE = 1000
+MAX_SECONDS = 86_400.0
+MAX_REQUEST_ID = 36
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """The start values of the switches a command line can set (``DELETE /_control/faults`` restores them)."""
+
+    envelope: Envelope = "aip193"
+    cancel_of_done: CancelOfDone = "failed_precondition"
+    expire_after_done_s: float | None = None
+    page_size: int = 50
+
+
+Answer = tuple[int, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Call:
+    """One API request as a handler sees it: ``now`` is the monotonic time it is handled at, ``entry``
+    its log entry, ``send`` the ASGI send (to drop the connection)."""
+
+    scope: Scope
+    body: bytes
+    now: float
+    entry: dict[str, Any]
+    send: Send
+
+
+#: A handler returns (HTTP status, JSON body) or raises ApiError.
+Handler = Callable[[Call], Awaitable[Answer]]
+
+
+class Dropped(Exception):
+    """The connection was closed with no answer (a fault switch)."""
+
+
+class AipDemoServer:
+    def __init__(self, defaults: Defaults | None = None) -> None:
+        self.defaults = defaults or Defaults()
+        self.switches = self._fresh_switches()
+        self.store = OperationStore()
+        self.log: deque[dict[str, Any]] = deque(maxlen=100_000)
+        #: Until this monotonic time the server has asked its clients to wait (a Retry-After it gave).
+        self.wait_until = 0.0
+
+    def _fresh_switches(self) -> FaultSwitches:
+        return FaultSwitches(
+            envelope=self.defaults.envelope,
+            cancel_of_done=self.defaults.cancel_of_done,
+            expire_after_done_s=self.defaults.expire_after_done_s,
+        )
+
+    # ---- ASGI entry -------------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        path: str = scope["path"]
+        if path.startswith("/_control/"):
+            await self._control(path.removeprefix("/_control/"), scope["method"], receive, send)
+        else:
+            await self._api(scope, receive, send)
+
+    async def _api(self, scope: Scope, receive: Receive, send: Send) -> None:
+        method: str = scope["method"]
+        path: str = scope["path"]
+        entry: dict[str, Any] = {
+            "t": time.time(),
+            "method": method,
+            "path": path,
+            "rpc": None,
+            "status": None,
+            "inside_retry_after": time.monotonic() < self.wait_until,
+            "request_id": None,
+        }
+        self.log.append(entry)
+        try:
+            rpc, handler = self._route(method, path)
+            entry["rpc"] = rpc
+            delay_ms = self.switches.delay_ms.get(rpc, 0)
+            if delay_ms:
+                await asyncio.sleep(delay_ms / 1000)
+            body = await read_body(receive)
+            if body is None:
+                return  # the client went away
+            self._refuse_if_switched(rpc)
+            now = time.monotonic()
+            self.store.sweep(now, self.switches)
+            status, answer = await handler(Call(scope, body, now, entry, send))
+        except Dropped:
+            return
+        except ApiError as error:
+            if error.retry_after_s is not None:
+                self.wait_until = max(self.wait_until, time.monotonic() + error.retry_after_s)
+            entry["status"] = error.http_status
+            await respond(
+                send, error.http_status, dumps(error.body(self.switches.envelope)), headers=error.headers()
+            )
+            return
+        entry["status"] = status
+        await respond(send, status, dumps(answer))
+
+    def _route(self, method: str, path: str) -> tuple[str, Handler]:
+        """The RPC a request is, and its handler bound to the path's project or operation name."""
+        if (match := RUN_PATH.fullmatch(path)) is not None and method == "POST":
+            return "RunReport", functools.partial(self._run, match["project"])
+        if (match := LIST_PATH.fullmatch(path)) is not None and method == "GET":
+            return "ListOperations", functools.partial(self._list, match["project"])
+        if (match := OP_PATH.fullmatch(path)) is not None:
+            name, verb = match["name"], match["verb"]
+            if verb and method == "POST":
+                return "CancelOperation", functools.partial(self._cancel, name)
+            if not verb and method == "GET":
+                return "GetOperation", functools.partial(self._get, name)
+            if not verb and method == "DELETE":
+                return "DeleteOperation", functools.partial(self._delete, name)
+        raise ApiError("NOT_FOUND", f"No route {method} {path}", reason="NO_SUCH_METHOD")
+
+    def _refuse_if_switched(self, rpc: str) -> None:
+        now = time.monotonic()
+        window = self.switches.rate_limit_window
+        if window is not None and window.rpc in ("*", rpc):
+            if window.started is None:
+                window.started = now
+            left = window.started + window.seconds - now
+            if left > 0:
+                retry = window.retry_after_s if window.retry_after_s is not None else math.ceil(left)
+                raise ApiError(
+                    "RESOURCE_EXHAUSTED",
+                    "Rate limited (window)",
+                    reason="RATE_LIMIT_EXCEEDED",
+                    retry_after_s=retry,
+                )
+        for status, table in (
+            ("RESOURCE_EXHAUSTED", self.switches.status_429),
+            ("UNAVAILABLE", self.switches.status_503),
+        ):
+            for key in (rpc, "*"):
+                fault = table.get(key)
+                if fault is not None and fault.count > 0:
+                    fault.count -= 1
+                    reason = (
+                        "RATE_LIMIT_EXCEEDED" if status == "RESOURCE_EXHAUSTED" else "SERVICE_UNAVAILABLE"
+                    )
+                    raise ApiError(
+                        status, f"{rpc} refused: {status}", reason=reason, retry_after_s=fault.retry_after_s
+                    )
+
+    # ---- the Operations service and the report method -----------------------------------------------
+
+    async def _run(self, project: str, call: Call) -> Answer:
+        request = _json_object(call.body, required=True)
+        seconds = request.get("seconds")
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or not 0 <= seconds <= MAX_SECONDS
+        ):
+            raise invalid(f"seconds must be a number from 0 to {MAX_SECONDS:.0f}")
+        outcome = request.get("outcome", "response")
+        if outcome not in ("response", "error", "empty", "none"):
+            raise invalid('outcome must be one of "response", "error", "empty", "none"')
+        request_id = request.get("requestId")
+        if request_id is not None and (
+            not isinstance(request_id, str)
+            or not 0 < len(request_id) <= MAX_REQUEST_ID
+            or not request_id.isascii()
+        ):
+            raise invalid(f"requestId must be 1 to {MAX_REQUEST_ID} ASCII characters")
+        unknown = set(request) - {"seconds", "outcome", "requestId"}
+        if unknown:
+            raise invalid(f"unknown fields: {sorted(unknown)}")
+        call.entry["request_id"] = request_id
+        if request_id is not None and not self.switches.ignore_request_id:
+            seen = self.store.request_ids.get(request_id)
+            if seen is not None:
+                earlier_body, name = seen
+                if earlier_body != request and self.switches.request_id_conflict == "already_exists":
+                    raise ApiError(
+                        "ALREADY_EXISTS",
+                        f"requestId {request_id} was used with a different request",
+                        reason="REQUEST_ID_REUSED",
+                        metadata={"operation": name},
+                    )
+                return 200, self._answer_for(name, call.now)
+        op = Operation(
+            name=f"projects/{project}/operations/{uuid.uuid4().hex}",
+            project=project,
+            seconds=float(seconds),
+            outcome=outcome,
+            request_id=request_id,
+            request=request,
+            created=call.now,
+        )
+        self.store.operations[op.name] = op
+        if request_id is not None:
+            self.store.remember_request(request_id, request, op.name)
+        if self.switches.lose_create_response > 0:
+            self.switches.lose_create_response -= 1
+            await drop_connection(call.send)
+            raise Dropped
+        after = self.switches.status_after_create
+        if after is not None and after.count > 0:
+            after.count -= 1
+            raise ApiError(
+                after.status, "The front end failed after the request was handled", reason="BACKEND_ERROR"
+            )
+        return 200, op.view(call.now, self.switches)
+
+    def _answer_for(self, name: str, now: float) -> dict[str, Any]:
+        op = self.store.operations.get(name)
+        if op is not None:
+            return op.view(now, self.switches)
+        return self.store.last_seen[name]
+
+    def _find(self, name: str) -> Operation:
+        op = self.store.operations.get(name)
+        if op is None:
+            if name in self.store.expired:
+                raise not_found(name, "has expired")
+            raise not_found(name, "was deleted" if name in self.store.deleted else "not found")
+        return op
+
+    async def _get(self, name: str, call: Call) -> Answer:
+        return 200, self._find(name).view(call.now, self.switches)
+
+    async def _list(self, project: str, call: Call) -> Answer:
+        query = {k: v[-1] for k, v in parse_qs(call.scope.get("query_string", b"").decode("latin-1")).items()}
+        unknown = set(query) - {"pageSize", "pageToken", "filter"}
+        if unknown:
+            raise invalid(f"unknown query parameters: {sorted(unknown)}")
+        if query.get("filter"):
+            raise invalid("filter is not supported by this server")
+        try:
+            size = int(query.get("pageSize", "0"))
+        except ValueError:
+            raise invalid("pageSize must be an integer") from None
+        if size < 0:
+            raise invalid("pageSize must not be negative")
+        size = min(size or self.defaults.page_size, MAX_PAGE_SIZE)
+        start = _decode_token(query.get("pageToken", ""))
+        ops = [op for op in self.store.operations.values() if op.project == project]
+        page = ops[start : start + size]
+        answer: dict[str, Any] = {"operations": [op.view(call.now, self.switches) for op in page]}
+        if start + size < len(ops):
+            answer["nextPageToken"] = _encode_token(start + size)
+        return 200, answer
+
+    async def _cancel(self, name: str, call: Call) -> Answer:
+        _json_object(call.body, required=False)
+        op = self._find(name)
+        if op.done_at(call.now) is not None:
+            if self.switches.cancel_of_done == "failed_precondition":
+                raise ApiError(
+                    "FAILED_PRECONDITION", f"Operation {name} is already done", reason="OPERATION_DONE"
+                )
+            if self.switches.cancel_of_done == "unimplemented":
+                raise ApiError(
+                    "UNIMPLEMENTED", "CancelOperation is not implemented", reason="NOT_IMPLEMENTED"
+                )
+            return 200, {}
+        op.cancel_requested = True
+        if op.cancel_at is None:
+            op.cancel_at = call.now + self.switches.cancel_takes_ms / 1000
+            if self.switches.complete_on_cancel > 0:
+                self.switches.complete_on_cancel -= 1
+                op.cancel_loses = True
+            op.settle(call.now)
+        return 200, {}
+
+    async def _delete(self, name: str, call: Call) -> Answer:
+        op = self._find(name)
+        self.store.last_seen[name] = op.view(call.now, self.switches)
+        del self.store.operations[name]
+        self.store.deleted.append(name)
+        return 200, {}
+
+    # ---- control endpoints ------------------------------------------------------------------------
+
+    async def _control(self, name: str, method: str, receive: Receive, send: Send) -> None:
+        if name == "faults" and method == "GET":
+            await respond(send, 200, dumps(self.switches.model_dump()))
+        elif name == "faults" and method == "POST":
+            try:
+                changes = json.loads(await read_body(receive) or b"")
+            except ValueError as error:
+                changes = error
+            if not isinstance(changes, dict):
+                await respond(send, 400, dumps({"error": "the body must be a JSON object of fault switches"}))
+                return
+            try:
+                self.switches = FaultSwitches.model_validate({**self.switches.model_dump(), **changes})
+            except ValidationError as error:
+                await respond(send, 400, dumps({"error": str(error)}))
+                return
+            await respond(send, 200, dumps(self.switches.model_dump()))
+        elif name == "faults" and method == "DELETE":
+            self.switches = self._fresh_switches()
+            await respond(send, 200, dumps(self.switches.model_dump()))
+        elif name == "log" and method == "GET":
+            await respond(send, 200, dumps({"entries": list(self.log)}))
+        elif name == "log" and method == "DELETE":
+            self.log.clear()
+            self.wait_until = 0.0
+            await respond(send, 200, dumps({"entries": []}))
+        elif name == "operations" and method == "GET":
+            now = time.monotonic()
+            self.store.sweep(now, self.switches)
+            ops = [
+                {**op.view(now, self.switches), "requestId": op.request_id, "request": op.request}
+                for op in self.store.operations.values()
+            ]
+            answer = {"operations": ops, "expired": self.store.expired, "deleted": self.store.deleted}
+            await respond(send, 200, dumps(answer))
+        else:
+            await respond(send, 404, dumps({"error": f"no control endpoint {method} /_control/{name}"}))
+
+
+def _json_object(body: bytes, *, required: bool) -> dict[str, Any]:
+    if not body.strip() and not required:
+        return {}
+    try:
+        value = json.loads(body)
+    except ValueError:
+        raise invalid("the body must be JSON") from None
+    if not isinstance(value, dict):
+        raise invalid("the body must be a JSON object")
+    return value
+
+
+def _encode_token(offset: int) -> str:
+    return base64.urlsafe_b64encode(f"offset:{offset}".encode()).decode()
+
+
+def _decode_token(token: str) -> int:
+    if not token:
+        return 0
+    try:
+        text = base64.urlsafe_b64decode(token.encode()).decode()
+        prefix, _, number = text.partition(":")
+        offset = int(number)
+    except ValueError:
+        raise invalid("pageToken is not one this server gave") from None
+    if prefix != "offset" or offset < 0:
+        raise invalid("pageToken is not one this server gave")
+    return offset
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m demo_server.aip151", description=__doc__.split("\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8151)
+    parser.add_argument("--envelope", choices=["aip193", "grpc_gateway"], default="aip193")
+    parser.add_argument(
+        "--cancel-of-done",
+        choices=["failed_precondition", "empty", "unimplemented"],
+        default="failed_precondition",
+    )
+    parser.add_argument(
+        "--expire-after-done-s", type=float, default=None, help="forget a done operation after this"
+    )
+    parser.add_argument("--page-size", type=int, default=50, help="ListOperations default page size")
+    parser.add_argument("--log-level", default="warning")
+    args = parser.parse_args(argv)
+    defaults = Defaults(
+        envelope=args.envelope,
+        cancel_of_done=args.cancel_of_done,
+        expire_after_done_s=args.expire_after_done_s,
+        page_size=args.page_size,
+    )
+    config = uvicorn.Config(
+        AipDemoServer(defaults),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=2,
+    )
+    uvicorn.Server(config).run()
+
+
+if __name__ == "__main__":
+    main()
