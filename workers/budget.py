@@ -9,18 +9,30 @@ request. ``charge`` takes a token from the server's bucket (waiting at most one 
 Each request also names the bucket it was charged to in a ``Longcall-Budget`` header (:func:`label_request`,
 an httpx request hook), so a server's own log can tell a poll from control traffic, and an uncharged
 request (no header) stands out.
+
+Each charge is also counted for ``longcall metrics`` (:class:`RequestMeter`): one Redis counter per server,
+bucket and second, kept :data:`RATE_KEEP_S` seconds, so the requests a server received per second can be
+set against its ``poll_qps`` / ``control_qps`` without any state in a worker.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 from contextvars import ContextVar
 
 import httpx
+import redis
 
 from workers.hot import Budget
 
-__all__ = ["BUDGET_HEADER", "TokenBudget", "label_request"]
+__all__ = ["BUDGET_HEADER", "RATE_KEEP_S", "RequestMeter", "TokenBudget", "label_request", "rate_key"]
+
+log = logging.getLogger(__name__)
+
+#: How long a per-second request counter is kept: long enough for a scrape to read the last ten seconds.
+RATE_KEEP_S = 15
 
 #: The header naming the bucket a request was charged to (``poll`` or ``control``).
 BUDGET_HEADER = "Longcall-Budget"
@@ -40,11 +52,19 @@ class TokenBudget:
     reply sent); the first ``prepaid`` charges use them instead of taking new ones.
     """
 
-    def __init__(self, bucket: Budget, take: Callable[..., None], *, prepaid: int = 0) -> None:
+    def __init__(
+        self,
+        bucket: Budget,
+        take: Callable[..., None],
+        *,
+        prepaid: int = 0,
+        meter: Callable[[], None] | None = None,
+    ) -> None:
         self.bucket = bucket
         self._take = take
         self._prepaid = prepaid
         self._paid = 0
+        self._meter = meter
 
     def charge(self) -> None:
         if self._prepaid > 0:
@@ -52,10 +72,39 @@ class TokenBudget:
         else:
             self._take(follow_up=self._paid > 0)
         self._paid += 1
+        if self._meter is not None:
+            self._meter()
         _charged.set(self.bucket)
 
     def __repr__(self) -> str:
         return f"TokenBudget({self.bucket!r})"
+
+
+def rate_key(prefix: str, server: str, bucket: Budget, second: int) -> str:
+    """The Redis key counting the requests charged to ``server``'s ``bucket`` in the Unix ``second``."""
+    return f"{prefix}rate:{server}:{bucket}:{second}"
+
+
+class RequestMeter:
+    """Counts one charged request in its second (the worker's clock, when the request is about to be sent):
+    ``INCR`` and ``EXPIRE`` in one round trip. A metric is never worth a request: a Redis error is logged
+    and the request goes on."""
+
+    def __init__(self, client: redis.Redis, prefix: str, server: str, bucket: Budget) -> None:
+        self._client = client
+        self._prefix = prefix
+        self._server = server
+        self._bucket = bucket
+
+    def __call__(self) -> None:
+        key = rate_key(self._prefix, self._server, self._bucket, int(time.time()))
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            pipe.incr(key)
+            pipe.expire(key, RATE_KEEP_S)
+            pipe.execute()
+        except redis.RedisError as exc:
+            log.debug("request rate not counted for %s/%s: %s", self._server, self._bucket, exc)
 
 
 def label_request(request: httpx.Request) -> None:

@@ -30,6 +30,7 @@ from workers import cli_output as output
 from workers.app import create_app
 from workers.errors import ConfigError, WrongState
 from workers.executor import Executor, Resolution
+from workers.metrics import metrics
 from workers.runtime import Runtime
 from workers.settings import Settings, load_settings
 from workers.submission import ADAPTERS
@@ -429,6 +430,9 @@ def _json_option(name: str, value: str) -> Any:
         return json.loads(value)
     except json.JSONDecodeError as exc:
         raise click.BadParameter(f"not JSON: {exc}", param_hint=name) from exc
+
+
+main.add_command(metrics)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -32,7 +32,7 @@ from ledger.reasons import ReconciliationReason
 from ledger.records import Fence, Operation, ServerStatus
 from ledger.repository import Ledger
 from ledger.states import OpState
-from workers.budget import TokenBudget
+from workers.budget import RequestMeter, TokenBudget
 from workers.errors import NoToken
 from workers.hot import RATE_HEADROOM, Budget
 from workers.runtime import Runtime
@@ -144,7 +144,9 @@ class StepContext:
         a token from ``server``'s ``bucket`` each, waited for within one dispatch tick, else
         :class:`NoToken` (the adapter passes it on; that request is not sent). ``prepaid``: tokens the step
         took with :meth:`take` already, used by the first charges (see :class:`TokenBudget`)."""
-        return TokenBudget(bucket, functools.partial(self.take, server, bucket), prepaid=prepaid)
+        hot = self.runtime.hot
+        meter = RequestMeter(hot.client, hot.prefix, server, bucket)  # requests/s for `longcall metrics`
+        return TokenBudget(bucket, functools.partial(self.take, server, bucket), prepaid=prepaid, meter=meter)
 
     # --------------------------------------------------------------------------- moves every step shares
 
