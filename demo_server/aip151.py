@@ -49,7 +49,10 @@ Control endpoints (test harness only, same port):
     ``emit_default_done`` (``"done": false`` on running operations).
   - ``cancel_takes_ms: M`` — a cancel lands M ms after its answer; ``complete_on_cancel: N`` — the next N
     cancels are answered ``{}`` but the operation completes with its own outcome (completion wins).
-  - ``ignore_request_id`` — no dedupe: a repeated create makes a second operation.
+  - ``ignore_request_id`` — no dedupe: a repeated create makes a second operation;
+    ``request_id_window_s: W`` — a requestId is honoured for W s after its first create, then forgotten;
+    ``request_id_conflict: "already_exists"`` — the same id with another body is 409 ALREADY_EXISTS.
+  - ``missing_projects: ["p"]`` — RunReport under those projects is 404 NOT_FOUND, nothing is created.
 
 RPC names (log and switches): RunReport, GetOperation, ListOperations, CancelOperation, DeleteOperation.
 """
@@ -273,10 +276,18 @@ class AipDemoServer:
         if unknown:
             raise invalid(f"unknown fields: {sorted(unknown)}")
         call.entry["request_id"] = request_id
+        if project in self.switches.missing_projects:
+            raise ApiError(
+                "NOT_FOUND",
+                f"Project {project} not found",
+                reason="PROJECT_NOT_FOUND",
+                metadata={"project": project},
+            )
+        window_s = self.switches.request_id_window_s
         if request_id is not None and not self.switches.ignore_request_id:
             seen = self.store.request_ids.get(request_id)
-            if seen is not None:
-                earlier_body, name = seen
+            if seen is not None and (window_s is None or call.now - seen[2] < window_s):
+                earlier_body, name, _ = seen
                 if earlier_body != request and self.switches.request_id_conflict == "already_exists":
                     raise ApiError(
                         "ALREADY_EXISTS",
@@ -296,7 +307,7 @@ class AipDemoServer:
         )
         self.store.operations[op.name] = op
         if request_id is not None:
-            self.store.remember_request(request_id, request, op.name)
+            self.store.remember_request(request_id, request, op.name, call.now)
         if self.switches.lose_create_response > 0:
             self.switches.lose_create_response -= 1
             await drop_connection(call.send)
@@ -414,6 +425,9 @@ class AipDemoServer:
             ]
             answer = {"operations": ops, "expired": self.store.expired, "deleted": self.store.deleted}
             await respond(send, 200, dumps(answer))
+        elif name == "operations" and method == "DELETE":
+            self.store = OperationStore()
+            await respond(send, 200, dumps({"operations": [], "expired": [], "deleted": []}))
         else:
             await respond(send, 404, dumps({"error": f"no control endpoint {method} /_control/{name}"}))
 

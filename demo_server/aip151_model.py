@@ -290,6 +290,11 @@ class FaultSwitches(BaseModel):
     request_id_conflict: Literal["same_operation", "already_exists"] = "same_operation"
     #: The server ignores requestId (no dedupe: a repeated create makes a second operation).
     ignore_request_id: bool = False
+    #: A requestId is honoured this long after its first create (AIP-155: "any reasonable timeframe");
+    #: later, the same id makes a new operation. Null: for as long as the server runs.
+    request_id_window_s: Seconds | None = None
+    #: RunReport for these projects answers 404 NOT_FOUND (the parent is gone) and creates nothing.
+    missing_projects: list[str] = Field(default_factory=list)
 
     @field_validator("status_429", "status_503", "delay_ms")
     @classmethod
@@ -315,9 +320,9 @@ class OperationStore:
     """Operations by name, oldest first; request ids remembered with the Operation they answered."""
 
     operations: OrderedDict[str, Operation] = field(default_factory=OrderedDict)
-    #: request id -> (body it came with, operation name, the last Operation JSON seen: AIP-155's answer
-    #: for a repeat after the operation is gone).
-    request_ids: OrderedDict[str, tuple[dict[str, Any], str]] = field(default_factory=OrderedDict)
+    #: request id -> (the body it came with, operation name, monotonic time first seen).
+    request_ids: OrderedDict[str, tuple[dict[str, Any], str, float]] = field(default_factory=OrderedDict)
+    #: The last Operation JSON of a deleted or expired operation: AIP-155's answer for a repeated create.
     last_seen: dict[str, dict[str, Any]] = field(default_factory=dict)
     expired: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
@@ -334,7 +339,7 @@ class OperationStore:
                 del self.operations[name]
                 self.expired.append(name)
 
-    def remember_request(self, request_id: str, body: dict[str, Any], name: str) -> None:
-        self.request_ids[request_id] = (body, name)
+    def remember_request(self, request_id: str, body: dict[str, Any], name: str, now: float) -> None:
+        self.request_ids[request_id] = (body, name, now)
         while len(self.request_ids) > RETAINED_REQUEST_IDS:
             self.request_ids.popitem(last=False)

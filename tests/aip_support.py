@@ -39,8 +39,9 @@ class AipServer:
         return answer
 
     def reset(self) -> None:
-        """Every switch back to its start value, and an empty request log."""
+        """Every switch back to its start value, no operations, and an empty request log."""
         httpx.delete(f"{self.control}/faults", timeout=CONTROL_TIMEOUT_S).raise_for_status()
+        httpx.delete(f"{self.control}/operations", timeout=CONTROL_TIMEOUT_S).raise_for_status()
         httpx.delete(f"{self.control}/log", timeout=CONTROL_TIMEOUT_S).raise_for_status()
 
     def log(self) -> list[dict[str, Any]]:
