@@ -234,11 +234,12 @@ def test_expiry_after_done_is_not_found(aip: AipServer, http: httpx.Client) -> N
     aip.faults(expire_after_done_s=0.3)
     name = run(aip, http, seconds=0.2).json()["name"]
     wait_done(aip, http, name)
-    gone = support.wait_for(
-        "the operation to expire",
-        lambda: (r := get(aip, http, name)).status_code == 404 and r,
-        timeout=WAIT_S,
-    )
+
+    def expired() -> httpx.Response | None:
+        answer = get(aip, http, name)
+        return answer if answer.status_code == 404 else None
+
+    gone = support.wait_for("the operation to expire", expired, timeout=WAIT_S)
     assert "expired" in gone.json()["error"]["message"]
     assert name in aip.operations()["expired"]
 
