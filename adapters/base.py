@@ -29,6 +29,7 @@ __all__ = [
     "Timeouts",
     "ToolAdapter",
     "ToolCapabilities",
+    "ToolRoute",
 ]
 
 TerminalKind = Literal["completed", "failed", "cancelled"]
@@ -155,6 +156,9 @@ class RemoteStatus:
     input_request: InputRequest | None = None
     awaiting_input: bool = False
     raw: JsonObject = field(default_factory=dict, compare=False, repr=False)
+    #: The final result when the protocol carries it in the status itself (an AIP-151 done Operation): the
+    #: result fetch then reads it from here and sends no request.
+    result: RemoteResult | None = None
 
 
 @dataclass(frozen=True)
@@ -206,9 +210,13 @@ class CancelOutcome:
 
     ``already_terminal``: the server refused because the task is terminal already (or gone). The caller
     must read the existing terminal state with ``get`` and never rewrite it to cancelled.
+
+    ``acknowledged``: the server took the request and promised nothing (AIP-151 ``CancelOperation``
+    answers ``Empty``; the MCP tasks extension's cancel is cooperative): the outcome is learned by
+    polling, and a completion may still win.
     """
 
-    kind: Literal["cancelled", "already_terminal"]
+    kind: Literal["cancelled", "already_terminal", "acknowledged"]
     status: RemoteStatus | None
     message: str | None = None
 
@@ -273,6 +281,18 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class ToolRoute:
+    """How one tool is started on a server whose protocol has no tool discovery (AIP-151).
+
+    ``create``: ``"METHOD /path/{placeholder}"``; each ``{placeholder}`` is filled from the argument of
+    that name, the remaining arguments are the JSON body. ``request_id_field``: the body field that
+    carries the submission key (AIP-155 ``request_id``)."""
+
+    create: str | None = None
+    request_id_field: str | None = None
+
+
+@dataclass(frozen=True)
 class AdapterConfig:
     """Plain values an adapter is built from. The bearer token is a value, or ``token_provider``: called
     before every request (a rotated token is used from the next request on); the adapter never looks
@@ -287,6 +307,8 @@ class AdapterConfig:
     token_provider: Callable[[], str | None] | None = field(default=None, repr=False)
     timeouts: Timeouts = field(default_factory=Timeouts)
     limits: Limits = field(default_factory=Limits)
+    #: Per-tool routes, for protocols that are told how to start a tool (AIP-151); empty for MCP.
+    tools: Mapping[str, ToolRoute] = field(default_factory=dict)
 
 
 def redact_url(url: str) -> str:
@@ -363,8 +385,12 @@ class ToolAdapter(Protocol):
         *,
         tool: str | None = None,
         submitted_after: datetime | None = None,
+        arguments: Mapping[str, Any] | None = None,
         budget: RequestBudget = UNMETERED,
-    ) -> LookupResult: ...
+    ) -> LookupResult:
+        """``arguments``: the call's arguments as submitted, for a protocol whose lookup is the create
+        repeated with the same key (AIP-155); ignored by the others."""
+        ...
 
     def get(
         self, remote: RemoteRef, *, read_input: bool = True, budget: RequestBudget = UNMETERED

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import httpx
 
+from adapters import aip151
 from adapters.base import AdapterConfig, ToolAdapter
 from adapters.errors import UnknownAdapter
 from adapters.mcp_2025_11_25 import PROTOCOL, PROTOCOL_VERSION, McpTasksAdapter
@@ -66,4 +67,5 @@ def default_registry() -> AdapterRegistry:
     """A registry holding every adapter this package ships."""
     registry = AdapterRegistry()
     registry.register(PROTOCOL, PROTOCOL_VERSION, McpTasksAdapter)
+    registry.register(aip151.PROTOCOL, aip151.PROTOCOL_VERSION, aip151.AipOperationsAdapter)
     return registry

@@ -12,6 +12,7 @@ import threading
 import httpx
 
 from adapters import AdapterConfig, AdapterRegistry, Timeouts, ToolAdapter, default_registry
+from adapters.base import ToolRoute
 from workers.budget import label_request
 from workers.errors import UnknownServer
 from workers.settings import FleetConfig, ServerConfig
@@ -57,6 +58,10 @@ class RemotePool:
                     protocol_version=key[2],
                     token_provider=server.token,  # read per request: a rotated token needs no restart
                     timeouts=self._timeouts,
+                    tools={
+                        tool: ToolRoute(create=config.create, request_id_field=config.request_id_field)
+                        for tool, config in server.tools.items()
+                    },
                 )
                 t = self._timeouts
                 client = httpx.Client(

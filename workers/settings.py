@@ -42,7 +42,7 @@ class ToolConfig(_Strict):
     #: AIP-151: the create call, "METHOD /path/{placeholder}"; placeholders are filled from the arguments.
     create: str | None = None
     #: AIP-155: the body field that carries the submission key.
-    request_id_field: str | None = None
+    request_id_field: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None
 
     @field_validator("create")
     @classmethod
@@ -84,6 +84,36 @@ class ServerConfig(_Strict):
     def _one_token_source(self) -> ServerConfig:
         if self.auth_env is not None and self.auth_file is not None:
             raise ValueError("set auth_env or auth_file, not both")
+        return self
+
+    @model_validator(mode="after")
+    def _tool_routes(self) -> ServerConfig:
+        """AIP-151 tools are started by their configured route; MCP tools are discovered, so a route on
+        one is a mistake, refused rather than ignored."""
+        if self.protocol == "aip151":
+            if self.protocol_version != "v1":
+                raise ValueError(
+                    f'protocol "aip151" has protocol_version "v1", not {self.protocol_version!r}'
+                )
+            for name, tool in self.tools.items():
+                missing = [k for k in ("create", "request_id_field") if getattr(tool, k) is None]
+                if missing:
+                    raise ValueError(
+                        f"aip151 tool {name!r} needs {' and '.join(missing)} (how it is started, and the "
+                        f"body field of its AIP-155 request id)"
+                    )
+                if tool.sync_upper_bound_s is not None:
+                    raise ValueError(
+                        f"aip151 tool {name!r}: sync_upper_bound_s is for MCP tools (an AIP-151 create "
+                        f"always makes an operation)"
+                    )
+        else:
+            for name, tool in self.tools.items():
+                if tool.create is not None or tool.request_id_field is not None:
+                    raise ValueError(
+                        f"{self.protocol} tool {name!r}: create and request_id_field are for aip151 servers "
+                        f"(an MCP server lists its tools)"
+                    )
         return self
 
     def token(self) -> str | None:

@@ -333,6 +333,7 @@ class McpTasksAdapter:
         *,
         tool: str | None = None,
         submitted_after: datetime | None = None,
+        arguments: Mapping[str, Any] | None = None,
         session_ref: str | None = None,
         budget: RequestBudget = UNMETERED,
     ) -> LookupResult:
@@ -358,7 +359,7 @@ class McpTasksAdapter:
                     )
             except AdapterError as exc:
                 detail += f"; listing candidates failed: {exc}"
-        del tool
+        del tool, arguments  # no key to repeat a create with: the arguments prove nothing here
         return LookupResult(proof="unprovable", ref=None, detail=detail, candidates=candidates)
 
     @budget_edge

@@ -96,3 +96,42 @@ def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
     settings = Settings()
     assert settings.database_url == "postgresql://db/longcall"
     assert settings.broker == "redis://cache:6379/1"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            ('protocol_version = "v1"', 'protocol_version = "v2"'),
+            r'servers\.exports: .*protocol_version "v1"',
+        ),
+        (('request_id_field = "requestId"\n', ""), r"tool 'run_job' needs request_id_field"),
+        (('create = "POST /v1/jobs:run"\n', ""), r"tool 'run_job' needs create"),
+        (
+            ('request_id_field = "requestId"', 'request_id_field = "requestId"\nsync_upper_bound_s = 5'),
+            r"run_job'.*sync_upper_bound_s is for MCP tools",
+        ),
+        (('request_id_field = "requestId"', 'request_id_field = "request id"'), r"request_id_field"),
+        (
+            ("sync_upper_bound_s = 20", 'sync_upper_bound_s = 20\ncreate = "POST /v1/x:run"'),
+            r"mcp tool 'quick_lookup': create and request_id_field are for aip151 servers",
+        ),
+        (
+            ("sync_upper_bound_s = 20", 'sync_upper_bound_s = 20\nrequest_id_field = "requestId"'),
+            r"mcp tool 'quick_lookup': create and request_id_field are for aip151 servers",
+        ),
+    ],
+)
+def test_aip151_tool_routes_are_checked_at_start(
+    tmp_path: Path, change: tuple[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        FleetConfig.from_toml(_write(tmp_path, GOOD.replace(*change, 1)))
+
+
+def test_an_aip151_server_without_tools_loads(tmp_path: Path) -> None:
+    """A server with no tools configured loads; a submission to an unconfigured tool is refused by the
+    adapter (rule 12), not at start."""
+    body = GOOD.split("[servers.exports.tools.run_job]", maxsplit=1)[0]
+    fleet = FleetConfig.from_toml(_write(tmp_path, body))
+    assert fleet.servers["exports"].tools == {}

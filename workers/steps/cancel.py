@@ -133,6 +133,13 @@ def send(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
     before it only for a server configured so (``read_status_before_cancel``: one that would answer
     "cancelled" for a task already completed)."""
     adapter = ctx.adapter(op)
+    answered = _answered_already(ctx, op)
+    if answered is not None:
+        # The server took (or refused) this generation's cancel already: sending it again tells nothing new.
+        # The outcome is polled for, on the control budget, until the operation is done.
+        return _after(
+            ctx, op, fence, adapter, None, event=EventKind.CANCEL_PENDING, detail={_ANSWER: answered}
+        )
     try:
         outcome = adapter.cancel(
             remote_ref(op),
@@ -144,14 +151,52 @@ def send(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
     except Rejected as exc:
         # No cancel on this server: the outcome comes from polling, as for AIP-151.
         return _after(
-            ctx, op, fence, adapter, None, event=EventKind.CANCEL_REFUSED, detail={"error": describe(exc)}
+            ctx,
+            op,
+            fence,
+            adapter,
+            None,
+            event=EventKind.CANCEL_REFUSED,
+            detail={"error": describe(exc), _ANSWER: "refused"},
         )
     except TRY_AGAIN as exc:
         # A lost ACK is resolved by asking again: a second cancel finds the task terminal.
         return ctx.retry_later(op, fence, exc, EventKind.CANCEL_FAILED)
     if outcome.kind == "cancelled":
         return accept(ctx, op, TerminalKind.CANCELLED, None, audit={"server_state": "cancelled"})
+    if outcome.kind == "acknowledged":
+        # Only an acknowledgement (AIP-151, the MCP tasks extension): the end is polled for; done with a
+        # cancelled error accepts the cancel, a completion that won the race is accepted as completed.
+        return _after(
+            ctx,
+            op,
+            fence,
+            adapter,
+            outcome.status,
+            event=EventKind.CANCEL_PENDING,
+            detail={_ANSWER: "acknowledged"},
+        )
     return _after(ctx, op, fence, adapter, outcome.status, event=EventKind.CANCEL_PENDING, detail={})
+
+
+#: The event detail that records the server's answer to this generation's cancel request, when it leaves
+#: the outcome to polling and sending the request again would add nothing ("acknowledged", "refused").
+_ANSWER = "cancel_answer"
+
+
+def _answered_already(ctx: StepContext, op: Operation) -> str | None:
+    """The server's answer to this generation's cancel request in this epoch, when it was an
+    acknowledgement or a refusal (see :data:`_ANSWER`); None when the request is still to be sent."""
+    for event in reversed(ctx.ledger.events(op.id)):
+        if (
+            event["cancel_generation"] != op.cancel_generation
+            or event["execution_epoch"] != op.execution_epoch
+        ):
+            break
+        detail = event.get("detail")
+        if isinstance(detail, Mapping) and detail.get(_ANSWER) in ("acknowledged", "refused"):
+            return str(detail[_ANSWER])
+    return None
 
 
 def _after(

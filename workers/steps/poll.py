@@ -83,7 +83,9 @@ def _terminal(
     step, its request's control token taken now (and passed to the fetch's budget: charged once). Without
     one, the fetch waits for its own step, in TERMINAL_OBSERVED."""
     wait: NoToken | None = None
-    if kind is not TerminalKind.CANCELLED:
+    # A result carried by the status itself (the done AIP-151 Operation) is held without a request.
+    reads = kind is not TerminalKind.CANCELLED and status.result is None
+    if reads:
         try:
             ctx.take(op.server, "control")
         except NoToken as no_token:
@@ -99,4 +101,4 @@ def _terminal(
     )
     if wait is not None:
         return StepOutcome(op.id, "no_token", op.state, detail={"wait_s": round(wait.wait_s, 3)})
-    return fetch(ctx, op, fence, status, prepaid=1 if kind is not TerminalKind.CANCELLED else 0)
+    return fetch(ctx, op, fence, status, prepaid=1 if reads else 0)

@@ -123,6 +123,7 @@ def lookup(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved
             str(op.submission_key),
             tool=op.tool_name,
             submitted_after=op.created_at,
+            arguments=op.body,
             budget=ctx.request_budget(op.server, "control"),
         )
     except ASK_AGAIN as exc:

@@ -22,6 +22,7 @@ from adapters import (
     UnknownAdapter,
     default_registry,
 )
+from adapters.aip151 import AipOperationsAdapter
 
 PACKAGE = Path(adapters.__file__).parent
 
@@ -32,7 +33,7 @@ def config(protocol: str = "mcp", version: str = "2025-11-25", url: str = "http:
 
 def test_the_default_registry_builds_the_mcp_2025_11_25_adapter() -> None:
     registry = default_registry()
-    assert registry.keys() == [("mcp", "2025-11-25")]
+    assert registry.keys() == [("aip151", "v1"), ("mcp", "2025-11-25")]
     with httpx.Client() as client:
         adapter = registry.build(config(), client)
     assert isinstance(adapter, McpTasksAdapter)
@@ -45,19 +46,23 @@ def test_the_default_registry_builds_the_mcp_2025_11_25_adapter() -> None:
 
 
 @pytest.mark.parametrize(
-    ("protocol", "version"), [("mcp", "2026-07-28"), ("mcp", "2025-06-18"), ("aip151", "v1")]
+    ("protocol", "version"), [("mcp", "2026-07-28"), ("mcp", "2025-06-18"), ("aip151", "v2")]
 )
 def test_unknown_pairs_are_refused_clearly(protocol: str, version: str) -> None:
-    with pytest.raises(
-        UnknownAdapter, match=rf"protocol '{protocol}' version '{version}' \(known: mcp 2025-11-25\)"
-    ):
+    known = r"\(known: aip151 v1, mcp 2025-11-25\)"
+    with pytest.raises(UnknownAdapter, match=rf"protocol '{protocol}' version '{version}' {known}"):
         default_registry().factory_for(protocol, version)
 
 
 def test_the_same_url_never_makes_two_protocols_the_same_adapter() -> None:
     registry = default_registry()
-    with httpx.Client() as client, pytest.raises(UnknownAdapter):
-        registry.build(config(protocol="aip151", version="v1", url="http://h/mcp"), client)
+    with httpx.Client() as client:
+        aip = registry.build(config(protocol="aip151", version="v1", url="http://h/mcp"), client)
+        mcp = registry.build(config(url="http://h/mcp"), client)
+        with pytest.raises(UnknownAdapter):
+            registry.build(config(protocol="aip151", version="2025-11-25", url="http://h/mcp"), client)
+    assert isinstance(aip, AipOperationsAdapter)
+    assert isinstance(mcp, McpTasksAdapter)
 
 
 def test_a_pair_cannot_be_registered_twice() -> None:

@@ -1,0 +1,119 @@
+"""The thin I/O half of the AIP-151 adapter: one REST request over the injected ``httpx.Client``.
+
+Each request is charged to the caller's budget immediately before it is sent; its answer is read whole,
+bounded in size and in time; every httpx exception and every error answer is mapped here.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from adapters.aip151.wire import classify_error
+from adapters.base import AdapterConfig, RequestBudget
+from adapters.errors import OutcomeUnknown, ProtocolViolation, Rejected, Transient
+from adapters.http_answers import ERROR_BODY_LIMIT, Deadline, ReadBudgetExceeded, read_bounded
+from adapters.streamable_http import map_transport_error
+
+__all__ = ["Answer", "RestClient", "decode_json", "query_value"]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A 2xx answer, read whole."""
+
+    status: int
+    headers: httpx.Headers
+    body: bytes
+
+
+class RestClient:
+    """Sends REST requests to one server's base URL with its credentials and timeouts."""
+
+    def __init__(self, http: httpx.Client, config: AdapterConfig) -> None:
+        self._http = http
+        self._config = config
+        url = httpx.URL(config.url.rstrip("/"))
+        self._basic: str | None = None
+        if url.userinfo:
+            # user:password in the URL is sent as basic auth, never as part of a URL httpx logs or shows.
+            pair = f"{url.username}:{url.password}".encode()
+            self._basic = "Basic " + base64.b64encode(pair).decode("ascii")
+            url = url.copy_with(username=None, password=None)
+        self._base = str(url)
+        t = config.timeouts
+        self._timeout = httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool)
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        token: str | None = self._config.bearer_token
+        if self._config.token_provider is not None:
+            try:
+                token = self._config.token_provider()
+            except Exception as exc:  # any failure to read the token: nothing is sent
+                raise Transient(f"not sent: the bearer token could not be read: {exc}") from exc
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        elif self._basic is not None:
+            headers["Authorization"] = self._basic
+        return headers
+
+    def send(
+        self,
+        method: str,
+        path: str,
+        *,
+        what: str,
+        effect: bool,
+        budget: RequestBudget,
+        json_body: Mapping[str, Any] | None = None,
+        params: Mapping[str, str] | None = None,
+    ) -> Answer:
+        """One request, charged to ``budget`` first; a 2xx answer read whole (bounded), anything else
+        raised as the error it means."""
+        headers = self._headers()
+        budget.charge()
+        deadline = Deadline(self._config.timeouts.read)
+        request = self._http.build_request(
+            method, self._base + path, json=json_body, params=params, headers=headers, timeout=self._timeout
+        )
+        started = time.monotonic()
+        try:
+            answer = self._http.send(request, stream=True)
+            try:
+                ok = 200 <= answer.status_code < 300
+                limit = self._config.limits.max_body_bytes if ok else ERROR_BODY_LIMIT
+                body = read_bounded(answer, limit, deadline)
+            finally:
+                answer.close()
+            if ok:
+                return Answer(answer.status_code, answer.headers, body)
+        except ReadBudgetExceeded:
+            taken = time.monotonic() - started
+            message = f"{what}: the answer took over {deadline.seconds:.1f} s ({taken:.1f} s)"
+            raise (OutcomeUnknown(message) if effect else Transient(message)) from None
+        except httpx.HTTPError as exc:
+            raise map_transport_error(exc, idempotent=not effect, method=what) from exc
+        _, error = classify_error(answer.status_code, answer.headers, body, effect=effect, what=what)
+        raise error
+
+
+def decode_json(body: bytes, what: str) -> object:
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ProtocolViolation(f"{what}: the answer is not JSON") from exc
+
+
+def query_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str | int | float):
+        return str(value)
+    raise Rejected(f"a query parameter must be a string, number or boolean, got {value!r:.100}")
