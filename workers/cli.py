@@ -1,7 +1,9 @@
 """The ``longcall`` command. Reads go to the ledger; ``submit`` goes through the fleet like any pipeline.
 
 What each command prints is built in ``workers.cli_output``; here are the options, the reads and the
-decisions, and the exit codes (a refusal is a ``ClickException``: exit code 1 and its message).
+decisions, and the exit codes (:data:`EXIT_CODES`, stable: scripts rely on them). A service that cannot be
+reached is one line on stderr naming it (credentials masked), never a traceback: :class:`LongcallGroup`
+maps the connection errors of every command, and the CLI's own connections time out within seconds.
 """
 
 from __future__ import annotations
@@ -16,18 +18,25 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
+from urllib.parse import parse_qsl, urlencode
 
 import click
+import kombu.exceptions
+import psycopg
+import redis.exceptions
+import sqlalchemy.exc
+from celery import Celery
 from celery.exceptions import TimeoutError as CeleryTimeout
 from rich.console import Console
 
+from adapters.base import redact_url
 from ledger import migrate as migrations
 from ledger.errors import LedgerError, OperationNotFound
 from ledger.records import ControlState, Operation
 from ledger.repository import Ledger
 from ledger.states import TerminalKind
 from workers import cli_output as output
-from workers.app import create_app
+from workers.app import celery_config, create_app, is_redis
 from workers.errors import ConfigError, WrongState
 from workers.executor import Executor, Resolution
 from workers.metrics import metrics
@@ -38,14 +47,140 @@ from workers.submission import ADAPTERS
 console = Console()
 errors = Console(stderr=True)
 
+EXIT_OK = 0
+#: A refusal: the request was understood and refused (a bad configuration, no such operation, a wrong
+#: state, a worker's refusal), with its reason.
+EXIT_REFUSED = 1
+#: A usage error: a missing or bad option or argument (click's own code).
+EXIT_USAGE = 2
+#: The database, Redis or the broker cannot be reached: one line naming which and where.
+EXIT_UNREACHABLE = 3
+#: Nothing answered in time: no worker took the request within ``--timeout``, or ``watch`` ran out.
+EXIT_TIMEOUT = 4
+EXIT_CODES = {
+    EXIT_OK: "ok",
+    EXIT_REFUSED: "refused (the reason on stderr)",
+    EXIT_USAGE: "usage error",
+    EXIT_UNREACHABLE: "the database, Redis or the broker cannot be reached",
+    EXIT_TIMEOUT: "timed out waiting for a worker (or, for watch, for a final state)",
+}
+#: Seconds the CLI's own connections (Postgres, Redis, the broker) may take to connect, and a Redis
+#: command to answer (libpq's smallest connect_timeout is 2 s): a command fails within about 5 s.
+CONNECT_TIMEOUT_S = 2
+
+
+class Unreachable(click.ClickException):
+    """A service the command needs cannot be reached: which, where (credentials masked) and why."""
+
+    exit_code = EXIT_UNREACHABLE
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"longcall: {self.message}", err=True)
+
+
+class TimedOut(click.ClickException):
+    exit_code = EXIT_TIMEOUT
+
+
+class LongcallGroup(click.Group):
+    """Every command's connection errors become one line and :data:`EXIT_UNREACHABLE`."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.ClickException:
+            raise
+        except Exception as exc:
+            unreachable = _unreachable(exc)
+            if unreachable is None:
+                raise
+            raise unreachable from None
+
+
+#: The errors of a connection that failed (refused, timed out, dropped), by the service they come from.
+_DATABASE_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
+_REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+_BROKER_ERRORS = (kombu.exceptions.OperationalError,)
+
+
+def _unreachable(exc: BaseException, settings: Settings | None = None) -> Unreachable | None:
+    """``exc`` (or what it was raised from) as the one-line error of the service it comes from, or None
+    when it is no connection failure. A database error with an SQLSTATE is the server's answer, not a
+    connection failure."""
+    if settings is None:
+        try:
+            settings = load_settings()
+        except ConfigError:
+            return None
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, sqlalchemy.exc.DBAPIError):
+            current = current.orig
+            continue
+        what: str | None = None
+        url = ""
+        shared = settings.broker == settings.redis_url
+        if isinstance(current, _BROKER_ERRORS):
+            what, url = ("Redis (broker and result backend)" if shared else "the broker"), settings.broker
+        elif isinstance(current, _REDIS_ERRORS):
+            what = "Redis (broker and result backend)" if shared else "Redis (result backend, hot state)"
+            url = settings.redis_url
+        elif isinstance(current, _DATABASE_ERRORS) and getattr(current, "sqlstate", None) is None:
+            what, url = "the database", settings.database_url
+        if what is not None:
+            reason = " ".join(str(current).split()) or type(current).__name__
+            return Unreachable(f"cannot reach {what} at {redact_url(url)}: {reason[:300]}")
+        current = current.__cause__ or current.__context__
+    return None
+
 
 def _settings() -> Settings:
+    """The settings, the CLI's connect timeout added to the database URL (a command never hangs on a
+    database that does not answer)."""
     try:
         settings = load_settings()
         settings.fleet()  # refuse a bad LONGCALL_CONFIG before doing anything
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
-    return settings
+    return settings.model_copy(
+        update={"database_url": with_connect_timeout(settings.database_url, CONNECT_TIMEOUT_S)}
+    )
+
+
+def with_connect_timeout(database_url: str, seconds: int) -> str:
+    """``database_url`` with libpq's ``connect_timeout`` (unless it sets one already)."""
+    base, _, query = database_url.partition("?")
+    params = parse_qsl(query, keep_blank_values=True)
+    if any(key == "connect_timeout" for key, _ in params):
+        return database_url
+    return f"{base}?{urlencode([*params, ('connect_timeout', str(seconds))])}"
+
+
+def _cli_app(settings: Settings) -> Celery:
+    """The Celery app the CLI sends with: connects within seconds, retries no failed connect or publish
+    (a worker's app waits for its broker; a person at a terminal should not)."""
+    app = create_app(settings)
+    config = celery_config(settings)
+    quick = {"max_retries": 0, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
+    broker_options = dict(config["broker_transport_options"])
+    broker_options.update(quick)
+    if is_redis(settings.broker):
+        broker_options.update(socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=CONNECT_TIMEOUT_S)
+    app.conf.update(
+        broker_connection_timeout=CONNECT_TIMEOUT_S,
+        broker_connection_max_retries=1,
+        broker_transport_options=broker_options,
+        task_publish_retry_policy=quick,
+        redis_socket_connect_timeout=CONNECT_TIMEOUT_S,
+        redis_socket_timeout=CONNECT_TIMEOUT_S,
+        result_backend_transport_options={
+            **config["result_backend_transport_options"],
+            "retry_policy": quick,
+        },
+    )
+    return app
 
 
 @contextmanager
@@ -63,7 +198,10 @@ def _actor() -> str:
     return os.environ.get("USER", "operator")
 
 
-@click.group()
+@click.group(
+    cls=LongcallGroup,
+    epilog="Exit codes: " + "; ".join(f"{code} {meaning}" for code, meaning in EXIT_CODES.items()) + ".",
+)
 @click.version_option(package_name="longcall")
 def main() -> None:
     """longcall: long-running tool calls under a terminal-state protocol."""
@@ -78,6 +216,8 @@ def migrate() -> None:
             console.print("created the ledger database")
         migrations.upgrade(settings.database_url)
     except Exception as exc:
+        if _unreachable(exc, settings) is not None:
+            raise
         raise click.ClickException(f"migration failed: {exc}") from exc
     console.print(f"ledger at head ({', '.join(migrations.current_heads(settings.database_url))})")
 
@@ -142,16 +282,44 @@ def status(ref: str, show_events: bool, as_json: bool) -> None:
         console.print(output.events_table(events))
 
 
+@main.command()
+@click.argument("ref")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as stored (JSON), nothing else.")
+def result(ref: str, as_json: bool) -> None:
+    """Show the result of one operation's receipt, by op id, call node id, or SERVER:REMOTE_ID.
+
+    Refused (exit code 1) while the operation has no receipt yet, naming its state."""
+    with _ledger() as ledger:
+        try:
+            op = _find(ledger, ref)
+            receipt = ledger.receipt_for(op.id)
+        except LedgerError as exc:
+            raise click.ClickException(str(exc)) from exc
+    if receipt is None:
+        raise click.ClickException(f"operation {op.id} has no receipt yet: it is {op.state.value}")
+    if as_json:
+        click.echo(json.dumps(op.result))
+        return
+    click.echo(output.result_head(op, receipt))
+    click.echo(output.result_text(op.result))
+
+
 def _send(task: str, kwargs: dict[str, Any], timeout: float) -> Any:
-    app = create_app(_settings())
+    settings = _settings()
+    app = _cli_app(settings)
     try:
         return app.send_task(task, kwargs=kwargs, queue="longcall.control").get(timeout=timeout)
     except CeleryTimeout:
-        raise click.ClickException(
+        raise TimedOut(
             f"no longcall worker answered within {timeout:g}s; is one consuming longcall.control?"
         ) from None
     except Exception as exc:  # noqa: BLE001 - the worker's refusal arrives as a rebuilt exception class
+        unreachable = _unreachable(exc, settings)
+        if unreachable is not None:
+            raise unreachable from None
         raise click.ClickException(f"refused: {exc}") from None
+    finally:
+        app.close()
 
 
 @main.command()
@@ -302,7 +470,7 @@ def watch(ref: str, timeout: float, as_json: bool) -> None:
                     break
                 time.sleep(0.5)
     if not op.is_final:
-        raise click.ClickException(f"still {op.state.value} after {timeout:g}s")
+        raise TimedOut(f"still {op.state.value} after {timeout:g}s")
 
 
 @main.command()

@@ -7,6 +7,7 @@ JSON keys are part of the command's interface (scripts parse them): add keys, ne
 from __future__ import annotations
 
 import datetime as dt
+import json
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -97,6 +98,27 @@ def status_table(data: Mapping[str, Any], receipt: Receipt | None) -> Table:
     if receipt is not None:
         table.add_row("receipt", f"{receipt.terminal_state.value} {receipt.id}")
     return table
+
+
+def result_head(op: Operation, receipt: Receipt) -> str:
+    """``result``: the receipt's terminal state, digest and acceptance, one per line (never cut to the
+    terminal's width: a digest is copied whole), above the result itself."""
+    rows = {
+        "op_id": str(op.id),
+        "call_node_id": op.call_node_id,
+        "terminal_state": receipt.terminal_state.value,
+        "result_digest": receipt.result_digest or "",
+        "receipt": str(receipt.id),
+        "accepted_at": receipt.accepted_at.isoformat(timespec="milliseconds"),
+    }
+    return "\n".join(f"{key:<15} {value}" for key, value in rows.items())
+
+
+def result_text(result: Any) -> str:
+    """The result pretty-printed (a cancelled operation has none)."""
+    if result is None:
+        return "(no result)"
+    return json.dumps(result, indent=2, ensure_ascii=False)
 
 
 def events_table(events: Iterable[Mapping[str, Any]]) -> Table:

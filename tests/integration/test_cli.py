@@ -6,6 +6,7 @@ import json
 import uuid
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 from sqlalchemy import create_engine, inspect
@@ -16,7 +17,7 @@ from ledger.records import Fence
 from ledger.repository import Ledger
 from ledger.states import OpState, TerminalKind
 from tests.integration.helpers import evidence_for, place
-from workers.cli import main
+from workers.cli import EXIT_REFUSED, EXIT_TIMEOUT, main
 
 CONFIG = """
 [servers.reports]
@@ -114,7 +115,7 @@ def test_watch_ends_when_the_operation_is_final(cli_env: None, ledger: Ledger) -
 def test_a_command_that_needs_a_worker_says_so_when_none_answers(cli_env: None, ledger: Ledger) -> None:
     op = place(ledger, OpState.WORKING)
     code, output = run("cancel", str(op.id), "--timeout", "1")
-    assert code == 1
+    assert code == EXIT_TIMEOUT
     assert "no longcall worker answered within 1s" in output
     code, output = run("status", str(uuid.uuid4()))
     assert code == 1
@@ -142,13 +143,14 @@ def test_adapters_can_be_disabled_for_new_operations_and_listed(cli_env: None, l
     place(ledger, OpState.WORKING)
     code, output = run("adapters", "--disable", "mcp/2025-11-25", "--json")
     assert code == 0, output
-    assert json.loads(output) == [{"adapter": "mcp/2025-11-25", "disabled": True, "in_flight": 1}]
+    rows = {row["adapter"]: row for row in json.loads(output)}
+    assert rows["mcp/2025-11-25"] == {"adapter": "mcp/2025-11-25", "disabled": True, "in_flight": 1}
     assert ledger.control().disabled_adapters == ("mcp/2025-11-25",)
     code, output = run("adapters", "--disable", "grpc/1")
     assert code == 2
     assert "no adapter 'grpc/1'" in output
     code, output = run("adapters", "--enable", "mcp/2025-11-25", "--json")
-    assert json.loads(output)[0]["disabled"] is False
+    assert {row["adapter"]: row["disabled"] for row in json.loads(output)}["mcp/2025-11-25"] is False
 
 
 def test_gate_lists_what_waits_for_input(cli_env: None, ledger: Ledger) -> None:
@@ -157,3 +159,73 @@ def test_gate_lists_what_waits_for_input(cli_env: None, ledger: Ledger) -> None:
     assert code == 0, output
     [row] = json.loads(output)
     assert (row["op_id"], row["input_round"], row["method"]) == (str(op.id), 1, "elicitation/create")
+
+
+def test_result_prints_the_receipts_result_and_refuses_without_a_receipt(
+    cli_env: None, ledger: Ledger
+) -> None:
+    op = place(ledger, OpState.FETCHING_RESULT)
+    code, output = run("result", op.call_node_id)
+    assert code == EXIT_REFUSED
+    assert f"operation {op.id} has no receipt yet: it is FETCHING_RESULT" in output
+    evidence = evidence_for(
+        op, TerminalKind.COMPLETED, result={"content": [{"type": "text", "text": "é 42"}]}
+    )
+    ledger.accept_terminal(op.id, evidence)
+    for ref in (str(op.id), op.call_node_id):
+        code, output = run("result", ref, "--json")
+        assert code == 0, output
+        assert json.loads(output) == evidence.result
+    code, output = run("result", op.call_node_id)
+    assert code == 0, output
+    assert "completed" in output
+    assert str(evidence.result_digest) in output
+    assert '"text": "é 42"' in output  # pretty-printed, as is
+    code, output = run("result", "no-such-node")
+    assert code == EXIT_REFUSED
+    assert "no operation with op id" in output
+
+
+def test_a_cancelled_operation_has_a_receipt_and_no_result(cli_env: None, ledger: Ledger) -> None:
+    op = place(ledger, OpState.CANCEL_REQUESTED)
+    ledger.accept_terminal(op.id, evidence_for(op, TerminalKind.CANCELLED))
+    code, output = run("result", op.call_node_id, "--json")
+    assert (code, json.loads(output)) == (0, None)
+    code, output = run("result", op.call_node_id)
+    assert "cancelled" in output
+    assert "(no result)" in output
+
+
+#: The commands that only read (no decision, no message to a worker), with the arguments each needs here.
+READS: dict[str, list[str]] = {
+    "status": ["{call_node}"],
+    "watch": ["{call_node}", "--timeout", "1"],
+    "result": ["{call_node}"],
+    "inputs": [],
+    "gate": [],
+    "reconcile": [],
+    "adapters": [],
+}
+
+
+def test_every_command_has_help_and_every_read_prints_json(cli_env: None, ledger: Ledger) -> None:
+    for name, command in main.commands.items():
+        assert (command.help or "").strip(), f"{name} has no help text"
+        code, output = run(name, "--help")
+        assert code == 0, (name, output)
+        assert "Usage:" in output
+        if name in READS:
+            assert any(isinstance(p, click.Option) and "--json" in p.opts for p in command.params), name
+    code, output = run("--help")
+    assert "Exit codes: 0 ok; 1 refused" in " ".join(output.split())
+    op = place(ledger, OpState.INPUT_REQUIRED)
+    done = place(ledger, OpState.FETCHING_RESULT)
+    ledger.accept_terminal(done.id, evidence_for(done, TerminalKind.COMPLETED))
+    for name, args in READS.items():
+        ref = done.call_node_id if name in ("result", "watch", "status") else op.call_node_id
+        code, output = run(name, *(a.format(call_node=ref) for a in args), "--json")
+        assert code == 0, (name, output)
+        if name == "watch":  # one JSON object per line
+            assert [json.loads(line) for line in output.splitlines()], name
+        else:
+            json.loads(output)
