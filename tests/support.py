@@ -25,6 +25,8 @@ import redis
 REPO = Path(__file__).resolve().parent.parent
 ADMIN_URL = os.environ.get("LONGCALL_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("LONGCALL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+#: The RabbitMQ the broker tests use; each test gets a vhost of its own on it (``rabbitmq_vhost``).
+RABBITMQ_URL = os.environ.get("LONGCALL_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")
 
 T = TypeVar("T")
 
@@ -60,6 +62,57 @@ def require_services() -> None:
         redis.Redis.from_url(REDIS_URL, socket_connect_timeout=5).ping()
     except redis.RedisError as exc:
         raise RuntimeError(f"Redis is not reachable at {REDIS_URL}: {exc}") from exc
+
+
+def require_rabbitmq() -> None:
+    """A RabbitMQ that is down fails the test that needs it (never a skip)."""
+    host, port = _amqp_address(RABBITMQ_URL)
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+    except OSError as exc:
+        raise RuntimeError(
+            f"RabbitMQ is not reachable at {host}:{port}: {exc} (scripts/ensure-services starts it)"
+        ) from exc
+
+
+def _amqp_address(url: str) -> tuple[str, int]:
+    location = url.partition("://")[2].partition("/")[0].rpartition("@")[2]
+    host, _, port = location.partition(":")
+    return host or "127.0.0.1", int(port or 5672)
+
+
+def rabbitmqctl(*args: str, timeout: float = 60) -> str:
+    """Run ``rabbitmqctl`` against the local node (the machine's RabbitMQ); fail with its output."""
+    binary = _binary("rabbitmqctl", "rabbitmq-server", "/usr/sbin/rabbitmqctl")
+    done = subprocess.run([binary, *args], capture_output=True, timeout=timeout, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"rabbitmqctl {' '.join(args)} failed ({done.returncode}): "
+            f"{done.stdout.decode(errors='replace')}{done.stderr.decode(errors='replace')}"
+        )
+    return done.stdout.decode(errors="replace")
+
+
+@contextlib.contextmanager
+def rabbitmq_vhost() -> Iterator[tuple[str, str]]:
+    """A fresh vhost on the test RabbitMQ, for one test's queues; deleted (with its queues) afterwards.
+    Yields (vhost, broker URL)."""
+    require_rabbitmq()
+    vhost = f"lctest-{uuid.uuid4().hex[:10]}"
+    user = RABBITMQ_URL.partition("://")[2].partition("@")[0].partition(":")[0] or "guest"
+    rabbitmqctl("add_vhost", vhost)
+    try:
+        rabbitmqctl("set_permissions", "-p", vhost, user, ".*", ".*", ".*")
+        scheme, _, rest = RABBITMQ_URL.partition("://")
+        yield vhost, f"{scheme}://{rest.partition('/')[0]}/{vhost}"
+    finally:
+        rabbitmqctl("delete_vhost", vhost)
+
+
+def rabbitmq_messages(vhost: str) -> dict[str, int]:
+    """Messages per queue of ``vhost``: ready plus delivered and not yet acknowledged (in a worker's hand)."""
+    out = rabbitmqctl("list_queues", "-q", "--no-table-headers", "-p", vhost, "name", "messages")
+    return {name: int(count) for name, count in (line.split("\t") for line in out.splitlines() if line)}
 
 
 def wait_for(what: str, probe: Callable[[], T | None], *, timeout: float = 30.0, interval: float = 0.05) -> T:

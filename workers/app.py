@@ -46,14 +46,25 @@ def is_redis(broker_url: str) -> bool:
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
-    transport_options: dict[str, Any] = {"visibility_timeout": REDIS_VISIBILITY_TIMEOUT_S}
-    if settings.broker_keyprefix:
-        transport_options["global_keyprefix"] = settings.broker_keyprefix
+    transport_options: dict[str, Any] = {}
     if is_amqp(settings.broker):
         # The outbox marks a row dispatched when the publish returns: on RabbitMQ that return must mean the
         # broker has taken the message (publisher confirms), not that it left this process.
+        # The Redis-only options are not set here: kombu hands every transport option to py-amqp, which
+        # ignores what it does not know. Fleets share a RabbitMQ by vhost (the URL's path), not by a key
+        # prefix; LONGCALL_BROKER_KEYPREFIX then prefixes only the result keys in Redis.
+        # Queues are durable and messages persistent (Celery's defaults, kept). RabbitMQ closes a channel
+        # whose delivery stays unacknowledged past its consumer_timeout (30 min by default) and delivers
+        # the message again: with acks_late a step must end well inside it. Every longcall step is a few
+        # bounded HTTP requests (a synchronous call at most its sync_upper_bound_s), and a redelivered
+        # step is fenced by the ledger's lease and epoch, never a second create; no longcall message
+        # carries a countdown or ETA (the dispatcher owns time), so none waits unacknowledged in a worker.
         transport_options["confirm_publish"] = True
     elif is_redis(settings.broker):
+        # A message not acknowledged within the visibility timeout is delivered again (Redis only).
+        transport_options["visibility_timeout"] = REDIS_VISIBILITY_TIMEOUT_S
+        if settings.broker_keyprefix:
+            transport_options["global_keyprefix"] = settings.broker_keyprefix
         # A broker that vanished without closing the connection (host down, failover, a dropped NAT entry)
         # must fail a publish, not hang it: a drainer stuck in a publish holds its outbox rows (locked,
         # skipped by every other drainer) for ever. The consumer's BRPOP waits 1 s, well inside this.

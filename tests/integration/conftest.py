@@ -9,9 +9,23 @@ import redis
 
 from ledger.repository import Ledger
 from tests import support
-from tests.integration.fleet import Fleet, FleetParts, fleet_config, running_fleet, start_mcp_server
+from tests.integration.fleet import (
+    BROKERS,
+    Fleet,
+    FleetParts,
+    fleet_config,
+    running_fleet,
+    start_mcp_server,
+)
 from workers.runtime import Runtime
 from workers.settings import Settings
+
+
+@pytest.fixture
+def broker() -> str:
+    """The fleet's broker: Redis, unless the test is parametrized over ``broker`` (``@pytest.mark.parametrize(
+    "broker", BROKERS)``, ``BROKERS`` from tests.integration.fleet): then its fleet runs on each."""
+    return "redis"
 
 
 @pytest.fixture
@@ -22,9 +36,19 @@ def fleet_parts(
     redis_client: redis.Redis,
     tmp_path: Path,
     log_dir: Path,
-) -> FleetParts:
-    """What ``running_fleet`` needs, for a test that starts its fleet with options of its own."""
-    return FleetParts(ledger, database_url, broker_prefix, redis_client, tmp_path, log_dir)
+    broker: str,
+) -> Iterator[FleetParts]:
+    """What ``running_fleet`` needs, for a test that starts its fleet with options of its own. On RabbitMQ
+    the fleet's queues (longcall's and the pipeline's) live in a vhost of this test's own, deleted after;
+    a RabbitMQ that is down fails the test."""
+    if broker == "redis":
+        yield FleetParts(ledger, database_url, broker_prefix, redis_client, tmp_path, log_dir)
+        return
+    assert broker == "rabbitmq", f"unknown broker {broker!r} (one of {BROKERS})"
+    with support.rabbitmq_vhost() as (vhost, url):
+        yield FleetParts(
+            ledger, database_url, broker_prefix, redis_client, tmp_path, log_dir, broker_url=url, vhost=vhost
+        )
 
 
 @pytest.fixture

@@ -24,6 +24,9 @@ from ledger.states import OpState
 from tests import support
 from tests.integration.pipeline_app import make_app
 
+#: The brokers a fleet runs on (the ``broker`` fixture; a test parametrized over it runs on each).
+BROKERS = ("redis", "rabbitmq")
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -94,6 +97,8 @@ class Fleet:
     log_dir: Path
     pipeline_env: dict[str, str] = field(default_factory=dict)
     processes: list[support.CeleryProcess] = field(default_factory=list)
+    #: The RabbitMQ vhost of this fleet's queues when its broker is RabbitMQ; None: the broker is Redis.
+    vhost: str | None = None
 
     def deliveries(self) -> list[dict[str, Any]]:
         return [json.loads(raw) for raw in self.redis.lrange(self.sink, 0, -1)]
@@ -179,6 +184,10 @@ class Fleet:
 
     def settled(self) -> bool:
         """No receipt or input request is waiting to be delivered, and the pipeline has nothing in hand."""
+        if self.vhost is not None:
+            # RabbitMQ counts a queue's messages ready and delivered-but-unacknowledged together.
+            pipeline = support.rabbitmq_messages(self.vhost).get("pipeline", 0)
+            return self.ledger.ready_outbox_count() == 0 and pipeline == 0
         prefix = self.sink.removesuffix("sink")
         # kombu keeps a message being worked on in the "unacked" hash as [message, exchange, routing key].
         in_hand = [
@@ -258,6 +267,10 @@ class FleetParts:
     log_dir: Path
     #: The Redis of the fleet's hot state, broker and pipeline (a test's private instance, or the shared one).
     redis_url: str = support.REDIS_URL
+    #: Another broker for longcall and the pipeline (RabbitMQ, on ``vhost``); None: ``redis_url`` is the
+    #: broker. Results, hot state and the pipeline's sink stay on ``redis_url`` either way.
+    broker_url: str | None = None
+    vhost: str | None = None
 
 
 @contextmanager
@@ -288,22 +301,25 @@ def running_fleet(
         "LONGCALL_CONFIG": str(config),
         "LONGCALL_OUTBOX_INTERVAL_S": "0.5",
         "LONGCALL_LEASE_S": "3",
+        **({"LONGCALL_BROKER_URL": parts.broker_url} if parts.broker_url else {}),
         **(env or {}),
     }
     pipeline_env = {
-        "PIPELINE_BROKER_URL": parts.redis_url,
+        "PIPELINE_BROKER_URL": parts.broker_url or parts.redis_url,
+        "PIPELINE_REDIS_URL": parts.redis_url,
         "PIPELINE_KEYPREFIX": broker_prefix,
         "PIPELINE_SINK": sink,
     }
     fleet = Fleet(
         parts.ledger,
-        make_app(parts.redis_url, broker_prefix, sink),
+        make_app(parts.broker_url or parts.redis_url, broker_prefix, sink, parts.redis_url),
         sink,
         parts.redis_client,
         mcp,
         longcall_env,
         log_dir,
         pipeline_env=pipeline_env,
+        vhost=parts.vhost,
     )
     try:
         for index in range(workers):

@@ -15,8 +15,10 @@ import redis
 from celery import Celery, Task
 
 
-def make_app(broker_url: str, keyprefix: str, sink: str) -> Celery:
-    app = Celery("pipeline", broker=broker_url, backend=broker_url, set_as_current=False)
+def make_app(broker_url: str, keyprefix: str, sink: str, redis_url: str | None = None) -> Celery:
+    """``redis_url``: the Redis of the results and the sink list when the broker is not Redis (RabbitMQ)."""
+    store = redis_url or broker_url
+    app = Celery("pipeline", broker=broker_url, backend=store, set_as_current=False)
     app.conf.update(
         task_serializer="json",
         result_serializer="json",
@@ -32,7 +34,7 @@ def make_app(broker_url: str, keyprefix: str, sink: str) -> Celery:
 
     @app.task(name="pipeline.record", bind=True)
     def record(self: Task[Any, Any], /, **kwargs: Any) -> None:
-        client = redis.Redis.from_url(broker_url)
+        client = redis.Redis.from_url(store)
         client.rpush(sink, json.dumps({"task_id": self.request.id, "kwargs": kwargs}))
         client.close()
 
@@ -44,7 +46,7 @@ def make_app(broker_url: str, keyprefix: str, sink: str) -> Celery:
             receipt["result"], sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
         )
         recomputed = "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-        client = redis.Redis.from_url(broker_url)
+        client = redis.Redis.from_url(store)
         entry = {"task_id": self.request.id, "kwargs": {"receipt": receipt}, "recomputed": recomputed}
         client.rpush(sink, json.dumps(entry))
         client.close()
@@ -52,7 +54,7 @@ def make_app(broker_url: str, keyprefix: str, sink: str) -> Celery:
     @app.task(name="pipeline.flaky", bind=True, max_retries=3)
     def flaky(self: Task[Any, Any], /, **kwargs: Any) -> None:
         """Fails its first attempt; every attempt is recorded, so a test sees what each one received."""
-        client = redis.Redis.from_url(broker_url)
+        client = redis.Redis.from_url(store)
         client.rpush(
             sink, json.dumps({"task_id": self.request.id, "attempt": self.request.retries, "kwargs": kwargs})
         )
@@ -65,5 +67,8 @@ def make_app(broker_url: str, keyprefix: str, sink: str) -> Celery:
 
 if "PIPELINE_BROKER_URL" in os.environ:
     app = make_app(
-        os.environ["PIPELINE_BROKER_URL"], os.environ["PIPELINE_KEYPREFIX"], os.environ["PIPELINE_SINK"]
+        os.environ["PIPELINE_BROKER_URL"],
+        os.environ["PIPELINE_KEYPREFIX"],
+        os.environ["PIPELINE_SINK"],
+        os.environ.get("PIPELINE_REDIS_URL"),
     )

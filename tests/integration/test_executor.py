@@ -6,9 +6,10 @@ import pytest
 
 from ledger.states import OpState
 from tests import support
-from tests.integration.fleet import Fleet
+from tests.integration.fleet import BROKERS, Fleet
 
 
+@pytest.mark.parametrize("broker", BROKERS)
 def test_happy_path_completed_failed_and_synchronous(fleet: Fleet) -> None:
     done = fleet.submit("n/report", "slow_report", {"seconds": 0.5})
     failed = fleet.submit("n/failing", "slow_report", {"seconds": 0.2, "fail": True})
@@ -37,6 +38,7 @@ def test_cancel_of_a_running_task(fleet: Fleet) -> None:
     assert fleet.ledger.get(op_id).state is OpState.CANCELLED_ACCEPTED
 
 
+@pytest.mark.parametrize("broker", BROKERS)
 def test_input_required_round_trip_and_an_old_round_is_refused(fleet: Fleet) -> None:
     op_id = fleet.submit("n/approve", "ask_approval", {"question": "Ship it?"})
     request = support.wait_for(
@@ -95,6 +97,7 @@ def test_a_lost_create_answer_never_creates_twice(fleet: Fleet) -> None:
     )
 
 
+@pytest.mark.parametrize("broker", BROKERS)
 def test_a_completion_that_wins_the_cancel_race_is_accepted(fleet: Fleet) -> None:
     op_id = fleet.submit("n/race", "slow_report", {"seconds": 60})
     fleet.wait_state(op_id, OpState.WORKING)

@@ -1,0 +1,92 @@
+"""RabbitMQ as longcall's broker, beside the default Redis (issue 9, "Brokers").
+
+The end-to-end happy path, the cancel race and the input round trip run on both brokers in
+tests/integration/test_executor.py (parametrized over ``broker``); this module checks what is specific to
+each: the transport options, that a RabbitMQ fleet really moves its messages through its own vhost with
+durable queues, and that a publish RabbitMQ refuses (publisher confirms) leaves the receipt in the outbox.
+Each RabbitMQ test has a vhost of its own; a RabbitMQ that is down fails the test.
+"""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import text
+
+from ledger.states import OpState
+from tests import support
+from tests.integration.fleet import Fleet
+from workers.app import QUEUES, celery_config
+from workers.settings import Settings
+
+AMQP_URL = "amqp://guest:guest@rabbit:5672/fleet-a"
+
+
+def test_the_amqp_broker_gets_confirms_and_none_of_the_redis_transport_options() -> None:
+    config = celery_config(Settings(broker_url=AMQP_URL, broker_keyprefix="fleet-a:"))
+    # kombu hands every broker transport option to py-amqp's Connection: only what it acts on is set.
+    assert config["broker_transport_options"] == {"confirm_publish": True}
+    # The results stay in Redis, under the fleet's prefix.
+    assert config["result_backend"] == "redis://127.0.0.1:6379/0"
+    assert config["result_backend_transport_options"] == {"global_keyprefix": "fleet-a:"}
+    # A step is acknowledged after it ran, one at a time per process; queues durable (messages persistent:
+    # Celery's default delivery mode, not overridden).
+    assert (config["task_acks_late"], config["worker_prefetch_multiplier"]) == (True, 1)
+    assert "task_default_delivery_mode" not in config
+    assert [(q.name, q.durable) for q in config["task_queues"]] == [(name, True) for name in QUEUES]
+
+
+def test_the_redis_broker_keeps_its_visibility_timeout_and_key_prefix() -> None:
+    options = celery_config(Settings(broker_keyprefix="fleet-a:"))["broker_transport_options"]
+    assert options["visibility_timeout"] == 3600
+    assert options["global_keyprefix"] == "fleet-a:"
+    assert "confirm_publish" not in options
+
+
+@pytest.mark.parametrize("broker", ["rabbitmq"])
+def test_a_rabbitmq_fleet_moves_its_messages_through_its_vhost_on_durable_queues(fleet: Fleet) -> None:
+    assert fleet.vhost is not None
+    fleet.submit("n/report", "slow_report", {"seconds": 0.3})
+    assert fleet.wait_receipt("n/report")["terminal_state"] == "completed"
+    support.wait_for("the outbox and the pipeline to settle", fleet.settled)
+
+    columns = ("name", "durable")
+    listed = support.rabbitmqctl("list_queues", "-q", "--no-table-headers", "-p", fleet.vhost, *columns)
+    durable = dict(line.split("\t") for line in listed.splitlines() if line)
+    assert {name: durable.get(name) for name in (*QUEUES, "pipeline")} == dict.fromkeys(
+        (*QUEUES, "pipeline"), "true"
+    )
+    for worker in fleet.workers():
+        assert f"transport:   amqp://guest:**@127.0.0.1:5672/{fleet.vhost}" in worker.log()
+    # Nothing went through Redis as a broker: no queue list under the fleet's prefix there.
+    prefix = fleet.sink.removesuffix("sink")
+    assert [fleet.redis.exists(f"{prefix}{name}") for name in (*QUEUES, "pipeline")] == [0] * 4
+
+
+@pytest.mark.parametrize("broker", ["rabbitmq"])
+def test_a_receipt_rabbitmq_refuses_stays_in_the_outbox_until_the_broker_takes_it(fleet: Fleet) -> None:
+    """With publisher confirms a publish returns only once RabbitMQ has the message: one it refuses (here a
+    full ``pipeline`` queue that rejects publishes) fails the drain and the row stays ready; without
+    confirms the publish would return, the row be marked dispatched and the receipt be lost."""
+    assert fleet.vhost is not None
+    full = '{"max-length": 0, "overflow": "reject-publish"}'
+    support.rabbitmqctl("set_policy", "-p", fleet.vhost, "full", "^pipeline$", full, "--apply-to", "queues")
+    op_id = fleet.submit("n/refused", "quick_lookup", {"key": "k1"})
+    fleet.wait_state(op_id, OpState.ACCEPTED)
+
+    def refused() -> str | None:
+        with fleet.ledger.engine.connect() as conn:
+            row = conn.execute(text("SELECT attempts, last_error, dispatched_at FROM outbox")).one()
+        assert row.dispatched_at is None, "the row was marked dispatched though RabbitMQ refused it"
+        return str(row.last_error) if row.attempts >= 2 else None
+
+    error = support.wait_for("two refused publishes of the receipt", refused)
+    assert fleet.ledger.ready_outbox_count() == 1
+    assert fleet.receipts() == []
+    # kombu wraps py-amqp's MessageNacked (which carries no text) in an OperationalError.
+    assert error.startswith("OperationalError"), error
+
+    support.rabbitmqctl("clear_policy", "-p", fleet.vhost, "full")
+    receipt = fleet.wait_receipt("n/refused")
+    assert (receipt["terminal_state"], receipt["op_id"]) == ("completed", str(op_id))
+    support.wait_for("the outbox and the pipeline to settle", fleet.settled)
+    assert [r["call_node_id"] for r in fleet.receipts()] == ["n/refused"]
