@@ -41,12 +41,14 @@ Control endpoints (test harness only, same port):
   - ``status_after_create: {"count": N, "status": "UNAVAILABLE"}`` — creates it, then answers that error.
   - ``status_429`` / ``status_503: {"<Rpc>" | "*": {"count": N, "retry_after_s": S}}`` — the next N
     requests are refused with RetryInfo ``S s`` and ``Retry-After: S``; nothing is done.
-  - ``rate_limit_window: {"rpc": "*", "seconds": W, "retry_after_s": S | null}`` — every matching request
-    for W seconds from now gets 429 (Retry-After: S, or the window's time left).
+  - ``rate_limit_window: {"rpc": "*", "seconds": W, "retry_after_s": S | null, "start_in_s": D}`` — every
+    matching request from D s after the switch is set, for W s, gets 429 (Retry-After: S, or the window's
+    time left rounded up); ``opens_at`` (time.time()) shows when it opens.
   - ``delay_ms: {"<Rpc>": ms}`` — requests of that RPC wait before they are handled.
   - ``go_empty`` (outcome "empty" written the Go way, ``"value": {}``), ``go_empty_response`` (every
     response is the Go-style Empty), ``unknown_type_response`` (an Any of an unknown ``@type``),
-    ``emit_default_done`` (``"done": false`` on running operations).
+    ``emit_default_done`` (``"done": false`` on running operations), ``well_known_types`` (metadata and
+    response as ``google.protobuf.Struct`` Any values, which a protobuf client can parse).
   - ``cancel_takes_ms: M`` — a cancel lands M ms after its answer; ``complete_on_cancel: N`` — the next N
     cancels are answered ``{}`` but the operation completes with its own outcome (completion wins).
   - ``ignore_request_id`` — no dedupe: a repeated create makes a second operation;
@@ -222,13 +224,10 @@ class AipDemoServer:
         raise ApiError("NOT_FOUND", f"No route {method} {path}", reason="NO_SUCH_METHOD")
 
     def _refuse_if_switched(self, rpc: str) -> None:
-        now = time.monotonic()
         window = self.switches.rate_limit_window
         if window is not None and window.rpc in ("*", rpc):
-            if window.started is None:
-                window.started = now
-            left = window.started + window.seconds - now
-            if left > 0:
+            left = window.left_s(time.time())
+            if left is not None:
                 retry = window.retry_after_s if window.retry_after_s is not None else math.ceil(left)
                 raise ApiError(
                     "RESOURCE_EXHAUSTED",
@@ -406,6 +405,9 @@ class AipDemoServer:
             except ValidationError as error:
                 await respond(send, 400, dumps({"error": str(error)}))
                 return
+            window = self.switches.rate_limit_window
+            if "rate_limit_window" in changes and window is not None:
+                window.opens_at = time.time() + window.start_in_s
             await respond(send, 200, dumps(self.switches.model_dump()))
         elif name == "faults" and method == "DELETE":
             self.switches = self._fresh_switches()

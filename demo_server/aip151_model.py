@@ -20,6 +20,7 @@ TYPE_PREFIX = "type.googleapis.com/"
 METADATA_TYPE = TYPE_PREFIX + "longcall.demo.v1.ReportMetadata"
 RESPONSE_TYPE = TYPE_PREFIX + "longcall.demo.v1.Report"
 EMPTY_TYPE = TYPE_PREFIX + "google.protobuf.Empty"
+STRUCT_TYPE = TYPE_PREFIX + "google.protobuf.Struct"
 UNKNOWN_TYPE = TYPE_PREFIX + "longcall.demo.v1.NotInAnyDescriptorPool"
 ERROR_INFO_TYPE = TYPE_PREFIX + "google.rpc.ErrorInfo"
 RETRY_INFO_TYPE = TYPE_PREFIX + "google.rpc.RetryInfo"
@@ -46,6 +47,8 @@ CODES: dict[str, tuple[int, int]] = {
     "UNAUTHENTICATED": (16, 401),
 }
 
+Count = Annotated[int, Field(ge=0)]
+Seconds = Annotated[float, Field(ge=0)]
 Outcome = Literal["response", "error", "empty", "none"]
 Envelope = Literal["aip193", "grpc_gateway"]
 CancelOfDone = Literal["failed_precondition", "empty", "unimplemented"]
@@ -178,7 +181,6 @@ class Operation:
             else min(100.0, max(0.0, 100 * (now - self.created) / self.seconds))
         )
         metadata: dict[str, Any] = {
-            "@type": METADATA_TYPE,
             "state": "RUNNING" if done_at is None else self._final_state(),
             "progressPercent": round(progress, 1),
             "createTime": rfc3339(self.created_wall),
@@ -186,7 +188,7 @@ class Operation:
         }
         if end_wall is not None:
             metadata["endTime"] = rfc3339(end_wall)
-        wire: dict[str, Any] = {"name": self.name, "metadata": metadata}
+        wire: dict[str, Any] = {"name": self.name, "metadata": _any(METADATA_TYPE, metadata, switches)}
         if done_at is None:
             if switches.emit_default_done:
                 wire["done"] = False
@@ -217,11 +219,14 @@ class Operation:
         fields = {"name": f"projects/{self.project}/reports/{report_id}", "seconds": self.seconds, "rows": 42}
         if switches.unknown_type_response:
             return {"@type": UNKNOWN_TYPE, **fields, "extra": {"nested": [1, 2, 3]}}
-        return {"@type": RESPONSE_TYPE, **fields}
+        return _any(RESPONSE_TYPE, fields, switches)
 
 
-Count = Annotated[int, Field(ge=0)]
-Seconds = Annotated[float, Field(ge=0)]
+def _any(type_url: str, fields: dict[str, Any], switches: FaultSwitches) -> dict[str, Any]:
+    """An Any in proto3 JSON: the message's fields beside ``@type``, or a Struct's under ``value``."""
+    if switches.well_known_types:
+        return {"@type": STRUCT_TYPE, "value": fields}
+    return {"@type": type_url, **fields}
 
 
 class StatusFault(BaseModel):
@@ -234,15 +239,24 @@ class StatusFault(BaseModel):
 
 
 class RateLimitWindow(BaseModel):
-    """For ``seconds`` from the moment it is set, every request of ``rpc`` (``"*"``: any) gets 429
-    RESOURCE_EXHAUSTED; Retry-After / RetryInfo say ``retry_after_s`` (null: the window's time left,
-    rounded up)."""
+    """``start_in_s`` after the switch is set, and for ``seconds``, every request of ``rpc`` (``"*"``: any)
+    gets 429 RESOURCE_EXHAUSTED; Retry-After / RetryInfo say ``retry_after_s`` (null: the window's time
+    left, rounded up)."""
 
     model_config = ConfigDict(extra="forbid")
     rpc: str = "*"
     seconds: Annotated[float, Field(gt=0)]
     retry_after_s: Annotated[int, Field(ge=0)] | None = None
-    started: float | None = None  # set by the server (monotonic) when the switch is taken
+    start_in_s: Seconds = 0.0
+    #: Set by the server when the switch is set: the window's start, as ``time.time()``.
+    opens_at: float | None = None
+
+    def left_s(self, now_wall: float) -> float | None:
+        """Seconds of the window left at ``now_wall`` (None: not open, not yet or any more)."""
+        if self.opens_at is None or now_wall < self.opens_at:
+            return None
+        left = self.opens_at + self.seconds - now_wall
+        return left if left > 0 else None
 
 
 class StatusAfterCreate(BaseModel):
@@ -278,6 +292,9 @@ class FaultSwitches(BaseModel):
     go_empty_response: bool = False
     #: Every done operation with a response carries an ``Any`` of a type no descriptor pool knows.
     unknown_type_response: bool = False
+    #: ``metadata`` and the report ``response`` are ``google.protobuf.Struct`` Any values (``{"@type":
+    #: ...Struct, "value": {...}}``), which a protobuf client parses without this server's descriptors.
+    well_known_types: bool = False
     #: A running operation's JSON carries ``"done": false`` (proto3 JSON leaves the default out).
     emit_default_done: bool = False
     #: A cancel of a running operation takes effect this long after it is answered (until then: running).

@@ -22,6 +22,7 @@ from demo_server.aip151_model import (
     METADATA_TYPE,
     RESPONSE_TYPE,
     RETRY_INFO_TYPE,
+    STRUCT_TYPE,
 )
 from tests import support
 from tests.aip_support import AipServer, start_aip_server
@@ -122,6 +123,14 @@ def test_none_outcome_is_done_with_neither_response_nor_error(aip: AipServer, ht
     assert op["done"] is True
     assert "response" not in op
     assert "error" not in op
+
+
+def test_well_known_types_writes_struct_anys(aip: AipServer, http: httpx.Client) -> None:
+    aip.faults(well_known_types=True)
+    op = run(aip, http).json()
+    assert op["metadata"]["@type"] == STRUCT_TYPE
+    assert op["metadata"]["value"]["state"] == "SUCCEEDED"
+    assert op["response"] == {"@type": STRUCT_TYPE, "value": {**op["response"]["value"], "rows": 42}}
 
 
 def test_emit_default_done_writes_done_false(aip: AipServer, http: httpx.Client) -> None:
@@ -431,6 +440,20 @@ def test_rate_limit_window_refuses_every_request_until_it_ends(aip: AipServer, h
     assert refused.headers["retry-after"] == "1"  # the time left, rounded up
     assert run(aip, http).status_code == 200  # another RPC is not limited
     support.wait_for("the window to end", lambda: get(aip, http, name).status_code == 200, timeout=WAIT_S)
+
+
+def test_rate_limit_window_can_open_later(aip: AipServer, http: httpx.Client) -> None:
+    name = run(aip, http).json()["name"]
+    switches = aip.faults(rate_limit_window={"seconds": 5, "start_in_s": 0.4, "retry_after_s": 3})
+    assert switches["rate_limit_window"]["opens_at"] > time.time()
+    assert get(aip, http, name).status_code == 200  # not open yet
+
+    def refused() -> httpx.Response | None:
+        answer = get(aip, http, name)
+        return answer if answer.status_code == 429 else None
+
+    answer = support.wait_for("the window to open", refused, timeout=WAIT_S)
+    assert answer.headers["retry-after"] == "3"
 
 
 def test_delay_ms_holds_the_answer(aip: AipServer, http: httpx.Client) -> None:
