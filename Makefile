@@ -3,10 +3,10 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: test install services peers lint typecheck unit integration conformance bench fleet clean
+.PHONY: test install services browser peers lint typecheck unit integration conformance bench fleet clean
 
-## test: everything CI runs: services, install, peers, lint, types, the whole test suite
-test: services install peers lint typecheck
+## test: everything CI runs: services, the browser, install, peers, lint, types, the whole test suite
+test: services browser install peers lint typecheck
 	$(BIN)/pytest
 
 install: $(VENV)/.installed
@@ -17,6 +17,10 @@ $(VENV)/.installed: pyproject.toml
 
 services:
 	scripts/ensure-services
+
+## browser: Debian's Chromium for the Flower test (tests/integration/test_flower.py), installed when missing
+browser:
+	scripts/ensure-browser
 
 peers:
 	scripts/install-peers
@@ -31,7 +35,7 @@ typecheck: install
 unit: install
 	$(BIN)/pytest tests/unit
 
-integration: services install
+integration: services browser install
 	$(BIN)/pytest tests/integration
 
 conformance: services install peers
