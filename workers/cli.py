@@ -37,6 +37,7 @@ from ledger.repository import Ledger
 from ledger.states import TerminalKind
 from workers import cli_output as output
 from workers.app import celery_config, create_app, is_redis
+from workers.dev.command import dev
 from workers.errors import ConfigError, WrongState
 from workers.executor import Executor, Resolution
 from workers.metrics import metrics
@@ -601,6 +602,7 @@ def _json_option(name: str, value: str) -> Any:
 
 
 main.add_command(metrics)
+main.add_command(dev)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,202 @@
+"""``longcall dev`` as a user runs it: a subprocess on embedded Postgres and Redis (none of the shared
+services), the demo to its end with ``--exit --yes``, then its ledger reopened and compared with what it
+printed; and ``--no-demo`` stopped with Ctrl-C. Nothing it started may survive it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+
+from tests.support import REPO, wait_for
+from workers.cli import main as cli_main
+from workers.dev.processes import group_alive
+from workers.dev.services import EmbeddedPostgres, lock_data_dir, pid_alive, prepare_data_dir
+
+pytestmark = pytest.mark.slow
+
+RECEIPT_LINE = re.compile(r"^│ (dev/\S+)\s+│ (\w+)\s+│ (sha256:[0-9a-f]{16}|-)\s+│ (.*?)\s+│$")
+SERVER_TASKS_LINE = re.compile(r"^server tasks for (dev/\S+): (\d+) ")
+
+
+@pytest.fixture
+def data_dir() -> Iterator[Path]:
+    """A data directory outside pytest's basetemp: as root, the embedded Postgres runs as the user
+    ``pgserver``, which must traverse the directory's parents; pytest makes ``/tmp/pytest-of-root`` 0700
+    again whenever a session starts (another engineer's run, say), which would cut the running server off."""
+    root = Path(tempfile.mkdtemp(prefix="longcall-dev-test-"))
+    try:
+        yield root / "dev"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _env() -> dict[str, str]:
+    """The user's shell with no LONGCALL_* service named: everything embedded."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LONGCALL_")}
+    env["COLUMNS"] = "200"
+    return env
+
+
+def _longcall() -> list[str]:
+    return [str(Path(sys.executable).with_name("longcall"))]
+
+
+def _assert_nothing_left(data_dir: Path) -> list[dict[str, Any]]:
+    record = json.loads((data_dir / "processes.json").read_text())
+    processes: list[dict[str, Any]] = record["processes"]
+    names = {p["name"] for p in processes}
+    assert {"postgres", "redis", "demo-server", "worker1", "worker2", "beat", "flower", "metrics"} <= names
+    alive = [
+        p for p in processes if pid_alive(p["pid"]) or (p["pgid"] is not None and group_alive(p["pgid"]))
+    ]
+    assert alive == [], f"left running after longcall dev exited: {alive}"
+    return processes
+
+
+def _ledger_rows(data_dir: Path) -> dict[str, dict[str, Any]]:
+    """Reopen the data dir's Postgres and read every operation with its receipt."""
+    postgres = EmbeddedPostgres(data_dir / "pg")
+    url = postgres.start()
+    try:
+        with psycopg.connect(url) as conn, conn.cursor() as cur:
+            cur.execute(
+                "SELECT o.call_node_id, o.state, o.result, r.terminal_state, r.result_digest"
+                " FROM tool_operation o LEFT JOIN terminal_receipt r ON r.op_id = o.id"
+            )
+            return {
+                row[0]: {"state": row[1], "result": row[2], "terminal_state": row[3], "digest": row[4]}
+                for row in cur.fetchall()
+            }
+    finally:
+        postgres.stop()
+
+
+@pytest.mark.timeout(300)
+def test_the_demo_runs_to_its_end_and_its_receipts_are_the_ledgers(data_dir: Path) -> None:
+    started = time.monotonic()
+    done = subprocess.run(
+        [*_longcall(), "dev", "--exit", "--yes", "--data-dir", str(data_dir)],
+        cwd=REPO,
+        env=_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-6000:]
+    assert time.monotonic() - started < 240
+    _assert_nothing_left(data_dir)
+
+    printed = {m[1]: (m[2], m[3], m[4]) for m in map(RECEIPT_LINE.match, output.splitlines()) if m}
+    assert len(printed) == 12, output[-6000:]
+    rows = _ledger_rows(data_dir)
+    for node, (terminal, digest, _summary) in printed.items():
+        row = rows[node]
+        assert row["terminal_state"] == terminal, node
+        if row["digest"] is None:
+            assert digest == "-", node
+        else:
+            assert row["digest"].startswith(digest), node
+        assert row["state"] in ("ACCEPTED", "CANCELLED_ACCEPTED"), node
+
+    by_name = {node.rsplit("/", 1)[1]: node for node in printed}
+    assert rows[by_name["cancel-me"]]["terminal_state"] == "cancelled"
+    assert rows[by_name["cancel-me"]]["state"] == "CANCELLED_ACCEPTED"
+    assert rows[by_name["report-fails"]]["terminal_state"] == "failed"
+    approval = rows[by_name["approval"]]
+    assert approval["terminal_state"] == "completed"
+    assert approval["result"]["content"][0]["text"] == "approved"  # the answer (approved) reached the tool
+
+    # The lost create answer: the server's own record holds exactly one task for that call, and one
+    # tools/call per call node in all (nothing was called twice).
+    lost = by_name["lost-create"]
+    assert rows[lost]["terminal_state"] == "completed"
+    server = json.loads((data_dir / "demo-server.json").read_text())
+    lost_tasks = [t for t in server["tasks"]["tasks"] if t["arguments"] == {"seconds": 4.5}]
+    assert len(lost_tasks) == 1
+    calls = [e for e in server["log"]["entries"] if e["method"] == "tools/call"]
+    assert len(calls) == len(server["tasks"]["tasks"]) == 12
+    [(node, count)] = [(m[1], m[2]) for m in map(SERVER_TASKS_LINE.match, output.splitlines()) if m]
+    assert (node, count) == (lost, "1")
+
+    assert "flower" in output
+    assert "http://127.0.0.1:" in output
+
+
+@pytest.mark.timeout(240)
+def test_ctrl_c_stops_the_fleet_and_everything_it_started(data_dir: Path, tmp_path: Path) -> None:
+    log = tmp_path / "dev.out"
+    with log.open("w") as handle:
+        proc = subprocess.Popen(
+            [*_longcall(), "dev", "--no-demo", "--data-dir", str(data_dir)],
+            cwd=REPO,
+            env=_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for(
+            "longcall dev --no-demo to say it is ready",
+            lambda: "fleet ready" in log.read_text() or proc.poll() is not None,
+            timeout=150,
+            interval=0.2,
+        )
+        assert proc.poll() is None, log.read_text()[-4000:]
+        text = log.read_text()
+        assert "export LONGCALL_DATABASE_URL=" in text
+        assert "export LONGCALL_REDIS_URL=" in text
+        before = json.loads((data_dir / "processes.json").read_text())["processes"]
+        assert all(pid_alive(p["pid"]) for p in before)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0, log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "longcall dev: stopped" in log.read_text()
+    _assert_nothing_left(data_dir)
+
+
+def test_a_data_dir_that_cannot_be_used_is_one_line_and_a_non_zero_exit(tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    result = CliRunner().invoke(cli_main, ["dev", "--data-dir", str(not_a_dir / "dev")])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [
+        f"Error: data dir {not_a_dir / 'dev'} is not writable: Not a directory"
+    ]
+
+    busy = prepare_data_dir(tmp_path / "busy")
+    held = lock_data_dir(busy)
+    try:
+        result = CliRunner().invoke(cli_main, ["dev", "--data-dir", str(busy.root)])
+    finally:
+        held.close()
+    assert result.exit_code == 1
+    assert (
+        result.output.strip() == f"Error: data dir {busy.root} is in use by longcall dev (pid {os.getpid()})"
+    )
+
+
+def test_help_names_the_options() -> None:
+    result = CliRunner().invoke(cli_main, ["dev", "--help"])
+    assert result.exit_code == 0
+    for option in ("--data-dir", "--no-demo", "--exit", "--yes", "--workers"):
+        assert option in result.output

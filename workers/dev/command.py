@@ -1,0 +1,205 @@
+"""``longcall dev``: the click command. See ``workers.dev`` for the parts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+from typing import IO
+
+import click
+import httpx
+from rich.console import Console
+
+from workers.dev.demo import Ask, Demo
+from workers.dev.display import print_lines, receipts_table
+from workers.dev.fleet import FleetOptions, LocalFleet, start_fleet
+from workers.dev.processes import Children, clean_leftovers
+from workers.dev.services import DataDir, DevError, EmbeddedPostgres, lock_data_dir, prepare_data_dir
+
+READY = "longcall dev: fleet ready"
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _addresses(fleet: LocalFleet) -> list[tuple[str, str]]:
+    flower_auth = (
+        "credentials from LONGCALL_FLOWER_USER / LONGCALL_FLOWER_PASSWORD"
+        if fleet.flower_password_from_env
+        else f"user {fleet.flower_user}, password {fleet.flower_password}"
+    )
+    lines = [
+        ("ledger", fleet.database_url + ("  (embedded)" if fleet.embedded_postgres else "")),
+        ("redis", fleet.redis_url + ("  (embedded)" if fleet.embedded_redis else "")),
+        ("MCP server", f'{fleet.demo_url}  (server "reports", longcall\'s demo server)'),
+        ("flower", f"{fleet.flower_url}  ({flower_auth})"),
+    ]
+    lines.append(("metrics", fleet.metrics_url))
+    lines.append(("logs", str(fleet.data.logs)))
+    return lines
+
+
+def _save_demo_server_record(fleet: LocalFleet) -> None:
+    """The demo server's own record (its tasks and requests), kept after it stops: what the server saw."""
+    try:
+        tasks = httpx.get(f"{fleet.demo_control_url}/tasks", timeout=5).json()
+        log = httpx.get(f"{fleet.demo_control_url}/log", timeout=5).json()
+    except (httpx.HTTPError, ValueError):
+        return
+    fleet.data.demo_server_record.write_text(json.dumps({"tasks": tasks, "log": log}, indent=1))
+
+
+def _run_until_interrupted(children: Children) -> None:
+    while True:
+        if exited := children.exited():
+            first = exited[0]
+            raise DevError(f"{first.name} exited with {first.process.returncode} (log {first.log})")
+        time.sleep(0.5)
+
+
+def _asker(yes: bool, console: Console) -> Ask:
+    def answered_yes(question: str) -> bool:
+        console.print(f"{question} [bold]yes[/]" + (" (--yes)" if yes else ""))
+        return True
+
+    if yes:
+        return answered_yes
+    if not sys.stdin.isatty():
+        console.print("stdin is not a terminal: the demo's questions are answered yes (as with --yes)")
+        return answered_yes
+
+    def asked(question: str) -> bool:
+        return click.confirm(question, default=True)
+
+    return asked
+
+
+@click.command()
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path(".longcall-dev"),
+    show_default=True,
+    help="Where the embedded Postgres and Redis keep their data, and the logs; reuse it to reuse the ledger.",
+)
+@click.option("--no-demo", is_flag=True, help="Only the fleet: print the lines to use it, run until Ctrl-C.")
+@click.option("--exit", "exit_after", is_flag=True, help="Stop everything when the demo has ended.")
+@click.option("--yes", is_flag=True, help="Answer the demo's questions (approval, operator) yes, unasked.")
+@click.option("--workers", type=click.IntRange(1, 16), default=2, show_default=True, help="Worker processes.")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, 64),
+    default=2,
+    show_default=True,
+    help="Pool size of each worker.",
+)
+def dev(  # noqa: PLR0917 (click passes each option as a parameter)
+    data_dir: Path, no_demo: bool, exit_after: bool, yes: bool, workers: int, concurrency: int
+) -> None:
+    """Run the whole fleet locally, with nothing installed, and a demo of what longcall does.
+
+    Postgres and Redis are embedded (from wheels, data under --data-dir) unless LONGCALL_DATABASE_URL /
+    LONGCALL_REDIS_URL name real ones. It migrates the ledger and starts the demo MCP server (server
+    "reports"), worker processes, beat, Flower (basic auth: LONGCALL_FLOWER_USER / LONGCALL_FLOWER_PASSWORD,
+    else generated and printed once) and `longcall metrics`. The demo submits a dozen report calls through
+    the broker: one is cancelled, one asks for approval, one loses its create answer and goes to an operator
+    (never called twice). Ctrl-C (or the end of the demo with --exit) stops everything it started.
+    """
+    console = Console()
+    try:
+        data = prepare_data_dir(data_dir)
+        lock: IO[str] = lock_data_dir(data)
+    except DevError as exc:
+        raise click.ClickException(str(exc)) from None
+    if cleaned := clean_leftovers(data.processes):
+        console.print(f"stopped what a previous longcall dev left running: {', '.join(cleaned)}")
+    children = Children(data.logs, data.processes, Path.cwd())
+    postgres = EmbeddedPostgres(data.pgdata)
+    previous_term = signal.signal(signal.SIGTERM, _interrupt)
+    failure: DevError | None = None
+    started: list[LocalFleet] = []
+    try:
+        _run(
+            console,
+            data,
+            children,
+            postgres,
+            FleetOptions(workers, concurrency),
+            started=started,
+            no_demo=no_demo,
+            exit_after=exit_after,
+            yes=yes,
+        )
+    except KeyboardInterrupt:
+        console.print("\ninterrupted")
+    except DevError as exc:
+        failure = exc
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the teardown runs to its end
+        console.print("longcall dev: stopping everything it started ...")
+        for fleet in started:
+            _save_demo_server_record(fleet)
+        children.stop_all()
+        postgres.stop()
+        lock.close()
+        signal.signal(signal.SIGTERM, previous_term)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        console.print("longcall dev: stopped")
+    if failure is not None:
+        raise click.ClickException(str(failure))
+
+
+def _run(
+    console: Console,
+    data: DataDir,
+    children: Children,
+    postgres: EmbeddedPostgres,
+    options: FleetOptions,
+    *,
+    started: list[LocalFleet],
+    no_demo: bool,
+    exit_after: bool,
+    yes: bool,
+) -> None:
+    console.print(f"longcall dev: starting the fleet in {data.root} ...")
+    fleet = start_fleet(data, children, postgres, options)
+    started.append(fleet)
+    os.environ.update(fleet.env)
+    console.print(READY)
+    print_lines(console, _addresses(fleet))
+    if not no_demo:
+        _demo(fleet, console, yes)
+        if exit_after:
+            return
+    console.print("Use it from another shell (e.g. longcall submit, longcall status):")
+    for line in fleet.exports():
+        console.print(f"  {line}", highlight=False, soft_wrap=True)
+    console.print("Ctrl-C stops everything.")
+    _run_until_interrupted(children)
+
+
+def _demo(fleet: LocalFleet, console: Console, yes: bool) -> None:
+    from ledger.repository import Ledger  # noqa: PLC0415
+    from workers.app import create_app  # noqa: PLC0415 (reads the environment set above)
+
+    ask = _asker(yes, console)
+    ledger = Ledger.from_url(fleet.database_url, pool_size=2)
+    try:
+        demo = Demo(fleet, console, ask, create_app(), ledger)
+        rows = demo.run()
+        console.print(receipts_table(rows))
+        lost = demo.node(demo.by_role("lost"))
+        console.print(
+            f"server tasks for {lost}: {len(demo.server_tasks_for(demo.by_role('lost')))} "
+            "(its create answer was lost; it was found by an operator, never called again)",
+            highlight=False,
+        )
+    finally:
+        ledger.dispose()
+    print_lines(console, [("flower", fleet.flower_url), ("metrics", fleet.metrics_url)])

@@ -1,0 +1,267 @@
+"""The demo of ``longcall dev``: a dozen report calls submitted through the broker as a pipeline would.
+
+Eight reports of different lengths and one that fails; one cancelled mid-run; one that asks for approval
+(answered at the terminal, or at once with ``--yes``); one whose create answer the demo server loses (its
+``lose_create_response`` switch). That one is never called again: MCP 2025-11-25 cannot look a task up by
+key, so it waits for an operator, who finds the task on the server and says so (``longcall reconcile OP
+--found TASK``); the demo plays the operator (asking first without ``--yes``) and then shows that the server
+holds exactly one task for that call. Everything shown comes from the ledger.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import httpx
+from celery import Celery
+from rich.console import Console
+from rich.live import Live
+
+from ledger.records import Operation
+from ledger.repository import Ledger
+from ledger.states import OpState
+from workers.dev.display import FINAL, ProgressRow, ReceiptRow, progress_table, receipts_table
+from workers.dev.fleet import LocalFleet, longcall_argv
+from workers.dev.services import DevError
+
+Role = Literal["report", "fails", "cancel", "input", "lost"]
+DEMO_TIMEOUT_S = 180.0
+CANCEL_AFTER_S = 3.0
+TICK_S = 0.5
+
+
+@dataclass(frozen=True)
+class DemoCall:
+    name: str
+    tool: str
+    arguments: dict[str, Any]
+    role: Role
+    what: str
+
+
+def plan() -> list[DemoCall]:
+    reports = [
+        DemoCall(f"report-{n:02d}", "slow_report", {"seconds": s}, "report", f"slow_report {s}s")
+        for n, s in enumerate((2, 3, 4, 5, 6, 8, 10, 12), start=1)
+    ]
+    return [
+        DemoCall("lost-create", "slow_report", {"seconds": 4.5}, "lost", "slow_report 4.5s, answer lost"),
+        *reports,
+        DemoCall("report-fails", "slow_report", {"seconds": 3, "fail": True}, "fails", "slow_report fails"),
+        DemoCall("cancel-me", "slow_report", {"seconds": 120}, "cancel", "slow_report 120s, cancelled"),
+        DemoCall(
+            "approval",
+            "ask_approval",
+            {"question": "Publish the monthly report?"},
+            "input",
+            "ask_approval (input)",
+        ),
+    ]
+
+
+Ask = Callable[[str], bool]
+
+
+@dataclass
+class Demo:
+    fleet: LocalFleet
+    console: Console
+    ask: Ask
+    app: Celery
+    ledger: Ledger
+    run_id: str = field(default_factory=lambda: dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S"))
+    calls: list[DemoCall] = field(default_factory=plan)
+    notes: dict[str, str] = field(default_factory=dict)
+    done: set[str] = field(default_factory=set)
+
+    def node(self, call: DemoCall) -> str:
+        return f"dev/{self.run_id}/{call.name}"
+
+    def by_role(self, role: Role) -> DemoCall:
+        return next(c for c in self.calls if c.role == role)
+
+    # ------------------------------------------------------------------ the pipeline's side
+    def submit(self, call: DemoCall) -> None:
+        kwargs = {"call_node_id": self.node(call), "server": "reports", "tool": call.tool}
+        self.app.send_task(
+            "longcall.submit", kwargs={**kwargs, "arguments": call.arguments}, queue="longcall.control"
+        )
+
+    def control(self, name: str, body: dict[str, Any] | None = None) -> Any:
+        url = f"{self.fleet.demo_control_url}/{name}"
+        answer = httpx.post(url, json=body, timeout=10) if body is not None else httpx.get(url, timeout=10)
+        answer.raise_for_status()
+        return answer.json()
+
+    # ------------------------------------------------------------------ the run
+    def run(self) -> list[ReceiptRow]:
+        lost = self.by_role("lost")
+        self.control("faults", {"lose_create_response": 1})
+        self.submit(lost)
+        submitted_rest = False
+        deadline = time.monotonic() + DEMO_TIMEOUT_S
+        with Live(console=self.console, refresh_per_second=4, auto_refresh=True) as live:
+            while True:
+                ops = {c.name: self.ledger.find_by_call_node(self.node(c)) for c in self.calls}
+                live.update(progress_table(self.rows(ops), self.title()))
+                lost_op = ops[lost.name]
+                if not submitted_rest and lost_op is not None and lost_op.state is not OpState.SUBMITTING:
+                    # The lost answer is settled (one create was attempted): the others may go now.
+                    for call in self.calls:
+                        if call is not lost:
+                            self.submit(call)
+                    submitted_rest = True
+                self.act(ops, live)
+                if all(op is not None and op.state in FINAL for op in ops.values()):
+                    break
+                if time.monotonic() > deadline:
+                    waiting = [n for n, op in ops.items() if op is None or op.state not in FINAL]
+                    raise DevError(f"the demo did not finish in {DEMO_TIMEOUT_S:.0f}s: {', '.join(waiting)}")
+                time.sleep(TICK_S)
+        self.console.line()
+        return self.receipts({c.name: self.ledger.find_by_call_node(self.node(c)) for c in self.calls})
+
+    @contextlib.contextmanager
+    def paused(self, live: Live) -> Iterator[None]:
+        """The live table steps aside while a question is asked at a terminal (elsewhere nothing moves)."""
+        if not self.console.is_terminal:
+            yield
+            return
+        live.stop()
+        try:
+            yield
+        finally:
+            live.start()
+
+    def title(self) -> str:
+        return f"longcall dev demo {self.run_id}  (Flower {self.fleet.flower_url})"
+
+    def act(self, ops: dict[str, Operation | None], live: Live) -> None:
+        cancel = ops[self.by_role("cancel").name]
+        if (
+            cancel is not None
+            and "cancel" not in self.done
+            and cancel.state is OpState.WORKING
+            and _age(cancel) >= CANCEL_AFTER_S
+        ):
+            self.app.send_task("longcall.cancel", kwargs={"op_id": str(cancel.id)}, queue="longcall.control")
+            self.done.add("cancel")
+            self.notes["cancel-me"] = f"cancel sent after {_age(cancel):.1f}s"
+        approval = ops[self.by_role("input").name]
+        if approval is not None and approval.state is OpState.INPUT_REQUIRED:
+            key = f"input-{approval.input_round}"
+            if key not in self.done:
+                self.done.add(key)
+                self.answer(approval, live)
+        lost = ops[self.by_role("lost").name]
+        if lost is not None and lost.state is OpState.MANUAL_RECONCILIATION and "operator" not in self.done:
+            self.done.add("operator")
+            self.operate(lost, live)
+
+    def answer(self, op: Operation, live: Live) -> None:
+        params = (op.input_request or {}).get("params") or {}
+        question = str(params.get("message", "(no message)"))
+        with self.paused(live):
+            approve = self.ask(f"The server asks (round {op.input_round}): {question!r} Approve?")
+        response = {"action": "accept", "content": {"approved": approve}}
+        self.app.send_task(
+            "longcall.provide_input",
+            kwargs={"op_id": str(op.id), "input_round": op.input_round, "response": response},
+            queue="longcall.control",
+        )
+        self.notes["approval"] = f"answered approved={str(approve).lower()}"
+
+    def operate(self, op: Operation, live: Live) -> None:
+        """The operator's part: find the task on the server by what was asked, and tell longcall."""
+        call = self.by_role("lost")
+        tasks = self.server_tasks_for(call)
+        if len(tasks) != 1:
+            self.notes[call.name] = f"operator: {len(tasks)} matching tasks on the server; left open"
+            return
+        [task] = tasks
+        with self.paused(live):
+            found = self.ask(
+                f"Operator: the create answer for {self.node(call)} was lost; the server lists task "
+                f"{task['taskId']} with the same arguments. Record it as found?"
+            )
+        if not found:
+            self.notes[call.name] = "left for an operator (longcall reconcile)"
+            return
+        argv = longcall_argv(
+            "reconcile",
+            str(op.id),
+            "--found",
+            str(task["taskId"]),
+            "--session",
+            str(task["session"]),
+            "--evidence",
+            f"longcall dev: the demo server lists task {task['taskId']} with these arguments",
+        )
+        env = {**os.environ, **self.fleet.env}
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)  # noqa: S603
+        failed = f"reconcile failed: {done.stderr.strip()[-200:]}"
+        self.notes[call.name] = (
+            f"operator: found task {task['taskId'][:8]}" if done.returncode == 0 else failed
+        )
+
+    def server_tasks_for(self, call: DemoCall) -> list[dict[str, Any]]:
+        """The demo server's own list of the tasks it holds for this call (same tool, same arguments)."""
+        tasks: list[dict[str, Any]] = self.control("tasks")["tasks"]
+        return [t for t in tasks if t["tool"] == call.tool and t["arguments"] == call.arguments]
+
+    # ------------------------------------------------------------------ what is shown
+    def rows(self, ops: dict[str, Operation | None]) -> list[ProgressRow]:
+        rows = []
+        for call in self.calls:
+            op = ops[call.name]
+            polls = 0 if op is None else op.unchanged_polls + self._polled_events(op.id)
+            elapsed = 0.0 if op is None else _age(op, final=op.state in FINAL)
+            note = self.notes.get(call.name, "")
+            state = None if op is None else op.state
+            rows.append(ProgressRow(self.node(call), call.what, state, polls, elapsed, note))
+        return rows
+
+    def _polled_events(self, op_id: uuid.UUID) -> int:
+        return sum(1 for e in self.ledger.events(op_id) if e["kind"] == "polled")
+
+    def receipts(self, ops: dict[str, Operation | None]) -> list[ReceiptRow]:
+        rows = []
+        for call in self.calls:
+            op = ops[call.name]
+            receipt = None if op is None else self.ledger.receipt_for(op.id)
+            if op is None or receipt is None:
+                rows.append(ReceiptRow(self.node(call), "(none)", None, ""))
+                continue
+            rows.append(
+                ReceiptRow(
+                    self.node(call), receipt.terminal_state.value, receipt.result_digest, summary(op.result)
+                )
+            )
+        return rows
+
+
+def _age(op: Operation, *, final: bool = False) -> float:
+    end = op.updated_at if final else dt.datetime.now(dt.UTC)
+    return max(0.0, (end - op.created_at).total_seconds())
+
+
+def summary(result: Any) -> str:
+    """The text of a CallToolResult, shortened; '-' for none."""
+    if not isinstance(result, dict):
+        return "-" if result is None else str(result)[:60]
+    texts = [c.get("text", "") for c in result.get("content", []) if isinstance(c, dict)]
+    text = " ".join(t for t in texts if t) or "(no text)"
+    prefix = "error: " if result.get("isError") else ""
+    return (prefix + text)[:60]
+
+
+def show_receipts(console: Console, rows: list[ReceiptRow]) -> None:
+    console.print(receipts_table(rows))

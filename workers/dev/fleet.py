@@ -1,0 +1,225 @@
+"""The local fleet of ``longcall dev``: the services (embedded unless the environment names real ones), the
+ledger migrated, the demo MCP server, workers, beat, Flower with basic auth and the metrics endpoint."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+import redis
+
+from demo_server.command import command as demo_server_command
+from workers.dev.processes import Child, Children, last_line
+from workers.dev.services import (
+    DataDir,
+    DevError,
+    EmbeddedPostgres,
+    free_port,
+    port_open,
+    redis_argv,
+)
+
+QUEUES = "longcall.control,longcall.poll,longcall.outbox"
+HOST = "127.0.0.1"
+STARTUP_TIMEOUT_S = 90.0
+
+
+@dataclass
+class FleetOptions:
+    workers: int = 2
+    concurrency: int = 2
+
+
+@dataclass
+class LocalFleet:
+    data: DataDir
+    database_url: str
+    redis_url: str
+    broker_url: str | None
+    embedded_postgres: bool
+    embedded_redis: bool
+    demo_url: str
+    flower_url: str
+    flower_user: str
+    flower_password: str
+    #: True when the password came from LONGCALL_FLOWER_PASSWORD (then it is not printed).
+    flower_password_from_env: bool
+    metrics_url: str
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def demo_control_url(self) -> str:
+        return self.demo_url.removesuffix("/mcp") + "/_control"
+
+    def exports(self) -> list[str]:
+        """The lines a user pastes into another shell to use ``longcall submit`` on this fleet."""
+        names = ["LONGCALL_DATABASE_URL", "LONGCALL_REDIS_URL", "LONGCALL_BROKER_URL", "LONGCALL_CONFIG"]
+        return [f"export {name}='{self.env[name]}'" for name in names if name in self.env]
+
+
+def longcall_argv(*args: str) -> list[str]:
+    """``longcall ARGS`` with the interpreter that runs this one."""
+    script = Path(sys.executable).with_name("longcall")
+    if os.access(script, os.X_OK):
+        return [str(script), *args]
+    return [sys.executable, "-c", "from workers.cli import main; main()", *args]
+
+
+def celery_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "celery", "-A", "workers.app", *args]
+
+
+def config_toml(demo_port: int) -> str:
+    return f"""# Written by longcall dev: the demo MCP server it runs, as server "reports".
+[servers.reports]
+protocol = "mcp"
+protocol_version = "2025-11-25"
+url = "http://{HOST}:{demo_port}/mcp"
+poll_qps = 20
+control_qps = 10
+default_ttl_ms = 600000
+wait_budget_s = 3600
+
+[servers.reports.tools.quick_lookup]
+sync_upper_bound_s = 20
+"""
+
+
+def _redis_ready(url: str) -> bool:
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except redis.RedisError:
+        return False
+
+
+def _worker_ready(worker: Child) -> bool:
+    return " ready." in worker.tail(200_000)
+
+
+def _migrate(data: DataDir, env: Mapping[str, str]) -> None:
+    log = data.logs / "migrate.log"
+    with log.open("ab") as handle:
+        try:
+            done = subprocess.run(  # noqa: S603 (a fixed argv)
+                longcall_argv("migrate"),
+                env=dict(env),
+                stdin=subprocess.DEVNULL,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                timeout=STARTUP_TIMEOUT_S,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise DevError(
+                f"longcall migrate did not finish in {STARTUP_TIMEOUT_S:.0f}s (log {log})"
+            ) from None
+    if done.returncode != 0:
+        raise DevError(f"longcall migrate failed (log {log}): {last_line(log.read_text(errors='replace'))}")
+
+
+def start_fleet(
+    data: DataDir, children: Children, postgres: EmbeddedPostgres, options: FleetOptions
+) -> LocalFleet:
+    """Start everything, each part checked before the next needs it; a failure is a one-line DevError."""
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+
+    database_url = env.get("LONGCALL_DATABASE_URL")
+    embedded_postgres = not database_url
+    if not database_url:
+        database_url = postgres.start()
+        if postgres.pid is not None:
+            children.note("postgres", postgres.pid)
+    env["LONGCALL_DATABASE_URL"] = database_url
+
+    redis_url = env.get("LONGCALL_REDIS_URL")
+    embedded_redis = not redis_url
+    if not redis_url:
+        port = free_port()
+        redis_url = f"redis://{HOST}:{port}/0"
+        child = children.start("redis", redis_argv(data.redis, port), env, service=True)
+        children.wait_ready(child, "answering PING", lambda: _redis_ready(redis_url), STARTUP_TIMEOUT_S)
+    env["LONGCALL_REDIS_URL"] = redis_url
+
+    demo_port = free_port()
+    data.config.write_text(config_toml(demo_port))
+    env["LONGCALL_CONFIG"] = str(data.config)
+
+    _migrate(data, env)
+
+    demo = children.start("demo-server", demo_server_command(demo_port, poll_interval_ms=500), env)
+    waits: list[tuple[Child, str, int]] = [(demo, "listening", demo_port)]
+    workers = [
+        children.start(
+            f"worker{n}",
+            celery_argv(
+                "worker",
+                "-Q",
+                QUEUES,
+                "-c",
+                str(options.concurrency),
+                "-n",
+                f"dev{n}@%h",
+                "--loglevel",
+                "INFO",
+                "--without-gossip",
+                "--without-mingle",
+            ),
+            env,
+        )
+        for n in range(1, options.workers + 1)
+    ]
+    children.start("beat", celery_argv("beat", "-s", str(data.beat_schedule), "--loglevel", "WARNING"), env)
+
+    flower_user = env.get("LONGCALL_FLOWER_USER") or "longcall"
+    flower_password = env.get("LONGCALL_FLOWER_PASSWORD") or secrets.token_urlsafe(12)
+    flower_port = free_port()
+    # The credentials go to Flower in its environment (FLOWER_BASIC_AUTH), not on a command line `ps` shows.
+    flower_env = {**env, "FLOWER_BASIC_AUTH": f"{flower_user}:{flower_password}"}
+    flower = children.start(
+        "flower", celery_argv("flower", f"--address={HOST}", f"--port={flower_port}"), flower_env
+    )
+    waits.append((flower, "listening", flower_port))
+
+    metrics_port = free_port()
+    metrics = children.start(
+        "metrics", longcall_argv("metrics", "--host", HOST, "--port", str(metrics_port)), env
+    )
+    waits.append((metrics, "listening", metrics_port))
+    metrics_url = f"http://{HOST}:{metrics_port}/metrics"
+
+    for child, what, port in waits:
+        children.wait_ready(
+            child, f"{what} on {HOST}:{port}", partial(port_open, HOST, port), STARTUP_TIMEOUT_S
+        )
+    for worker in workers:
+        children.wait_ready(worker, "ready", partial(_worker_ready, worker), STARTUP_TIMEOUT_S)
+    if exited := children.exited():
+        first = exited[0]
+        raise DevError(f"{first.name} exited (log {first.log}): {last_line(first.tail())}")
+
+    return LocalFleet(
+        data=data,
+        database_url=database_url,
+        redis_url=redis_url,
+        broker_url=env.get("LONGCALL_BROKER_URL"),
+        embedded_postgres=embedded_postgres,
+        embedded_redis=embedded_redis,
+        demo_url=f"http://{HOST}:{demo_port}/mcp",
+        flower_url=f"http://{HOST}:{flower_port}/",
+        flower_user=flower_user,
+        flower_password=flower_password,
+        flower_password_from_env=bool(env.get("LONGCALL_FLOWER_PASSWORD")),
+        metrics_url=metrics_url,
+        env={k: v for k, v in env.items() if k.startswith("LONGCALL_") and "PASSWORD" not in k},
+    )
