@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: test install services browser peers lint typecheck unit integration conformance bench fleet clean
+.PHONY: test install services browser peers lint typecheck unit integration conformance bench fleet dev clean
 
 ## test: everything CI runs: services, the browser, install, peers, lint, types, the whole test suite
 test: services browser install peers lint typecheck
@@ -49,6 +49,10 @@ bench: services install
 ## fleet: the demo MCP server, a worker and beat on the local Postgres and Redis (see README)
 fleet: services install
 	scripts/fleet
+
+## dev: the whole fleet and its demo on embedded Postgres and Redis, nothing installed (longcall dev)
+dev: install
+	$(BIN)/longcall dev $(DEV_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
