@@ -41,10 +41,11 @@ integration: services browser install
 conformance: services install peers
 	$(BIN)/pytest tests/conformance -v
 
-## bench: the issue-4 benchmarks (figures and PASS/FAIL against their targets; not part of `make test`)
+## bench: the issue-4 benchmarks and issue 10's (AIP-151 vs google-api-core); PASS/FAIL, not in `make test`
 bench: services install
 	$(BIN)/python bench/dispatch_scale.py
 	$(BIN)/python bench/lifecycle.py
+	$(BIN)/python bench/aip_vs_api_core.py
 
 ## fleet: the demo MCP server, a worker and beat on the local Postgres and Redis (see README)
 fleet: services install
