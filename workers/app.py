@@ -12,6 +12,7 @@ from celery import Celery, signals
 from kombu import Queue
 
 from beat_schedule import beat_schedule
+from workers import logs
 from workers.errors import ConfigError
 from workers.runtime import RuntimeHolder
 from workers.settings import REDIS_VISIBILITY_TIMEOUT_S, Settings
@@ -124,6 +125,18 @@ def create_app(settings: Settings | None = None) -> Celery:
 
     signals.worker_init.connect(refuse_bad_config, weak=False)
     signals.beat_init.connect(refuse_bad_config, weak=False)
+
+    # Logs (workers.logs): `celery -A workers.app worker|beat --log-format json`, op and call node on every
+    # line, idle ticks at DEBUG.
+    app.user_options["preload"].add(logs.LOG_FORMAT_OPTION)
+
+    def take_log_format(**kwargs: Any) -> None:  # user_preload_options(sender, app, options)
+        options = kwargs.get("options")
+        if kwargs.get("app") is app and isinstance(options, dict):
+            logs.request_format(options.get("log_format"))
+
+    signals.user_preload_options.connect(take_log_format, weak=False)
+    logs.connect_signals()
     return app
 
 

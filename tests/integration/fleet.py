@@ -301,6 +301,8 @@ def running_fleet(
         "LONGCALL_CONFIG": str(config),
         "LONGCALL_OUTBOX_INTERVAL_S": "0.5",
         "LONGCALL_LEASE_S": "3",
+        # drains_run counts the drains' "succeeded" lines, idle ones included (logged at DEBUG otherwise).
+        "LONGCALL_LOG_IDLE_TICKS": "1",
         **({"LONGCALL_BROKER_URL": parts.broker_url} if parts.broker_url else {}),
         **(env or {}),
     }

@@ -32,6 +32,7 @@ from ledger.reasons import ReconciliationReason
 from ledger.records import Fence, Operation, ServerStatus
 from ledger.repository import Ledger
 from ledger.states import OpState
+from workers import logs
 from workers.budget import RequestMeter, TokenBudget
 from workers.errors import NoToken
 from workers.hot import RATE_HEADROOM, Budget
@@ -107,10 +108,12 @@ class StepContext:
         return self.clock()
 
     def server(self, op: Operation) -> ServerConfig:
+        logs.note_operation(op.id, op.call_node_id)  # what the step logs from here on is about ``op``
         return self.runtime.remote.server(op.server)
 
     def adapter(self, op: Operation) -> ToolAdapter:
         """The adapter of the protocol and version recorded on the operation at submit (rule 14)."""
+        logs.note_operation(op.id, op.call_node_id)
         return self.runtime.remote.adapter(
             op.server, protocol=op.protocol, protocol_version=op.protocol_version
         )
