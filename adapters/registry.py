@@ -14,6 +14,8 @@ from adapters import aip151
 from adapters.base import AdapterConfig, ToolAdapter
 from adapters.errors import UnknownAdapter
 from adapters.mcp_2025_11_25 import PROTOCOL, PROTOCOL_VERSION, McpTasksAdapter
+from adapters.mcp_2026_07_28 import PROTOCOL_VERSION as EXT_PROTOCOL_VERSION
+from adapters.mcp_2026_07_28 import McpExtTasksAdapter
 
 __all__ = ["AdapterFactory", "AdapterRegistry", "default_registry"]
 
@@ -67,5 +69,6 @@ def default_registry() -> AdapterRegistry:
     """A registry holding every adapter this package ships."""
     registry = AdapterRegistry()
     registry.register(PROTOCOL, PROTOCOL_VERSION, McpTasksAdapter)
+    registry.register(PROTOCOL, EXT_PROTOCOL_VERSION, McpExtTasksAdapter)
     registry.register(aip151.PROTOCOL, aip151.PROTOCOL_VERSION, aip151.AipOperationsAdapter)
     return registry

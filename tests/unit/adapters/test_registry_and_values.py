@@ -33,7 +33,7 @@ def config(protocol: str = "mcp", version: str = "2025-11-25", url: str = "http:
 
 def test_the_default_registry_builds_the_mcp_2025_11_25_adapter() -> None:
     registry = default_registry()
-    assert registry.keys() == [("aip151", "v1"), ("mcp", "2025-11-25")]
+    assert registry.keys() == [("aip151", "v1"), ("mcp", "2025-11-25"), ("mcp", "2026-07-28")]
     with httpx.Client() as client:
         adapter = registry.build(config(), client)
     assert isinstance(adapter, McpTasksAdapter)
@@ -46,10 +46,10 @@ def test_the_default_registry_builds_the_mcp_2025_11_25_adapter() -> None:
 
 
 @pytest.mark.parametrize(
-    ("protocol", "version"), [("mcp", "2026-07-28"), ("mcp", "2025-06-18"), ("aip151", "v2")]
+    ("protocol", "version"), [("mcp", "2026-08-01"), ("mcp", "2025-06-18"), ("aip151", "v2")]
 )
 def test_unknown_pairs_are_refused_clearly(protocol: str, version: str) -> None:
-    known = r"\(known: aip151 v1, mcp 2025-11-25\)"
+    known = r"\(known: aip151 v1, mcp 2025-11-25, mcp 2026-07-28\)"
     with pytest.raises(UnknownAdapter, match=rf"protocol '{protocol}' version '{version}' {known}"):
         default_registry().factory_for(protocol, version)
 
