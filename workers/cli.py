@@ -497,7 +497,8 @@ def inputs(as_json: bool) -> None:
 @main.command()
 @click.option("--json", "as_json", is_flag=True)
 def gate(as_json: bool) -> None:
-    """The approval gate: operations whose server waits for input, with round, deadline and request."""
+    """Operations whose server waits for input, with round, deadline and request (today the approval
+    gate's queue, as ``inputs`` without the unreadable ones; the name is kept for the launch gate)."""
     with _ledger() as ledger:
         waiting = ledger.waiting_for_input()
     rows = output.gate_rows(waiting)

@@ -221,6 +221,21 @@ def inputs_rows(
     return rows
 
 
+def question(request: Any, method: Any) -> str:
+    """What the server asks, for a person: the request's ``message``; for a round of several requests (the
+    MCP tasks extension's ``inputRequests``: key -> ``{method, params}``) each key with its message."""
+    if not isinstance(request, Mapping):
+        return str(method)
+    if "message" in request:
+        return str(request["message"])
+    asked = [
+        f"{key}: {entry['params'].get('message', entry.get('method'))}"
+        for key, entry in request.items()
+        if isinstance(entry, Mapping) and isinstance(entry.get("params"), Mapping)
+    ]
+    return "; ".join(asked) if asked else str(method)
+
+
 def inputs_table(rows: Iterable[Mapping[str, Any]]) -> Table:
     table = Table("op_id", "call node", "state", "round", "deadline", "asks")
     for row in rows:
@@ -228,7 +243,7 @@ def inputs_table(rows: Iterable[Mapping[str, Any]]) -> Table:
             said = row["status_message"] or row["server_state"]
             asks = f"(unreadable since {row['unreadable_since']}: {said})"
         else:
-            asks = str((row["request"] or {}).get("message", row["method"]))
+            asks = question(row["request"], row["method"])
         table.add_row(
             row["op_id"],
             row["call_node_id"],
@@ -243,9 +258,12 @@ def inputs_table(rows: Iterable[Mapping[str, Any]]) -> Table:
 def gate_table(rows: Iterable[Mapping[str, Any]]) -> Table:
     table = Table("op_id", "call node", "round", "deadline", "asks")
     for row in rows:
-        message = (row["request"] or {}).get("message", row["method"])
         table.add_row(
-            row["op_id"], row["call_node_id"], str(row["input_round"]), str(row["deadline"]), str(message)
+            row["op_id"],
+            row["call_node_id"],
+            str(row["input_round"]),
+            str(row["deadline"]),
+            question(row["request"], row["method"]),
         )
     return table
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import create_engine, inspect, text
 
 from ledger.engine import normalize_database_url
 from ledger.reasons import ReconciliationReason
@@ -17,6 +17,7 @@ from ledger.records import Fence
 from ledger.repository import Ledger
 from ledger.states import OpState, TerminalKind
 from tests.integration.helpers import evidence_for, place
+from workers import cli_output
 from workers.cli import EXIT_REFUSED, EXIT_TIMEOUT, main
 
 CONFIG = """
@@ -229,3 +230,30 @@ def test_every_command_has_help_and_every_read_prints_json(cli_env: None, ledger
             assert [json.loads(line) for line in output.splitlines()], name
         else:
             json.loads(output)
+
+
+def test_inputs_shows_round_deadline_and_the_servers_question(cli_env: None, ledger: Ledger) -> None:
+    op = place(ledger, OpState.INPUT_REQUIRED)
+    request = {"method": "elicitation/create", "params": {"message": "Ship it?", "requestedSchema": {}}}
+    with ledger.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE tool_operation SET input_request = CAST(:r AS jsonb) WHERE id = :id"),
+            {"r": json.dumps(request), "id": op.id},
+        )
+    code, output = run("inputs", "--json")
+    assert code == 0, output
+    [row] = json.loads(output)
+    assert (row["op_id"], row["input_round"], row["unreadable"]) == (str(op.id), 1, False)
+    assert row["deadline"] is not None
+    assert row["request"] == request["params"]
+    code, output = run("inputs")
+    assert code == 0, output
+    assert "Ship it?" in output
+    assert "longcall input OP --round N" in output
+    # A round of several requests (the MCP tasks extension's inputRequests): each key with its question.
+    several = {
+        "a": {"method": "elicitation/create", "params": {"message": "Approve the budget?"}},
+        "b": {"method": "sampling/createMessage", "params": {"messages": []}},
+    }
+    asked = cli_output.question(several, "tasks/input_response")
+    assert asked == "a: Approve the budget?; b: sampling/createMessage"
