@@ -12,7 +12,7 @@ configured default, 5 s as client.proto's ``LongRunning.initial_poll_delay``).
 Every client gets its own demo AIP-151 server (``python -m demo_server.aip151``, ``well_known_types`` so
 api-core can parse the Anys), so each server's request log is one client's; all run at the same time:
 
-* burst: one ``--seconds`` operation; ``--window-at`` s after it is created, for ``--window-s`` s, every
+* burst: a ``--seconds`` operation; ``--window-at`` s after it is created, for ``--window-s`` s, every
   GetOperation is answered 429 RESOURCE_EXHAUSTED with RetryInfo and ``Retry-After`` (the window's time
   left). Measured from the server's log: GetOperation calls, calls that came while a Retry-After the server
   had given was still running, and the detection lag (the first GetOperation after the operation was done,
@@ -20,7 +20,9 @@ api-core can parse the Anys), so each server's request log is one client's; all 
 * expiry: the same operation on a server that forgets a done operation ``--expire-after-done-s`` s after it
   is done (then 404 NOT_FOUND): what each client ends with.
 
-api-core runs ``--runs`` times per variant (its jitter is random): the table shows the mean and the range.
+Every client runs ``--runs`` operations per scenario (api-core's jitter is random; a fixed-interval poller's
+lag depends on where in its interval the operation ends): ``--seconds`` plus i/runs of longcall's poll
+interval, the same durations for every client. The table shows the mean and the range.
 
 Goals (PASS/FAIL): longcall makes fewer GetOperation calls than api-core (the variant that survives the
 burst), none inside a Retry-After window, a detection lag lower than or equal to api-core's, and a
@@ -95,6 +97,8 @@ class Server:
 
     client: str
     scenario: str
+    #: The operation's duration on this server.
+    seconds: float
     child: Child
     root: str
     config_name: str = ""
@@ -115,7 +119,7 @@ class Server:
         return ops
 
 
-def start_server(client: str, scenario: str, log_dir: Path) -> Server:
+def start_server(client: str, scenario: str, seconds: float, log_dir: Path) -> Server:
     port = free_port()
     root = f"http://127.0.0.1:{port}"
 
@@ -128,7 +132,7 @@ def start_server(client: str, scenario: str, log_dir: Path) -> Server:
     child = start_child(
         aip_server_command(port), env={}, log_dir=log_dir, name=f"aip-{port}", ready=listening
     )
-    return Server(client, scenario, child, root)
+    return Server(client, scenario, seconds, child, root)
 
 
 def arm(server: Server, args: argparse.Namespace) -> None:
@@ -356,18 +360,27 @@ def summary(rows: list[dict[str, Any]], key: str) -> dict[str, float | None]:
 # ----------------------------------------------------------------------------------------------- run
 
 
+def durations(args: argparse.Namespace) -> list[float]:
+    """One operation per run, ``--seconds`` plus i/runs of longcall's poll interval: the end of the
+    operation falls at a different phase of a fixed-interval poller in each run (a duration that is a
+    multiple of the interval would be seen at once, flattering longcall), the same ones for every client."""
+    step = args.poll_interval_ms / 1000 / args.runs
+    return [args.seconds + index * step for index in range(args.runs)]
+
+
 def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         servers: list[Server] = []
         for scenario in ("burst", "expiry"):
-            for client in (API_CORE_DEFAULT, API_CORE_RETRY):
-                servers.extend(start_server(client, scenario, log_dir) for _ in range(args.runs))
-            servers.append(start_server(LONGCALL, scenario, log_dir))
+            for client in (API_CORE_DEFAULT, API_CORE_RETRY, LONGCALL):
+                servers.extend(
+                    start_server(client, scenario, seconds, log_dir) for seconds in durations(args)
+                )
         for server in servers:
             stack.callback(server.child.stop)
         ours = [s for s in servers if s.client == LONGCALL]
-        for server in ours:
-            server.config_name = f"aip_{server.scenario}"
+        for index, server in enumerate(ours):
+            server.config_name = f"aip_{server.scenario}_{index}"
         svc = stack.enter_context(services(args, log_dir))
         fleet = stack.enter_context(running_fleet(args, log_dir, svc, ours))
 
@@ -377,17 +390,17 @@ def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         for outcome in outcomes:
             arm(outcome.server, args)
             if outcome.server.client == LONGCALL:
-                outcome.call_node_id = fleet.submit(outcome.server, args.seconds)
+                outcome.call_node_id = fleet.submit(outcome.server, outcome.server.seconds)
                 continue
             thread = threading.Thread(
                 target=run_api_core,
-                args=(outcome, args.seconds),
+                args=(outcome, outcome.server.seconds),
                 kwargs={"retry": outcome.server.client == API_CORE_RETRY},
                 daemon=True,
             )
             thread.start()
             threads.append(thread)
-        bound = args.seconds + args.wait_s
+        bound = max(durations(args)) + args.wait_s
         for thread in threads:
             thread.join(timeout=max(0.0, started + bound - time.time()))
         ours_outcomes = [o for o in outcomes if o.server.client == LONGCALL]
@@ -424,7 +437,7 @@ def evaluate(args: argparse.Namespace, outcomes: list[Outcome]) -> dict[str, Any
     for scenario in ("burst", "expiry"):
         for client in (API_CORE_DEFAULT, API_CORE_RETRY, LONGCALL):
             rows = [
-                figures(o, args.seconds)
+                figures(o, o.server.seconds)
                 for o in outcomes
                 if (o.server.client, o.server.scenario) == (client, scenario)
             ]
@@ -479,10 +492,15 @@ def _fmt(figure: dict[str, float | None], unit: str = "") -> str:
 def report(result: dict[str, Any]) -> None:
     s = result["settings"]
     window = f"{s['window_at']:.0f}-{s['window_at'] + s['window_s']:.0f} s"
+    interval = s["poll_interval_ms"] / 1000
     print(
-        f"AIP-151: one {s['seconds']:.0f} s operation; GetOperation answered 429 (RetryInfo, Retry-After) "
-        f"at {window}; expiry {s['expire_after_done_s']:.1f} s after done; longcall polls every "
-        f"{s['poll_interval_ms'] / 1000:.1f} s; google-api-core: {s['runs']} run(s) per variant"
+        f"AIP-151: {s['runs']} operation(s) of {s['seconds']:.0f} s and more per client and scenario; "
+        f"GetOperation answered 429 (RetryInfo, Retry-After) at {window}; expiry "
+        f"{s['expire_after_done_s']:.1f} s after done; longcall polls every {interval:.1f} s"
+    )
+    print(
+        "(calls: GetOperation requests from the create on; inside Retry-After: sent while a Retry-After the "
+        "server gave was running; lag: first GetOperation after the operation's endTime)"
     )
     columns = ("GetOperation calls", "inside Retry-After", "429s", "detection lag")
     header = (
@@ -536,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = Path(tempfile.mkdtemp(prefix="lc-bench-aip-"))
     ok = False
     try:
-        with alarm(int(args.seconds + args.wait_s + 180)):
+        with alarm(int(max(durations(args)) + args.wait_s + 180)):
             result = measure(args, log_dir)
         ok = True
     finally:
