@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any, Final
 
@@ -52,6 +52,7 @@ __all__ = [
     "reply_refusal",
     "request_meta",
     "round_id",
+    "without_answered",
 ]
 
 PROTOCOL: Final = "mcp"
@@ -153,6 +154,19 @@ def input_request_of(task_id: str, requests: Mapping[str, Any]) -> InputRequest:
         schema=schema,
         task_id=task_id,
     )
+
+
+def without_answered(request: InputRequest, answered: Iterable[str]) -> InputRequest | None:
+    """The round ``request`` without the keys already ``answered`` (DESIGN §7: a key already answered is
+    never asked, nor sent, twice); None when no key is left. Until the server applies a reply (its ack is
+    eventually consistent) a poll may show answered keys again."""
+    done = set(answered)
+    left = {key: value for key, value in request.params.items() if key not in done}
+    if not left:
+        return None
+    if len(left) == len(request.params):
+        return request
+    return input_request_of(request.task_id, left)
 
 
 def _inline_result(task: Mapping[str, Any], status: str, message: str | None) -> RemoteResult | None:

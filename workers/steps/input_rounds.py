@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from adapters import AdapterError, InputRequest, RemoteStatus
+from adapters.mcp_2026_07_28.wire import REPLY_METHOD as KEYED_ROUND
+from adapters.mcp_2026_07_28.wire import without_answered
 from ledger.digests import digest
 from ledger.errors import StaleTransition
 from ledger.events import EventKind
@@ -31,6 +33,7 @@ def ask_for_input(
     ctx: StepContext, op: Operation, fence: Fence, status: RemoteStatus, request: InputRequest
 ) -> StepOutcome:
     """Open round N + 1: INPUT_REQUIRED, and the request on its way to the approval gate."""
+    request = unanswered_part(op, request) or request
     deadline = ctx.now() + dt.timedelta(seconds=ctx.settings.input_timeout_s)
     if op.wait_deadline is not None:
         deadline = min(deadline, op.wait_deadline)
@@ -67,6 +70,8 @@ def answered_already(op: Operation, request: InputRequest) -> bool:
     """The server shows again the question round ``op.input_round`` answered: the same request id, one
     round (rule 10). The reply is committed before it is posted, so until the server takes it a poll sees
     the question again; after a reply that failed, the question is open again and opens a new round."""
+    if request.method == KEYED_ROUND:
+        return op.state is OpState.WORKING and unanswered_part(op, request) is None
     stored = op.input_request
     return (
         op.state is OpState.WORKING
@@ -76,6 +81,24 @@ def answered_already(op: Operation, request: InputRequest) -> bool:
         and stored.get("request_id") == request.request_id
         and stored.get("task_id") == request.task_id
     )
+
+
+def unanswered_part(op: Operation, request: InputRequest) -> InputRequest | None:
+    """A keyed round (the MCP tasks extension: ``request`` is the ``inputRequests`` map) without the keys
+    the last round answered, None when none is left: a key already answered is never asked, nor sent,
+    twice (DESIGN §7). After a reply that failed, its keys are open again. Other requests as they are."""
+    stored = op.input_request
+    if (
+        request.method != KEYED_ROUND
+        or op.input_round < 1
+        or not isinstance(stored, Mapping)
+        or stored.get("reply_failed")
+        or stored.get("method") != KEYED_ROUND
+        or stored.get("task_id") != request.task_id
+    ):
+        return request
+    answered = stored.get("params")
+    return without_answered(request, answered.keys() if isinstance(answered, Mapping) else ())
 
 
 def unreadable_input(
