@@ -33,6 +33,7 @@ from adapters.base import (
 )
 from adapters.errors import NotFound, OutcomeUnknown, ProtocolViolation, Rejected, ResultNotReady
 from adapters.mcp_2025_11_25.wire import descriptor_digest, find_tool, parse_tools_page
+from adapters.mcp_2026_07_28.discovery import LEGACY_VERSION, Generation, GenerationCache, detect
 from adapters.mcp_2026_07_28.transport import ExtHttp
 from adapters.mcp_2026_07_28.wire import (
     ADAPTER_VERSION,
@@ -44,7 +45,10 @@ from adapters.mcp_2026_07_28.wire import (
 )
 from adapters.metering import budget_edge
 
-__all__ = ["McpExtTasksAdapter"]
+__all__ = ["GENERATIONS", "McpExtTasksAdapter"]
+
+#: The generations detected in this process, per server and URL (see :mod:`.discovery`).
+GENERATIONS = GenerationCache()
 
 
 @contextlib.contextmanager
@@ -76,6 +80,7 @@ class McpExtTasksAdapter:
             timeouts=config.timeouts,
             limits=config.limits,
         )
+        self._client = http
         self._tools: tuple[float, list[Mapping[str, Any]]] | None = None
         self._lock = threading.Lock()
 
@@ -107,6 +112,29 @@ class McpExtTasksAdapter:
 
     # -- capabilities ------------------------------------------------------------------------------
 
+    def generation(self, *, budget: RequestBudget = UNMETERED) -> Generation:
+        """The MCP generation the server speaks (:mod:`.discovery`), cached per server for a while."""
+        return GENERATIONS.get(
+            self.name,
+            self._config.url,
+            lambda: detect(
+                self._client,
+                self._config.url,
+                server=self.name,
+                bearer_token=self._config.token_provider or self._config.bearer_token,
+                timeouts=self._config.timeouts,
+                budget=budget,
+            ),
+        )
+
+    def _check_generation(self, budget: RequestBudget) -> None:
+        found = self.generation(budget=budget)
+        if found.generation == LEGACY_VERSION:
+            raise Rejected(
+                f"server {self.name!r} speaks MCP {LEGACY_VERSION}, not {PROTOCOL_VERSION} ({found.detail}): "
+                f'configure protocol_version = "{LEGACY_VERSION}" for it'
+            )
+
     def _tool_list(self, budget: RequestBudget) -> list[Mapping[str, Any]]:
         with self._lock:
             cached = self._tools
@@ -134,6 +162,7 @@ class McpExtTasksAdapter:
         Raises:
             Rejected: the server lists no such tool. Transient, RateLimited, ProtocolViolation.
         """
+        self._check_generation(budget)
         descriptor = find_tool(self._tool_list(budget), tool)
         if descriptor is None:
             raise Rejected(f"server {self.name!r} lists no tool {tool!r}")
