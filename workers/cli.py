@@ -21,6 +21,7 @@ from typing import Any, Literal
 from urllib.parse import parse_qsl, urlencode
 
 import click
+import httpx
 import kombu.exceptions
 import psycopg
 import redis.exceptions
@@ -30,6 +31,7 @@ from celery.exceptions import TimeoutError as CeleryTimeout
 from rich.console import Console
 
 from adapters.base import redact_url
+from adapters.mcp_2026_07_28.discovery import detect as detect_generation
 from ledger import migrate as migrations
 from ledger.errors import LedgerError, OperationNotFound
 from ledger.records import ControlState, Operation
@@ -515,8 +517,13 @@ def gate(as_json: bool) -> None:
 @main.command()
 @click.option("--disable", "disable", default=None, metavar="PROTOCOL/VERSION", help="e.g. mcp/2025-11-25")
 @click.option("--enable", "enable", default=None, metavar="PROTOCOL/VERSION")
+@click.option(
+    "--detect",
+    is_flag=True,
+    help="also probe each configured MCP server's generation (server/discover, initialize)",
+)
 @click.option("--json", "as_json", is_flag=True)
-def adapters(disable: str | None, enable: str | None, as_json: bool) -> None:
+def adapters(disable: str | None, enable: str | None, as_json: bool, detect: bool = False) -> None:
     """Adapters by protocol version: in-flight operations, and disabling one for new operations (rule 14).
 
     A disabled adapter refuses new submissions; query, cancel and reconciliation of its operations keep
@@ -533,10 +540,36 @@ def adapters(disable: str | None, enable: str | None, as_json: bool) -> None:
         control = ledger.control()
         in_flight = ledger.in_flight_by_adapter()
     rows = output.adapter_rows(ADAPTERS, control.disabled_adapters, in_flight)
+    servers = _detected_generations() if detect else None
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        click.echo(json.dumps(rows if servers is None else {"adapters": rows, "servers": servers}, indent=2))
         return
     console.print(output.adapters_table(rows))
+    for server in servers or []:
+        speaks = "" if server["speaks_configured"] else "  (does NOT speak the configured version)"
+        console.print(
+            f"{server['server']}: configured {server['configured']}, detected {server['generation']}"
+            f"{' with tasks' if server['tasks'] else ''}{speaks} - {server['detail']}"
+        )
+
+
+def _detected_generations() -> list[dict[str, Any]]:
+    """Each configured MCP server's generation as probed now (the MCP tasks extension's discovery)."""
+    found: list[dict[str, Any]] = []
+    with httpx.Client(timeout=5.0) as client:
+        for name, server in sorted(_settings().fleet().servers.items()):
+            if server.protocol != "mcp":
+                continue
+            generation = detect_generation(client, server.url, server=name, bearer_token=server.token)
+            configured = server.protocol_version
+            found.append(
+                {
+                    **generation.to_json(),
+                    "configured": configured,
+                    "speaks_configured": generation.speaks(configured),
+                }
+            )
+    return found
 
 
 @main.command()
