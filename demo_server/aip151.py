@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import functools
 import json
 import math
@@ -74,7 +73,6 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs
 
 import uvicorn
 from pydantic import ValidationError
@@ -87,17 +85,14 @@ from demo_server.aip151_model import (
     FaultSwitches,
     Operation,
     OperationStore,
-    invalid,
     not_found,
 )
+from demo_server.aip151_requests import json_object, page_token, parse_page, parse_run
 
 PROJECT = r"[a-z][a-z0-9-]{0,62}"
 RUN_PATH = re.compile(rf"/v1/projects/(?P<project>{PROJECT})/reports:run")
 LIST_PATH = re.compile(rf"/v1/projects/(?P<project>{PROJECT})/operations")
 OP_PATH = re.compile(rf"/v1/(?P<name>projects/{PROJECT}/operations/[A-Za-z0-9_-]+)(?P<verb>:cancel)?")
-MAX_PAGE_SIZE = 1000
-MAX_SECONDS = 86_400.0
-MAX_REQUEST_ID = 36
 
 
 @dataclass(frozen=True)
@@ -253,27 +248,8 @@ class AipDemoServer:
     # ---- the Operations service and the report method -----------------------------------------------
 
     async def _run(self, project: str, call: Call) -> Answer:
-        request = _json_object(call.body, required=True)
-        seconds = request.get("seconds")
-        if (
-            isinstance(seconds, bool)
-            or not isinstance(seconds, int | float)
-            or not 0 <= seconds <= MAX_SECONDS
-        ):
-            raise invalid(f"seconds must be a number from 0 to {MAX_SECONDS:.0f}")
-        outcome = request.get("outcome", "response")
-        if outcome not in ("response", "error", "empty", "none"):
-            raise invalid('outcome must be one of "response", "error", "empty", "none"')
-        request_id = request.get("requestId")
-        if request_id is not None and (
-            not isinstance(request_id, str)
-            or not 0 < len(request_id) <= MAX_REQUEST_ID
-            or not request_id.isascii()
-        ):
-            raise invalid(f"requestId must be 1 to {MAX_REQUEST_ID} ASCII characters")
-        unknown = set(request) - {"seconds", "outcome", "requestId"}
-        if unknown:
-            raise invalid(f"unknown fields: {sorted(unknown)}")
+        run = parse_run(call.body)
+        request, request_id = run.body, run.request_id
         call.entry["request_id"] = request_id
         if project in self.switches.missing_projects:
             raise ApiError(
@@ -298,8 +274,8 @@ class AipDemoServer:
         op = Operation(
             name=f"projects/{project}/operations/{uuid.uuid4().hex}",
             project=project,
-            seconds=float(seconds),
-            outcome=outcome,
+            seconds=run.seconds,
+            outcome=run.outcome,
             request_id=request_id,
             request=request,
             created=call.now,
@@ -337,29 +313,16 @@ class AipDemoServer:
         return 200, self._find(name).view(call.now, self.switches)
 
     async def _list(self, project: str, call: Call) -> Answer:
-        query = {k: v[-1] for k, v in parse_qs(call.scope.get("query_string", b"").decode("latin-1")).items()}
-        unknown = set(query) - {"pageSize", "pageToken", "filter"}
-        if unknown:
-            raise invalid(f"unknown query parameters: {sorted(unknown)}")
-        if query.get("filter"):
-            raise invalid("filter is not supported by this server")
-        try:
-            size = int(query.get("pageSize", "0"))
-        except ValueError:
-            raise invalid("pageSize must be an integer") from None
-        if size < 0:
-            raise invalid("pageSize must not be negative")
-        size = min(size or self.defaults.page_size, MAX_PAGE_SIZE)
-        start = _decode_token(query.get("pageToken", ""))
+        start, size = parse_page(call.scope.get("query_string", b""), self.defaults.page_size)
         ops = [op for op in self.store.operations.values() if op.project == project]
         page = ops[start : start + size]
         answer: dict[str, Any] = {"operations": [op.view(call.now, self.switches) for op in page]}
         if start + size < len(ops):
-            answer["nextPageToken"] = _encode_token(start + size)
+            answer["nextPageToken"] = page_token(start + size)
         return 200, answer
 
     async def _cancel(self, name: str, call: Call) -> Answer:
-        _json_object(call.body, required=False)
+        json_object(call.body, required=False)
         op = self._find(name)
         if op.done_at(call.now) is not None:
             if self.switches.cancel_of_done == "failed_precondition":
@@ -432,36 +395,6 @@ class AipDemoServer:
             await respond(send, 200, dumps({"operations": [], "expired": [], "deleted": []}))
         else:
             await respond(send, 404, dumps({"error": f"no control endpoint {method} /_control/{name}"}))
-
-
-def _json_object(body: bytes, *, required: bool) -> dict[str, Any]:
-    if not body.strip() and not required:
-        return {}
-    try:
-        value = json.loads(body)
-    except ValueError:
-        raise invalid("the body must be JSON") from None
-    if not isinstance(value, dict):
-        raise invalid("the body must be a JSON object")
-    return value
-
-
-def _encode_token(offset: int) -> str:
-    return base64.urlsafe_b64encode(f"offset:{offset}".encode()).decode()
-
-
-def _decode_token(token: str) -> int:
-    if not token:
-        return 0
-    try:
-        text = base64.urlsafe_b64decode(token.encode()).decode()
-        prefix, _, number = text.partition(":")
-        offset = int(number)
-    except ValueError:
-        raise invalid("pageToken is not one this server gave") from None
-    if prefix != "offset" or offset < 0:
-        raise invalid("pageToken is not one this server gave")
-    return offset
 
 
 def main(argv: list[str] | None = None) -> None:
