@@ -86,7 +86,8 @@ class TimedOut(click.ClickException):
 
 
 class LongcallGroup(click.Group):
-    """Every command's connection errors become one line and :data:`EXIT_UNREACHABLE`."""
+    """Every command's connection errors become one line and :data:`EXIT_UNREACHABLE`; a database without
+    the ledger's tables is a refusal that says to run ``longcall migrate``."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -95,9 +96,16 @@ class LongcallGroup(click.Group):
             raise
         except Exception as exc:
             unreachable = _unreachable(exc)
-            if unreachable is None:
-                raise
-            raise unreachable from None
+            if unreachable is not None:
+                raise unreachable from None
+            if isinstance(exc, sqlalchemy.exc.ProgrammingError) and isinstance(
+                exc.orig, psycopg.errors.UndefinedTable
+            ):
+                missing = str(exc.orig).splitlines()[0]
+                raise click.ClickException(
+                    f"the ledger has no tables yet ({missing}): run longcall migrate"
+                ) from None
+            raise
 
 
 #: The errors of a connection that failed (refused, timed out, dropped), by the service they come from.
@@ -134,6 +142,8 @@ def _unreachable(exc: BaseException, settings: Settings | None = None) -> Unreac
             what, url = "the database", settings.database_url
         if what is not None:
             reason = " ".join(str(current).split()) or type(current).__name__
+            if what == "the database" and "does not exist" in reason:
+                reason += " (longcall migrate creates it)"
             return Unreachable(f"cannot reach {what} at {redact_url(url)}: {reason[:300]}")
         current = current.__cause__ or current.__context__
     return None

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from tests import support
-from workers.cli import EXIT_UNREACHABLE, _unreachable
+from workers.cli import EXIT_REFUSED, EXIT_UNREACHABLE, _unreachable
 
 #: What a command may take to give up on a service (the brief's bound; the CLI connects within 2 s).
 BOUND_S = 5.0
@@ -155,3 +155,18 @@ def test_a_refusal_by_the_database_is_not_taken_for_an_unreachable_one(database_
     unreachable = _unreachable(wrapped)
     assert unreachable is not None
     assert unreachable.message.startswith("cannot reach the database at ")
+
+
+def test_a_database_without_the_ledger_says_to_migrate(empty_database_url: str) -> None:
+    """A fresh database (no tables) and a missing one: what to do, not a traceback."""
+    ran = longcall("status", "run-1/x", env={"LONGCALL_DATABASE_URL": empty_database_url})
+    assert ran.code == EXIT_REFUSED
+    assert ran.stderr.strip().splitlines() == [
+        'Error: the ledger has no tables yet (relation "tool_operation" does not exist): run longcall migrate'
+    ]
+    missing = empty_database_url.rsplit("/", 1)[0] + "/no_such_ledger_db"
+    ran = longcall("status", "run-1/x", env={"LONGCALL_DATABASE_URL": missing})
+    assert_one_line(ran, "the database at ")
+    assert ran.stderr.strip().endswith(
+        'database "no_such_ledger_db" does not exist (longcall migrate creates it)'
+    )
