@@ -23,8 +23,9 @@ from click.testing import CliRunner
 
 from tests.support import REPO, wait_for
 from workers.cli import main as cli_main
+from workers.dev.fleet import LocalFleet, mask_password
 from workers.dev.processes import clean_leftovers, group_alive
-from workers.dev.services import EmbeddedPostgres, lock_data_dir, pid_alive, prepare_data_dir
+from workers.dev.services import DataDir, EmbeddedPostgres, lock_data_dir, pid_alive, prepare_data_dir
 
 pytestmark = pytest.mark.slow
 
@@ -235,3 +236,36 @@ def test_help_names_the_options() -> None:
     assert result.exit_code == 0
     for option in ("--data-dir", "--no-demo", "--exit", "--yes", "--workers"):
         assert option in result.output
+
+
+def test_a_password_in_a_url_the_user_set_is_never_printed() -> None:
+    assert mask_password("postgresql://bob:s3cr%40t@db:5432/x") == "postgresql://bob:***@db:5432/x"
+    assert mask_password("redis://:pw@h:6379/0") == "redis://:***@h:6379/0"
+    assert (
+        mask_password("postgresql://postgres:@/longcall?host=/tmp/d")
+        == "postgresql://postgres:@/longcall?host=/tmp/d"
+    )
+    fleet = LocalFleet(
+        data=DataDir(Path("/d")),
+        database_url="postgresql://bob:pw@db/x",
+        redis_url="redis://127.0.0.1:7000/0",
+        broker_url=None,
+        embedded_postgres=False,
+        embedded_redis=True,
+        demo_url="http://127.0.0.1:1/mcp",
+        flower_url="http://127.0.0.1:2/",
+        flower_user="u",
+        flower_password="p",
+        flower_password_from_env=True,
+        metrics_url="http://127.0.0.1:3/metrics",
+        env={
+            "LONGCALL_DATABASE_URL": "postgresql://bob:pw@db/x",
+            "LONGCALL_REDIS_URL": "redis://127.0.0.1:7000/0",
+            "LONGCALL_CONFIG": "/d/longcall.toml",
+        },
+    )
+    assert fleet.exports() == [
+        "# LONGCALL_DATABASE_URL: as set in your environment",
+        "export LONGCALL_REDIS_URL='redis://127.0.0.1:7000/0'",
+        "export LONGCALL_CONFIG='/d/longcall.toml'",
+    ]

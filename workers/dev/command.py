@@ -17,11 +17,12 @@ from rich.console import Console
 
 from workers.dev.demo import Ask, Demo
 from workers.dev.display import print_lines, receipts_table
-from workers.dev.fleet import FleetOptions, LocalFleet, start_fleet
+from workers.dev.fleet import FleetOptions, LocalFleet, mask_password, start_fleet
 from workers.dev.processes import Children, clean_leftovers
 from workers.dev.services import DataDir, DevError, EmbeddedPostgres, lock_data_dir, prepare_data_dir
 
 READY = "longcall dev: fleet ready"
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -35,8 +36,8 @@ def _addresses(fleet: LocalFleet) -> list[tuple[str, str]]:
         else f"user {fleet.flower_user}, password {fleet.flower_password}"
     )
     lines = [
-        ("ledger", fleet.database_url + ("  (embedded)" if fleet.embedded_postgres else "")),
-        ("redis", fleet.redis_url + ("  (embedded)" if fleet.embedded_redis else "")),
+        ("ledger", mask_password(fleet.database_url) + ("  (embedded)" if fleet.embedded_postgres else "")),
+        ("redis", mask_password(fleet.redis_url) + ("  (embedded)" if fleet.embedded_redis else "")),
         ("MCP server", f'{fleet.demo_url}  (server "reports", longcall\'s demo server)'),
         ("flower", f"{fleet.flower_url}  ({flower_auth})"),
     ]
@@ -121,7 +122,9 @@ def dev(  # noqa: PLR0917 (click passes each option as a parameter)
         console.print(f"stopped what a previous longcall dev left running: {', '.join(cleaned)}")
     children = Children(data.logs, data.processes, Path.cwd())
     postgres = EmbeddedPostgres(data.pgdata)
-    previous_term = signal.signal(signal.SIGTERM, _interrupt)
+    # Ctrl-C, a kill and a closed terminal all stop the fleet, even when the shell that started this one
+    # ignored SIGINT (a background job of a script inherits SIG_IGN).
+    previous = {sig: signal.signal(sig, _interrupt) for sig in STOP_SIGNALS}
     failure: DevError | None = None
     started: list[LocalFleet] = []
     try:
@@ -141,15 +144,16 @@ def dev(  # noqa: PLR0917 (click passes each option as a parameter)
     except DevError as exc:
         failure = exc
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the teardown runs to its end
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)  # the teardown runs to its end (each step is bounded)
         console.print("longcall dev: stopping everything it started ...")
         for fleet in started:
             _save_demo_server_record(fleet)
         children.stop_all()
         postgres.stop()
         lock.close()
-        signal.signal(signal.SIGTERM, previous_term)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         console.print("longcall dev: stopped")
     if failure is not None:
         raise click.ClickException(str(failure))

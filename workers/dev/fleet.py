@@ -4,6 +4,7 @@ ledger migrated, the demo MCP server, workers, beat, Flower with basic auth and 
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -58,9 +59,22 @@ class LocalFleet:
         return self.demo_url.removesuffix("/mcp") + "/_control"
 
     def exports(self) -> list[str]:
-        """The lines a user pastes into another shell to use ``longcall submit`` on this fleet."""
+        """The lines a user pastes into another shell to use ``longcall submit`` on this fleet. A URL the
+        user set is not repeated (it may hold a password): it is already in their environment."""
         names = ["LONGCALL_DATABASE_URL", "LONGCALL_REDIS_URL", "LONGCALL_BROKER_URL", "LONGCALL_CONFIG"]
-        return [f"export {name}='{self.env[name]}'" for name in names if name in self.env]
+        mine = {"LONGCALL_DATABASE_URL": self.embedded_postgres, "LONGCALL_REDIS_URL": self.embedded_redis}
+        return [
+            f"export {name}='{self.env[name]}'"
+            if mine.get(name, name == "LONGCALL_CONFIG")
+            else f"# {name}: as set in your environment"
+            for name in names
+            if name in self.env
+        ]
+
+
+def mask_password(url: str) -> str:
+    """``scheme://user:***@host...``: a URL as it may be printed (a password never is)."""
+    return re.sub(r"://([^:/@]*):[^@/]+@", r"://\1:***@", url)
 
 
 def longcall_argv(*args: str) -> list[str]:
