@@ -206,6 +206,8 @@ class AipOperationsAdapter:
                 f"lookup of {submission_key} on {self.name!r} needs the tool and its arguments"
             )
         if submitted_after is not None:
+            if submitted_after.tzinfo is None:
+                submitted_after = submitted_after.replace(tzinfo=UTC)
             age = (datetime.now(UTC) - submitted_after).total_seconds()
             if age > DEDUPE_TRUST_S:
                 return _unprovable(

@@ -98,8 +98,9 @@ _RETRY_INFO: Final = "type.googleapis.com/google.rpc.RetryInfo"
 _CREATE: Final = re.compile(r"^(GET|POST|PUT|PATCH|DELETE) (/\S*)$")
 _PLACEHOLDER: Final = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _DURATION: Final = re.compile(r"^(\d+(?:\.\d{1,9})?)s$")
-#: What an operation name may hold: a resource path, its segments URL-safe and never "." or "..".
-_NAME_SEGMENT: Final = re.compile(r"^[A-Za-z0-9._~@:-]+$")
+#: What an operation name may hold: a resource path, its segments URL-safe (RFC 3986 unreserved, "@" and
+#: ":"; e.g. the Spanner emulator's ``.../operations/_auto_op_1a2b``) and never "." or "..".
+_NAME_SEGMENT: Final = re.compile(r"^[A-Za-z0-9_.~@:-]+$")
 
 
 # --------------------------------------------------------------------------------------- operations

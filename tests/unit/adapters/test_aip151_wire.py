@@ -128,6 +128,8 @@ def test_a_done_validate_only_operation_may_have_no_name() -> None:
 def test_the_operation_path_is_built_from_its_name() -> None:
     assert operation_path(NAME) == "/v1/projects/demo/operations/op-1"
     assert operation_path("operations/abc:1") == "/v1/operations/abc:1"
+    spanner = "projects/p/instances/i/databases/d/operations/_auto_op_1a2b"
+    assert operation_path(spanner) == "/v1/" + spanner
 
 
 def test_a_list_page_and_its_token() -> None:
