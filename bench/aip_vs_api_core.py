@@ -18,7 +18,10 @@ api-core can parse the Anys), so each server's request log is one client's; all 
   had given was still running, and the detection lag (the first GetOperation after the operation was done,
   minus its ``endTime``).
 * expiry: the same operation on a server that forgets a done operation ``--expire-after-done-s`` s after it
-  is done (then 404 NOT_FOUND): what each client ends with.
+  is done (then 404 NOT_FOUND): what each client ends with. By default one longcall poll interval + 1 s:
+  a retention a poller with a bounded interval always sees inside, and that google-api-core's backoff (up
+  to 20 s between polls) can jump over. Shorter than longcall's interval, longcall misses it too and hands
+  the operation to an operator (DESIGN rule 11: nothing held, no receipt), which the table shows.
 
 Every client runs ``--runs`` operations per scenario (api-core's jitter is random; a fixed-interval poller's
 lag depends on where in its interval the operation ends): ``--seconds`` plus i/runs of longcall's poll
