@@ -49,20 +49,20 @@ class DemoCall:
 
 def plan() -> list[DemoCall]:
     reports = [
-        DemoCall(f"report-{n:02d}", "slow_report", {"seconds": s}, "report", f"slow_report {s}s")
+        DemoCall(f"report-{n:02d}", "slow_report", {"seconds": s}, "report", f"report {s}s")
         for n, s in enumerate((2, 3, 4, 5, 6, 8, 10, 12), start=1)
     ]
     return [
-        DemoCall("lost-create", "slow_report", {"seconds": 4.5}, "lost", "slow_report 4.5s, answer lost"),
+        DemoCall("lost-create", "slow_report", {"seconds": 4.5}, "lost", "report 4.5s, answer lost"),
         *reports,
-        DemoCall("report-fails", "slow_report", {"seconds": 3, "fail": True}, "fails", "slow_report fails"),
-        DemoCall("cancel-me", "slow_report", {"seconds": 120}, "cancel", "slow_report 120s, cancelled"),
+        DemoCall("report-fails", "slow_report", {"seconds": 3, "fail": True}, "fails", "report 3s, fails"),
+        DemoCall("cancel-me", "slow_report", {"seconds": 120}, "cancel", "report 120s, cancel"),
         DemoCall(
             "approval",
             "ask_approval",
             {"question": "Publish the monthly report?"},
             "input",
-            "ask_approval (input)",
+            "approval (input)",
         ),
     ]
 
@@ -142,7 +142,7 @@ class Demo:
             live.start()
 
     def title(self) -> str:
-        return f"longcall dev demo {self.run_id}  (Flower {self.fleet.flower_url})"
+        return f"longcall dev demo: call nodes dev/{self.run_id}/...  (Flower {self.fleet.flower_url})"
 
     def act(self, ops: dict[str, Operation | None], live: Live) -> None:
         cancel = ops[self.by_role("cancel").name]
@@ -154,7 +154,7 @@ class Demo:
         ):
             self.app.send_task("longcall.cancel", kwargs={"op_id": str(cancel.id)}, queue="longcall.control")
             self.done.add("cancel")
-            self.notes["cancel-me"] = f"cancel sent after {_age(cancel):.1f}s"
+            self.notes["cancel-me"] = f"cancel sent at {_age(cancel):.1f}s"
         approval = ops[self.by_role("input").name]
         if approval is not None and approval.state is OpState.INPUT_REQUIRED:
             key = f"input-{approval.input_round}"
@@ -177,7 +177,7 @@ class Demo:
             kwargs={"op_id": str(op.id), "input_round": op.input_round, "response": response},
             queue="longcall.control",
         )
-        self.notes["approval"] = f"answered approved={str(approve).lower()}"
+        self.notes["approval"] = f"answered: approved={str(approve).lower()}"
 
     def operate(self, op: Operation, live: Live) -> None:
         """The operator's part: find the task on the server by what was asked, and tell longcall."""
@@ -208,9 +208,7 @@ class Demo:
         env = {**os.environ, **self.fleet.env}
         done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)  # noqa: S603
         failed = f"reconcile failed: {done.stderr.strip()[-200:]}"
-        self.notes[call.name] = (
-            f"operator: found task {task['taskId'][:8]}" if done.returncode == 0 else failed
-        )
+        self.notes[call.name] = f"operator: found {task['taskId'][:8]}" if done.returncode == 0 else failed
 
     def server_tasks_for(self, call: DemoCall) -> list[dict[str, Any]]:
         """The demo server's own list of the tasks it holds for this call (same tool, same arguments)."""
@@ -226,7 +224,7 @@ class Demo:
             elapsed = 0.0 if op is None else _age(op, final=op.state in FINAL)
             note = self.notes.get(call.name, "")
             state = None if op is None else op.state
-            rows.append(ProgressRow(self.node(call), call.what, state, polls, elapsed, note))
+            rows.append(ProgressRow(call.name, call.what, state, polls, elapsed, note))
         return rows
 
     def _polled_events(self, op_id: uuid.UUID) -> int:

@@ -23,7 +23,8 @@ _STATE_STYLE = {
 
 @dataclass(frozen=True)
 class ProgressRow:
-    call_node_id: str
+    #: The call's name in the demo (its call node id less the run's prefix, which the title shows).
+    name: str
     what: str
     state: OpState | None
     polls: int
@@ -41,7 +42,7 @@ class ReceiptRow:
 
 def progress_table(rows: Sequence[ProgressRow], title: str) -> Table:
     table = Table(title=title, title_justify="left", expand=False)
-    table.add_column("call node", no_wrap=True)
+    table.add_column("call", no_wrap=True)
     table.add_column("what", no_wrap=True)
     table.add_column("state", no_wrap=True)
     table.add_column("polls", justify="right")
@@ -51,7 +52,7 @@ def progress_table(rows: Sequence[ProgressRow], title: str) -> Table:
         state = "-" if row.state is None else row.state.value
         style = _STATE_STYLE.get(row.state) if row.state is not None else "dim"
         table.add_row(
-            row.call_node_id,
+            row.name,
             row.what,
             f"[{style}]{state}[/]" if style else state,
             str(row.polls),
