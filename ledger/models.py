@@ -16,6 +16,7 @@ from sqlalchemy import (
     Boolean,
     CheckConstraint,
     DateTime,
+    Float,
     ForeignKey,
     Identity,
     Index,
@@ -51,6 +52,7 @@ NAMING = {
 PROTOCOLS = ("mcp", "aip151")
 OUTBOX_KINDS = ("terminal", "input_required")
 OUTBOX_STATUSES = ("ready", "dispatched")
+ROUTINGS = ("live", "shadow")
 
 
 def _in(column: str, values: Any) -> str:
@@ -120,9 +122,13 @@ class ToolOperation(Base):
     unchanged_polls: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
     no_token_count: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
     last_polled_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+    #: ``live`` (delivered downstream) or ``shadow`` (driven and receipted, never delivered: its outcome is
+    #: compared with the caller's legacy outcome in ``shadow_comparison``).
+    routing: Mapped[str] = mapped_column(Text, server_default=text("'live'"))
 
     __table_args__ = (
         UniqueConstraint("server", "remote_id"),
+        CheckConstraint(_in("routing", ROUTINGS), name="routing_known"),
         CheckConstraint("unchanged_polls >= 0 AND no_token_count >= 0", name="poll_counters_non_negative"),
         CheckConstraint(_in("state", OpState), name="state_known"),
         CheckConstraint(_in("protocol", PROTOCOLS), name="protocol_known"),
@@ -328,3 +334,57 @@ class ExecutorControlAudit(Base):
     action: Mapped[str] = mapped_column(Text)
     before: Mapped[Any] = mapped_column(Json)
     after: Mapped[Any] = mapped_column(Json)
+    #: Why the operator made the change (``--reason``); None for changes recorded before it was asked.
+    reason: Mapped[str | None] = mapped_column(Text)
+
+
+class ShadowComparison(Base):
+    """A shadow operation's outcome beside the caller's legacy outcome for the same call node.
+
+    The legacy outcome may arrive before or after longcall's receipt; ``diverged`` is set once both are
+    known (terminal states differ, or both completed with different result digests when the legacy digest
+    is given)."""
+
+    __tablename__ = "shadow_comparison"
+
+    call_node_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    legacy_terminal_state: Mapped[str] = mapped_column(Text)
+    legacy_result_digest: Mapped[str | None] = mapped_column(Text)
+    legacy_detail: Mapped[Any | None] = mapped_column(Json)
+    recorded_at: Mapped[dt.datetime] = mapped_column(Timestamp, server_default=func.now())
+    longcall_terminal_state: Mapped[str | None] = mapped_column(Text)
+    longcall_result_digest: Mapped[str | None] = mapped_column(Text)
+    diverged: Mapped[bool | None] = mapped_column(Boolean)
+    compared_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+
+    __table_args__ = (
+        CheckConstraint(_in("legacy_terminal_state", TerminalKind), name="legacy_state_known"),
+        CheckConstraint(
+            f"longcall_terminal_state IS NULL OR {_in('longcall_terminal_state', TerminalKind)}",
+            name="longcall_state_known",
+        ),
+        CheckConstraint("(diverged IS NULL) = (compared_at IS NULL)", name="compared_with_verdict"),
+    )
+
+
+class SimulationRun(Base):
+    """One run of ``longcall gate simulate``: what the launch gate reads of the simulation."""
+
+    __tablename__ = "simulation_run"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(always=False), primary_key=True)
+    started_at: Mapped[dt.datetime] = mapped_column(Timestamp)
+    finished_at: Mapped[dt.datetime] = mapped_column(Timestamp, index=True)
+    seed: Mapped[int] = mapped_column(BigInteger)
+    series: Mapped[int] = mapped_column(Integer)
+    protocols: Mapped[Any] = mapped_column(Json)
+    divergences: Mapped[int] = mapped_column(Integer)
+    second_operations: Mapped[int] = mapped_column(Integer)
+    max_receipts_per_call_node: Mapped[int] = mapped_column(Integer)
+    advances_without_receipt: Mapped[int] = mapped_column(Integer)
+    late_completions_advanced: Mapped[int] = mapped_column(Integer)
+    series_per_s: Mapped[float] = mapped_column(Float)
+    failures: Mapped[Any | None] = mapped_column(Json)
+    passed: Mapped[bool] = mapped_column(Boolean)
+
+    __table_args__ = (CheckConstraint("series >= 0", name="series_non_negative"),)
