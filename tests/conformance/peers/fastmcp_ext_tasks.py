@@ -53,6 +53,14 @@ def build(ttl_s: float | None) -> FastMCP:
             await ctx.report_progress(step, steps, f"step {step}/{steps}")
         return f"slow_job finished {steps} steps"
 
+    @server.tool(
+        description="Sleeps `seconds`, with a poll interval hint of 30 s (a late poll: races with a cancel).",
+        task=TaskConfig(mode="optional", poll_interval=timedelta(seconds=30)),
+    )
+    async def rare_poll_job(seconds: float) -> str:
+        await asyncio.sleep(seconds)
+        return f"rare_poll_job done after {seconds:g}s"
+
     @server.tool(description="Asks the client for a name, then greets it.", task=FAST_POLL)
     async def ask_name(greeting: str, ctx: Context) -> Any:
         answers = ctx.input_responses
