@@ -269,3 +269,38 @@ def test_a_password_in_a_url_the_user_set_is_never_printed() -> None:
         "export LONGCALL_REDIS_URL='redis://127.0.0.1:7000/0'",
         "export LONGCALL_CONFIG='/d/longcall.toml'",
     ]
+
+
+EMBEDDED_TWICE = """
+import shutil, sys
+from pathlib import Path
+import psycopg
+from workers.dev.services import EmbeddedPostgres
+root = Path(sys.argv[1])
+for _ in range(2):
+    postgres = EmbeddedPostgres(root / "pg")
+    url = postgres.start().replace("/longcall?", "/postgres?")
+    with psycopg.connect(url, connect_timeout=10) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    postgres.stop()
+shutil.rmtree(root)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_the_embedded_postgres_starts_again_in_one_process_and_leaves_nothing_at_exit(data_dir: Path) -> None:
+    """Stopped, it can be started again in the same process (the wheel caches a handle per directory), and
+    the process's exit touches nothing (the wheel's exit hook would recreate a lock file in a removed dir)."""
+    data_dir.mkdir(parents=True)
+    done = subprocess.run(
+        [sys.executable, "-c", EMBEDDED_TWICE, str(data_dir)],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stderr == ""
+    assert not data_dir.exists()

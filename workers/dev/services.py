@@ -14,6 +14,7 @@ of ``longcall dev`` on the same directory, as the ledger does.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import os
@@ -178,9 +179,13 @@ class EmbeddedPostgres:
         if self._server is None:
             return
         pid = self.pid
+        server, self._server = self._server, None
         with contextlib.suppress(Exception):
-            self._server.stop()
-        self._server = None
+            server.stop()
+        # Forget it as the wheel would at exit (its exit hook would take a lock file next to a data dir
+        # that may be gone by then, and a later start of the same directory would get this stopped handle).
+        atexit.unregister(server._cleanup)
+        type(server)._instances.pop(server.pgdata, None)
         if pid is not None:
             wait_gone(pid, timeout)
 
