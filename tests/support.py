@@ -430,3 +430,72 @@ def private_postgres(log_dir: Path) -> Iterator[PrivatePostgres]:
         finally:
             (log_dir / f"postgres-{server.port}.log").write_text(server.log())
             shutil.rmtree(root, ignore_errors=True)
+
+
+@dataclass
+class PrivateRabbitMQ:
+    """A RabbitMQ node of this test's own (its own node name, ports, data and config), so a test may put it
+    in an alarm or stop it while the shared node on 5672 stays up."""
+
+    root: Path
+    port: int = field(default_factory=free_port)
+    dist_port: int = field(default_factory=free_port)
+
+    @property
+    def node(self) -> str:
+        return f"lctest{self.port}@localhost"
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}//"
+
+    def ctl(self, *args: str, timeout: float = 60) -> str:
+        return rabbitmqctl("-n", self.node, *args, timeout=timeout)
+
+    def start(self) -> None:
+        (self.root / "rabbitmq.conf").write_text(f"listeners.tcp.local = 127.0.0.1:{self.port}\n")
+        (self.root / "enabled_plugins").write_text("[].\n")
+        if os.geteuid() == 0:  # the server drops to the rabbitmq user: it must own its files
+            for path in (self.root, *self.root.iterdir()):
+                shutil.chown(path, user="rabbitmq")
+        env = {
+            **os.environ,
+            "RABBITMQ_NODENAME": self.node,
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(self.dist_port),
+            "RABBITMQ_MNESIA_BASE": str(self.root / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(self.root / "log"),
+            "RABBITMQ_CONFIG_FILE": str(self.root / "rabbitmq.conf"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.root / "enabled_plugins"),
+            "RABBITMQ_PID_FILE": str(self.root / "pid"),
+        }
+        server = _binary("rabbitmq-server", "rabbitmq-server", "/usr/sbin/rabbitmq-server")
+        subprocess.run([server, "-detached"], env=env, cwd=self.root, timeout=60, check=True)
+
+        def started() -> bool:
+            # Until the node has registered, rabbitmqctl cannot reach it at all (and says so at once).
+            try:
+                self.ctl("await_startup", "--timeout", "5", timeout=30)
+            except RuntimeError:
+                return False
+            return True
+
+        wait_for(f"RabbitMQ node {self.node} to start", started, timeout=120, interval=1)
+
+    def stop(self) -> None:
+        with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
+            self.ctl("stop", timeout=60)
+
+
+@contextlib.contextmanager
+def private_rabbitmq() -> Iterator[PrivateRabbitMQ]:
+    # Not under pytest's tmp_path: the rabbitmq user must be able to reach the directory.
+    root = Path(tempfile.mkdtemp(prefix="lc-rmq-"))
+    root.chmod(0o755)
+    node = PrivateRabbitMQ(root)
+    try:
+        node.start()
+        yield node
+    finally:
+        node.stop()
+        shutil.rmtree(root, ignore_errors=True)

@@ -32,7 +32,7 @@ ROUTES = {
 }
 
 
-#: Seconds a Redis broker command (a publish, an ack) or connect may take before it fails and is retried.
+#: Seconds a broker command (a publish, an ack, a confirm) or connect may take before it fails and is retried.
 BROKER_SOCKET_TIMEOUT_S = 15.0
 
 
@@ -61,6 +61,15 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # step is fenced by the ledger's lease and epoch, never a second create; no longcall message
         # carries a countdown or ETA (the dispatcher owns time), so none waits unacknowledged in a worker.
         transport_options["confirm_publish"] = True
+        # RabbitMQ stops reading from a publishing connection while it is in a memory or disk alarm, and a
+        # broker that vanished without closing the connection never answers: a publish waiting for its
+        # confirm (or a channel close after a failed one) would wait for ever, its drainer holding its
+        # outbox rows (locked, skipped by every other drainer) and the dispatcher's tick its claims. A read
+        # or write that waits this long fails instead (the socket's SO_RCVTIMEO/SO_SNDTIMEO; a consumer
+        # reads only what its event loop saw arrive, so an idle one is not affected); the publish is
+        # retried by Celery's policy, then fails, and the row stays ready.
+        transport_options["read_timeout"] = BROKER_SOCKET_TIMEOUT_S
+        transport_options["write_timeout"] = BROKER_SOCKET_TIMEOUT_S
     elif is_redis(settings.broker):
         # A message not acknowledged within the visibility timeout is delivered again (Redis only).
         transport_options["visibility_timeout"] = REDIS_VISIBILITY_TIMEOUT_S

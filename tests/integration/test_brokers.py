@@ -9,13 +9,20 @@ Each RabbitMQ test has a vhost of its own; a RabbitMQ that is down fails the tes
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import time
+
 import pytest
 from sqlalchemy import text
 
-from ledger.states import OpState
+from ledger.repository import Ledger
+from ledger.states import OpState, TerminalKind
 from tests import support
 from tests.integration.fleet import Fleet
-from workers.app import QUEUES, celery_config
+from tests.integration.helpers import evidence_for, place
+from workers.app import BROKER_SOCKET_TIMEOUT_S, QUEUES, celery_config
 from workers.settings import Settings
 
 AMQP_URL = "amqp://guest:guest@rabbit:5672/fleet-a"
@@ -24,7 +31,11 @@ AMQP_URL = "amqp://guest:guest@rabbit:5672/fleet-a"
 def test_the_amqp_broker_gets_confirms_and_none_of_the_redis_transport_options() -> None:
     config = celery_config(Settings(broker_url=AMQP_URL, broker_keyprefix="fleet-a:"))
     # kombu hands every broker transport option to py-amqp's Connection: only what it acts on is set.
-    assert config["broker_transport_options"] == {"confirm_publish": True}
+    assert config["broker_transport_options"] == {
+        "confirm_publish": True,
+        "read_timeout": BROKER_SOCKET_TIMEOUT_S,
+        "write_timeout": BROKER_SOCKET_TIMEOUT_S,
+    }
     # The results stay in Redis, under the fleet's prefix.
     assert config["result_backend"] == "redis://127.0.0.1:6379/0"
     assert config["result_backend_transport_options"] == {"global_keyprefix": "fleet-a:"}
@@ -90,3 +101,62 @@ def test_a_receipt_rabbitmq_refuses_stays_in_the_outbox_until_the_broker_takes_i
     assert (receipt["terminal_state"], receipt["op_id"]) == ("completed", str(op_id))
     support.wait_for("the outbox and the pipeline to settle", fleet.settled)
     assert [r["call_node_id"] for r in fleet.receipts()] == ["n/refused"]
+
+
+#: One drain of the outbox by the fleet's own app and publisher, in a process of its own (the environment
+#: names the broker); prints what it did and how long it took.
+DRAIN = """
+import json, time
+from ledger.repository import Ledger
+from workers.app import app
+from workers.delivery import publisher
+ledger = Ledger.from_url(__import__("os").environ["LONGCALL_DATABASE_URL"])
+started = time.monotonic()
+report = ledger.drain_outbox(publisher(app))
+print(json.dumps({"dispatched": len(report.dispatched), "failed": len(report.failed),
+                  "seconds": round(time.monotonic() - started, 1)}))
+"""
+
+
+def _drain(database_url: str, broker_url: str) -> dict[str, float]:
+    env = support.celery_env({"LONGCALL_DATABASE_URL": database_url, "LONGCALL_BROKER_URL": broker_url})
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", DRAIN],
+        env=env,
+        cwd=support.REPO,
+        capture_output=True,
+        timeout=10 * BROKER_SOCKET_TIMEOUT_S,  # a drain that waits for ever fails the test here
+        check=False,
+    )
+    output = done.stdout.decode(errors="replace")
+    assert done.returncode == 0, output + done.stderr.decode(errors="replace")[-3000:]
+    report: dict[str, float] = json.loads(output.strip().splitlines()[-1])
+    return report
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_drain_while_rabbitmq_blocks_publishers_fails_in_bounded_time(
+    ledger: Ledger, database_url: str
+) -> None:
+    """RabbitMQ in a disk (or memory) alarm stops reading from every publishing connection: the confirm never
+    comes, nor the close-ok of a channel. Without a socket bound a drainer waited there for as long as the
+    alarm lasted, holding its outbox rows and its worker process (seen: still waiting after 150 s). Now each
+    read fails after BROKER_SOCKET_TIMEOUT_S, Celery's publish retries end, the drain reports the row
+    failed, and it stays ready; once the alarm clears, the next drain delivers it."""
+    op = place(ledger, OpState.FETCHING_RESULT)
+    ledger.accept_terminal(op.id, evidence_for(op, TerminalKind.COMPLETED))
+    assert ledger.ready_outbox_count() == 1
+    with support.private_rabbitmq() as node:
+        node.ctl("set_disk_free_limit", "100000GB")
+        support.wait_for("the disk alarm", lambda: "disk" in node.ctl("-q", "status").lower(), timeout=30)
+        started = time.monotonic()
+        report = _drain(database_url, node.url)
+        assert (report["dispatched"], report["failed"]) == (0, 1), report
+        # Four publish attempts and the channel closes after them, each at most one socket timeout.
+        assert time.monotonic() - started < 8 * BROKER_SOCKET_TIMEOUT_S, report
+        assert ledger.ready_outbox_count() == 1
+
+        node.ctl("set_disk_free_limit", "1MB")
+        assert _drain(database_url, node.url)["dispatched"] == 1
+        assert ledger.ready_outbox_count() == 0
