@@ -83,16 +83,14 @@ def running_ext_fleet(
     """The fastmcp-tasks peer and an MCP server of this helper's own, a configuration naming both, then
     :func:`running_fleet` pointed at it (``LONGCALL_CONFIG``; as in aip_fleet, the MCP server
     ``running_fleet`` starts itself stays idle)."""
-    peers = start_peer(PEER, parts.log_dir)
-    peer = next(peers)
-    mcp = start_mcp_server(parts.log_dir)
-    try:
-        config = parts.tmp_path / "longcall-ext.toml"
-        config.write_text(fleet_config(mcp.url) + ext_config(peer.url))
-        with running_fleet(
-            parts, workers=workers, env={**(env or {}), "LONGCALL_CONFIG": str(config)}
-        ) as fleet:
-            yield ExtFleet(fleet, peer, mcp)
-    finally:
-        mcp.process.stop()
-        peers.close()
+    with contextmanager(start_peer)(PEER, parts.log_dir) as peer:
+        mcp = start_mcp_server(parts.log_dir)
+        try:
+            config = parts.tmp_path / "longcall-ext.toml"
+            config.write_text(fleet_config(mcp.url) + ext_config(peer.url))
+            with running_fleet(
+                parts, workers=workers, env={**(env or {}), "LONGCALL_CONFIG": str(config)}
+            ) as fleet:
+                yield ExtFleet(fleet, peer, mcp)
+        finally:
+            mcp.process.stop()
