@@ -153,6 +153,8 @@ def parse_operation(value: object, *, server: str, expected_name: str | None = N
         raise ProtocolViolation(f"server {server!r}: a running Operation without a name cannot be followed")
     if expected_name is not None and name and name != expected_name:
         raise ProtocolViolation(f"server {server!r}: asked for {expected_name!r}, answered {name!r}")
+    if expected_name is not None and not name:
+        name = expected_name  # the answer to GetOperation(name) is that operation, its name left out
     raw = dict(value)
     if not done:
         return _status(name or "", "done=false", None, None, raw, result=None)

@@ -23,7 +23,7 @@ from ledger.events import EventKind
 from ledger.records import Claim, Fence, Operation
 from ledger.states import CANCEL_WAITS_IN, OpState, TerminalKind
 from workers.errors import NotCancellable
-from workers.steps.context import TRY_AGAIN, StepContext, StepOutcome, describe, remote_ref
+from workers.steps.context import TRY_AGAIN, StepContext, StepOutcome, describe, remote_ref, server_status
 from workers.steps.poll import observed
 from workers.steps.result import accept, not_found
 
@@ -138,7 +138,14 @@ def send(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
         # The server took (or refused) this generation's cancel already: sending it again tells nothing new.
         # The outcome is polled for, on the control budget, until the operation is done.
         return _after(
-            ctx, op, fence, adapter, None, event=EventKind.CANCEL_PENDING, detail={_ANSWER: answered}
+            ctx,
+            op,
+            fence,
+            adapter,
+            None,
+            event=EventKind.CANCEL_PENDING,
+            detail={_ANSWER: answered},
+            quiet=True,
         )
     try:
         outcome = adapter.cancel(
@@ -208,8 +215,10 @@ def _after(
     *,
     event: EventKind,
     detail: Mapping[str, Any],
+    quiet: bool = False,
 ) -> StepOutcome:
-    """Where the task stands after a cancel request that was not itself the evidence of a cancel."""
+    """Where the task stands after a cancel request that was not itself the evidence of a cancel.
+    ``quiet``: the server's answer is recorded already (an event with :data:`_ANSWER`)."""
     if status is None or status.terminal is None:
         try:
             status = adapter.get(
@@ -225,4 +234,12 @@ def _after(
         )
     if status.terminal is not None:
         return observed(ctx, op, fence, status)  # the completion won the race
-    return ctx.reschedule(op, fence, ctx.interval_s(op, status), event, detail)
+    interval = ctx.interval_s(op, status)
+    if quiet:
+        # Polled for since the server's answer was recorded: counted on the row like an unchanged poll (an
+        # event only when the server's state changed), not one event per read while the cancel lands.
+        op = ctx.ledger.record_poll(
+            op.id, fence, state=op.state, status=server_status(status), next_poll_in_s=ctx.jittered(interval)
+        )
+        return StepOutcome(op.id, event.value, op.state, detail={"delay_s": round(interval, 3)})
+    return ctx.reschedule(op, fence, interval, event, detail)

@@ -119,6 +119,11 @@ def test_another_operations_answer_is_refused() -> None:
         parse_operation({"name": "projects/demo/operations/op-2"}, server="s", expected_name=NAME)
 
 
+def test_an_operation_read_by_name_keeps_that_name_when_the_answer_leaves_it_out() -> None:
+    status = parse_operation({"done": True, "response": EMPTY_PY}, server="s", expected_name=NAME)
+    assert status.remote_id == NAME
+
+
 def test_a_done_validate_only_operation_may_have_no_name() -> None:
     status = parse_operation({"done": True, "response": EMPTY_PY}, server="s")
     assert status.remote_id == ""
