@@ -12,7 +12,9 @@ request (no header) stands out.
 
 Each charge is also counted for ``longcall metrics`` (:class:`RequestMeter`): one Redis counter per server,
 bucket and second, kept :data:`RATE_KEEP_S` seconds, so the requests a server received per second can be
-set against its ``poll_qps`` / ``control_qps`` without any state in a worker.
+set against its ``poll_qps`` / ``control_qps`` without any state in a worker. The same script also raises
+the highest count of any one second per server, bucket and hour (:func:`peak_key`, kept :data:`PEAK_KEEP_S`),
+which the launch gate (``longcall gate``) sets against the budgets over the last week.
 """
 
 from __future__ import annotations
@@ -21,18 +23,35 @@ import logging
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
+from pathlib import Path
 
 import httpx
 import redis
 
 from workers.hot import Budget
 
-__all__ = ["BUDGET_HEADER", "RATE_KEEP_S", "RequestMeter", "TokenBudget", "label_request", "rate_key"]
+__all__ = [
+    "BUDGET_HEADER",
+    "PEAK_BUCKET_S",
+    "PEAK_KEEP_S",
+    "RATE_KEEP_S",
+    "RequestMeter",
+    "TokenBudget",
+    "label_request",
+    "peak_key",
+    "rate_key",
+]
 
 log = logging.getLogger(__name__)
 
 #: How long a per-second request counter is kept: long enough for a scrape to read the last ten seconds.
 RATE_KEEP_S = 15
+
+#: The span of one highest-per-second record (an hour), and how long one is kept (a week).
+PEAK_BUCKET_S = 3600
+PEAK_KEEP_S = 7 * 86_400
+
+_METER_LUA = (Path(__file__).with_name("request_meter.lua")).read_text(encoding="utf-8")
 
 #: The header naming the bucket a request was charged to (``poll`` or ``control``).
 BUDGET_HEADER = "Longcall-Budget"
@@ -85,24 +104,32 @@ def rate_key(prefix: str, server: str, bucket: Budget, second: int) -> str:
     return f"{prefix}rate:{server}:{bucket}:{second}"
 
 
+def peak_key(prefix: str, server: str, bucket: Budget, second: int) -> str:
+    """The Redis key holding the most requests charged to ``server``'s ``bucket`` in any one second of the
+    hour (:data:`PEAK_BUCKET_S`) that holds the Unix ``second``."""
+    return f"{prefix}ratemax:{server}:{bucket}:{second // PEAK_BUCKET_S}"
+
+
 class RequestMeter:
-    """Counts one charged request in its second (the worker's clock, when the request is about to be sent):
-    ``INCR`` and ``EXPIRE`` in one round trip. A metric is never worth a request: a Redis error is logged
-    and the request goes on."""
+    """Counts one charged request in its second (the worker's clock, when the request is about to be sent)
+    and raises its hour's highest per-second count: one Lua script (``request_meter.lua``), one round trip.
+    A metric is never worth a request: a Redis error is logged and the request goes on."""
 
     def __init__(self, client: redis.Redis, prefix: str, server: str, bucket: Budget) -> None:
         self._client = client
         self._prefix = prefix
         self._server = server
         self._bucket = bucket
+        self._script = client.register_script(_METER_LUA)
 
     def __call__(self) -> None:
-        key = rate_key(self._prefix, self._server, self._bucket, int(time.time()))
+        second = int(time.time())
+        keys = [
+            rate_key(self._prefix, self._server, self._bucket, second),
+            peak_key(self._prefix, self._server, self._bucket, second),
+        ]
         try:
-            pipe = self._client.pipeline(transaction=False)
-            pipe.incr(key)
-            pipe.expire(key, RATE_KEEP_S)
-            pipe.execute()
+            self._script(keys=keys, args=[RATE_KEEP_S, PEAK_KEEP_S])
         except redis.RedisError as exc:
             log.debug("request rate not counted for %s/%s: %s", self._server, self._bucket, exc)
 

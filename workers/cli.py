@@ -42,6 +42,7 @@ from workers.app import celery_config, create_app, is_redis
 from workers.dev.command import dev
 from workers.errors import ConfigError, WrongState
 from workers.executor import Executor, Resolution
+from workers.launch_gate import evaluate_gate
 from workers.metrics import metrics
 from workers.runtime import Runtime
 from workers.settings import Settings, load_settings
@@ -506,22 +507,26 @@ def inputs(as_json: bool) -> None:
     console.print(output.INPUT_HINT)
 
 
-@main.command()
-@click.option("--json", "as_json", is_flag=True)
-def gate(as_json: bool) -> None:
-    """Operations whose server waits for input, with round, deadline and request (today the approval
-    gate's queue, as ``inputs`` without the unreadable ones; the name is kept for the launch gate)."""
-    with _ledger() as ledger:
-        waiting = ledger.waiting_for_input()
-    rows = output.gate_rows(waiting)
+@main.group(invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the gate as JSON.")
+@click.pass_context
+def gate(ctx: click.Context, as_json: bool) -> None:
+    """The launch gate: the seed's rollout criteria over the live ledger and Redis (divergence, second
+    operations, poll amplification, cancel confirmation, UNKNOWN age and deadlines, advances with a
+    receipt). Exit code 1 when any criterion fails; each failing line names what is behind it. (What
+    waits for input, the approval gate's queue, is ``longcall inputs``.)"""
+    if ctx.invoked_subcommand is not None:
+        return
+    settings = _settings()
+    with _ledger(settings) as ledger:
+        report = evaluate_gate(ledger, settings)
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
-        return
-    if not rows:
-        console.print("nothing waits for input")
-        return
-    console.print(output.gate_table(rows))
-    console.print(output.INPUT_HINT)
+        click.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        console.print(output.launch_gate_table(report.to_json()))
+        console.print("gate: PASSED" if report.passed else "gate: FAILED")
+    if not report.passed:
+        ctx.exit(EXIT_REFUSED)
 
 
 @main.command()

@@ -285,3 +285,18 @@ def adapters_table(rows: Iterable[Mapping[str, Any]]) -> Table:
     for row in rows:
         table.add_row(row["adapter"], "disabled" if row["disabled"] else "enabled", str(row["in_flight"]))
     return table
+
+
+def launch_gate_table(report: Mapping[str, Any]) -> Table:
+    """``longcall gate``: one line per criterion (``GateReport.to_json()``): measured, target, verdict, and
+    what is behind a failure."""
+    table = Table("criterion", "measured", "target", "", "behind", title="launch gate")
+    for c in report["criteria"]:
+        table.add_row(
+            c["name"],
+            c["measured"],
+            c["target"],
+            "[green]pass[/]" if c["passed"] else "[bold red]FAIL[/]",
+            "\n".join(c["behind"]),
+        )
+    return table
