@@ -53,6 +53,14 @@ def test_the_redis_broker_keeps_its_visibility_timeout_and_key_prefix() -> None:
     assert "confirm_publish" not in options
 
 
+def test_a_rabbitmq_that_is_down_fails_the_test_that_needs_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    nobody = support.free_port()  # nothing listens there
+    monkeypatch.setattr(support, "RABBITMQ_URL", f"amqp://guest:guest@127.0.0.1:{nobody}//")
+    with pytest.raises(RuntimeError, match=f"RabbitMQ is not reachable at 127.0.0.1:{nobody}"):  # noqa: SIM117
+        with support.rabbitmq_vhost():
+            pass
+
+
 @pytest.mark.parametrize("broker", ["rabbitmq"])
 def test_a_rabbitmq_fleet_moves_its_messages_through_its_vhost_on_durable_queues(fleet: Fleet) -> None:
     assert fleet.vhost is not None
