@@ -171,7 +171,8 @@ def detect(
 
 
 class GenerationCache:
-    """Detected generations per server, reused for ``ttl_s`` seconds (in-process, thread-safe)."""
+    """Detected generations per server, reused for ``ttl_s`` seconds (in-process, thread-safe); an
+    ``unknown`` one (the server could not be asked) is not kept."""
 
     def __init__(self, ttl_s: float = DEFAULT_TTL_S) -> None:
         self._ttl_s = ttl_s
@@ -185,8 +186,9 @@ class GenerationCache:
         if known is not None and time.monotonic() - known.checked_at < self._ttl_s:
             return known
         found = probe()
-        with self._lock:
-            self._known[key] = found
+        if found.generation != "unknown":  # a server that could not be asked is asked again next time
+            with self._lock:
+                self._known[key] = found
         return found
 
     def forget(self, server: str, url: str) -> None:

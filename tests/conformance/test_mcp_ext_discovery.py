@@ -11,7 +11,7 @@ import pytest
 
 from adapters import AdapterConfig, Rejected, default_registry
 from adapters.mcp_2026_07_28.adapter import GENERATIONS
-from adapters.mcp_2026_07_28.discovery import GenerationCache, detect
+from adapters.mcp_2026_07_28.discovery import Generation, GenerationCache, detect
 from tests.conformance.conftest import PEERS_BY_NAME, McpPeer, start_peer
 from tests.conformance.test_mcp_ext_adapter import PEER, Counter
 
@@ -78,3 +78,12 @@ def test_nothing_listening_is_unknown_not_an_error() -> None:
         found = detect(client, "http://127.0.0.1:9/mcp", server="none")
     assert found.generation == "unknown"
     assert "NotSent" in found.detail
+    cache, probes = GenerationCache(ttl_s=60), [0]
+
+    def probe() -> Generation:
+        probes[0] += 1
+        return found
+
+    for _ in range(2):
+        cache.get("none", "http://127.0.0.1:9/mcp", probe)
+    assert probes == [2]  # a server that could not be asked is asked again, not remembered as unknown
