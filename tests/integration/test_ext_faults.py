@@ -111,3 +111,15 @@ def test_a_result_error_inline_nested_create_and_input_round(ext_demo: ExtFleet)
     for entry in server(ext_demo).log():
         if str(entry["method"]).startswith("tasks/") and entry["params"].get("taskId") == remote_id:
             assert entry["headers"]["mcp-name"] == remote_id
+
+
+def test_the_poll_interval_hint_is_a_floor(fleet_parts: FleetParts) -> None:
+    """The server hints 1 s between polls: a 3 s task is read about three times, never more often than the
+    hint allows (fastmcp-tasks' own client starts at 20 ms and doubles up to the hint; longcall does not)."""
+    with running_ext_fleet(fleet_parts, demo_flags=("--poll-interval-ms", "1000")) as ext:
+        op_id = ext.submit("n/ext-floor", "slow_report", {"seconds": 3})
+        assert ext.fleet.wait_receipt("n/ext-floor", timeout=60)["terminal_state"] == "completed"
+        op = ext.fleet.ledger.get(op_id)
+        polls = [e for e in server(ext).log() if e["method"] == "tasks/get"]
+        assert 2 <= len(polls) <= 4, len(polls)  # 3 s / 1 s, plus the read that sees the end
+        assert op.poll_interval_ms == 1000
