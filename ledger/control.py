@@ -1,10 +1,17 @@
-"""Executor control (rules 13, 14): the single ``executor_control`` row, changed by operators, every change
-audited in ``executor_control_audit`` in the same transaction, under the row's lock."""
+"""Executor control (rules 13, 14, and the rollout of issue 12): the single ``executor_control`` row, changed
+by operators, every change audited in ``executor_control_audit`` (who: ``actor``, why: ``reason``) in the
+same transaction, under the row's lock.
+
+``executor_control.rollout`` holds the rollout (``workers/rollout.py`` reads it): ``canary_percent`` (absent
+until a canary is first enabled: everything is routed) and ``shadow`` (shadow mode on or off).
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, func, insert, select, update
@@ -16,10 +23,31 @@ from ledger.statements import (
     CONTROL_AUDIT,
     OP,
     STATEMENTS,
+    literal_json,
     select_control,
     update_disabled_adapters,
 )
 from ledger.states import FINAL_STATES
+
+#: The keys of ``executor_control.rollout``.
+CANARY_PERCENT = "canary_percent"
+SHADOW = "shadow"
+
+
+@dataclass(frozen=True, slots=True)
+class ControlChange:
+    """One ``executor_control_audit`` row: who changed what, why, and the control row before and after."""
+
+    id: int
+    at: dt.datetime
+    actor: str
+    action: str
+    reason: str | None
+    before: Any
+    after: Any
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"at": self.at.isoformat()}
 
 
 def read_control(conn: Connection) -> ControlState:
@@ -40,21 +68,47 @@ class ExecutorControlTransactions(GuardedWrites):
         with self._tx() as conn:
             return read_control(conn)
 
-    def set_admission(self, *, open_: bool, actor: str) -> ControlState:
-        return self._change_control(actor, "set_admission", {"admission_open": open_})
+    def set_admission(self, *, open_: bool, actor: str, reason: str | None = None) -> ControlState:
+        return self._change_control(actor, "set_admission", {"admission_open": open_}, reason=reason)
 
-    def bump_epoch(self, *, actor: str) -> ControlState:
+    def set_canary_percent(
+        self, percent: float, *, actor: str, reason: str | None = None, action: str = "set_canary_percent"
+    ) -> ControlState:
+        """The share of call nodes routed to longcall (``workers/rollout.py``); whether the launch gate
+        allows a raise is the caller's decision (``longcall rollout --percent``), ``action`` says how it
+        was taken (e.g. ``force_canary_percent``)."""
+        if not 0 <= percent <= 100:
+            raise ValueError(f"a canary percentage is within 0..100, not {percent}")
+        return self._change_control(actor, action, _rollout_patch({CANARY_PERCENT: percent}), reason=reason)
+
+    def set_shadow(self, *, on: bool, actor: str, reason: str | None = None) -> ControlState:
+        """Shadow mode on or off: side-effect-free tools' calls that are not routed live run in shadow."""
+        return self._change_control(
+            actor, "shadow_on" if on else "shadow_off", _rollout_patch({SHADOW: on}), reason=reason
+        )
+
+    def control_history(self, *, limit: int = 100) -> list[ControlChange]:
+        """The audit of control changes, newest first."""
+        with self._tx() as conn:
+            rows = conn.execute(select(CONTROL_AUDIT).order_by(CONTROL_AUDIT.c.id.desc()).limit(limit)).all()
+        return [ControlChange(r.id, r.at, r.actor, r.action, r.reason, r.before, r.after) for r in rows]
+
+    def bump_epoch(self, *, actor: str, reason: str | None = None) -> ControlState:
         """Rule 13: the next execution epoch, and every operation not final yet taken over into it in the
         same transaction. From the commit on, a step of the old epoch still in flight (its fence names the
         old epoch) moves no row and has no receipt accepted: its write is refused as stale. Each guarded
         statement also compares its epoch with the control row's, so a row the take-over could not see (one
         inserted by a transaction still open) is fenced too; a claim takes such a row over."""
         return self._change_control(
-            actor, "bump_epoch", {"execution_epoch": CONTROL.c.execution_epoch + 1}, take_over=True
+            actor,
+            "bump_epoch",
+            {"execution_epoch": CONTROL.c.execution_epoch + 1},
+            take_over=True,
+            reason=reason,
         )
 
     def set_adapter_disabled(
-        self, protocol: str, protocol_version: str, *, disabled: bool, actor: str
+        self, protocol: str, protocol_version: str, *, disabled: bool, actor: str, reason: str | None = None
     ) -> ControlState:
         """Refuse (or admit again) new operations for one adapter. The list is changed by the update itself,
         under the control row's lock, so two operators disabling two adapters at once both get theirs."""
@@ -66,10 +120,17 @@ class ExecutorControlTransactions(GuardedWrites):
                     adapter_key(protocol, protocol_version), disabled
                 )
             },
+            reason=reason,
         )
 
     def _change_control(
-        self, actor: str, action: str, values: Mapping[str, Any], *, take_over: bool = False
+        self,
+        actor: str,
+        action: str,
+        values: Mapping[str, Any],
+        *,
+        take_over: bool = False,
+        reason: str | None = None,
     ) -> ControlState:
         with self._tx() as conn:
             before = conn.execute(select(CONTROL).where(CONTROL.c.id == 1).with_for_update()).one()
@@ -88,6 +149,7 @@ class ExecutorControlTransactions(GuardedWrites):
                 insert(CONTROL_AUDIT).values(
                     actor=actor,
                     action=action,
+                    reason=reason,
                     before=_control_json(dict(before._mapping)),
                     after=dataclasses.asdict(after) | {"disabled_adapters": list(after.disabled_adapters)},
                 )
@@ -102,3 +164,9 @@ def _control_json(mapping: Mapping[str, Any]) -> dict[str, Any]:
         "disabled_adapters": list(mapping["disabled_adapters"]),
         "rollout": dict(mapping["rollout"]),
     }
+
+
+def _rollout_patch(patch: Mapping[str, Any]) -> dict[str, Any]:
+    """``rollout`` with ``patch``'s keys replaced, computed by the UPDATE from the row it locked (two
+    operators changing two keys at once both get theirs)."""
+    return {"rollout": CONTROL.c.rollout.op("||")(literal_json(patch))}

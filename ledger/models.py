@@ -129,6 +129,10 @@ class ToolOperation(Base):
     __table_args__ = (
         UniqueConstraint("server", "remote_id"),
         CheckConstraint(_in("routing", ROUTINGS), name="routing_known"),
+        # A shadow operation keeps no downstream signature: nothing it does can reach a pipeline.
+        CheckConstraint(
+            "routing = 'live' OR (on_terminal IS NULL AND on_input IS NULL)", name="shadow_never_delivered"
+        ),
         CheckConstraint("unchanged_polls >= 0 AND no_token_count >= 0", name="poll_counters_non_negative"),
         CheckConstraint(_in("state", OpState), name="state_known"),
         CheckConstraint(_in("protocol", PROTOCOLS), name="protocol_known"),

@@ -77,6 +77,8 @@ class Operation:
     unchanged_polls: int
     no_token_count: int
     last_polled_at: dt.datetime | None
+    #: ``live`` or ``shadow`` (driven and receipted, never delivered downstream: ``ledger/shadow.py``).
+    routing: str = "live"
 
     @classmethod
     def from_row(cls, row: Row[Any] | Mapping[str, Any]) -> Operation:
@@ -116,6 +118,8 @@ class NewOperation:
     ttl_ms: int | None = None
     wait_budget_s: float | None = None
     tool_descriptor_version: str | None = None
+    #: ``shadow``: run beside the caller's legacy path and never delivered (no signatures are kept).
+    routing: str = "live"
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,6 +46,7 @@ from ledger.records import (
 )
 from ledger.results import ResultStorage
 from ledger.retention import HistoryRetention
+from ledger.shadow import ShadowComparisons, compare_on_receipt
 from ledger.side_rows import append_event, open_reconciliation, record_stale
 from ledger.statements import (
     EVENT,
@@ -71,7 +72,14 @@ from ledger.states import ACCEPT_FROM, ACCEPT_TO, FINAL_STATES, OpState, Termina
 DEFAULT_RECONCILE_DEADLINE_S = 900.0
 
 
-class Ledger(OperationMoves, IntentMoves, ExecutorControlTransactions, HistoryRetention, ResultStorage):
+class Ledger(
+    OperationMoves,
+    IntentMoves,
+    ExecutorControlTransactions,
+    HistoryRetention,
+    ResultStorage,
+    ShadowComparisons,
+):
     """The repository. Construct it with an engine; every method owns exactly one transaction.
 
     ``reconcile_deadline_s`` is how long an operator has for a record the ledger opens itself (a late
@@ -133,6 +141,7 @@ class Ledger(OperationMoves, IntentMoves, ExecutorControlTransactions, HistoryRe
                         "new_on_terminal": new.on_terminal,
                         "new_on_input": new.on_input,
                         "new_poll_cursor": 1 if lease_s is not None else 0,
+                        "new_routing": new.routing,
                         "new_lease": _interval(lease_s),
                         "event_detail": {"server": new.server},
                     },
@@ -303,6 +312,9 @@ class Ledger(OperationMoves, IntentMoves, ExecutorControlTransactions, HistoryRe
                         },
                     },
                 ).scalar_one()
+                if op.routing == "shadow":
+                    # Compared with the caller's legacy outcome in this transaction (ledger/shadow.py).
+                    compare_on_receipt(conn, op.call_node_id, receipt)
                 return Acceptance("accepted", receipt, outbox_id)
 
             current = conn.execute(select(OP).where(OP.c.id == op_id)).first()

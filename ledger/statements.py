@@ -394,6 +394,7 @@ def insert_operation() -> Any:
         "on_terminal",
         "on_input",
         "poll_cursor",
+        "routing",
     )
     inserted = (
         pg_insert(OP)

@@ -27,6 +27,7 @@ ROUTES = {
     "longcall.provide_input": "longcall.control",
     "longcall.reconcile": "longcall.control",
     "longcall.dispatch_due": "longcall.control",
+    "longcall.record_legacy_outcome": "longcall.control",
     "longcall.poll": "longcall.poll",
     "longcall.drain_outbox": "longcall.outbox",
 }

@@ -44,6 +44,7 @@ from workers.errors import ConfigError, WrongState
 from workers.executor import Executor, Resolution
 from workers.launch_gate import evaluate_gate
 from workers.metrics import metrics
+from workers.rollout import FIRST_CANARY_PERCENT, RolloutState, plain_percent, side_effect_free_tools
 from workers.runtime import Runtime
 from workers.settings import Settings, load_settings
 from workers.submission import ADAPTERS
@@ -529,6 +530,9 @@ def gate(ctx: click.Context, as_json: bool) -> None:
         ctx.exit(EXIT_REFUSED)
 
 
+REASON_HELP = "Why (kept with the change in executor_control_audit)."
+
+
 @main.command()
 @click.option("--disable", "disable", default=None, metavar="PROTOCOL/VERSION", help="e.g. mcp/2025-11-25")
 @click.option("--enable", "enable", default=None, metavar="PROTOCOL/VERSION")
@@ -537,8 +541,11 @@ def gate(ctx: click.Context, as_json: bool) -> None:
     is_flag=True,
     help="also probe each configured MCP server's generation (server/discover, initialize)",
 )
+@click.option("--reason", default=None, help=REASON_HELP)
 @click.option("--json", "as_json", is_flag=True)
-def adapters(disable: str | None, enable: str | None, as_json: bool, detect: bool = False) -> None:
+def adapters(
+    disable: str | None, enable: str | None, as_json: bool, detect: bool = False, reason: str | None = None
+) -> None:
     """Adapters by protocol version: in-flight operations, and disabling one for new operations (rule 14).
 
     A disabled adapter refuses new submissions; query, cancel and reconciliation of its operations keep
@@ -551,7 +558,9 @@ def adapters(disable: str | None, enable: str | None, as_json: bool, detect: boo
                 if (protocol, version) not in ADAPTERS:
                     known = ", ".join(f"{p}/{v}" for p, v in sorted(ADAPTERS))
                     raise click.BadParameter(f"no adapter {key!r} (known: {known})")
-                ledger.set_adapter_disabled(protocol, version, disabled=disabled, actor=_actor())
+                ledger.set_adapter_disabled(
+                    protocol, version, disabled=disabled, actor=_actor(), reason=reason
+                )
         control = ledger.control()
         in_flight = ledger.in_flight_by_adapter()
     rows = output.adapter_rows(ADAPTERS, control.disabled_adapters, in_flight)
@@ -588,24 +597,108 @@ def _detected_generations() -> list[dict[str, Any]]:
 
 
 @main.command()
+@click.option("--reason", default=None, help=REASON_HELP)
 @click.option("--json", "as_json", is_flag=True)
-def rollback(as_json: bool) -> None:
+def rollback(reason: str | None, as_json: bool) -> None:
     """Close admission and bump the execution epoch (rule 13): the executor that runs next takes over the
     in-flight operations on its next claim, and every write of the old epoch is refused from then on."""
     actor = _actor()
     with _ledger() as ledger:
-        ledger.set_admission(open_=False, actor=actor)
-        control = ledger.bump_epoch(actor=actor)
+        ledger.set_admission(open_=False, actor=actor, reason=reason)
+        control = ledger.bump_epoch(actor=actor, reason=reason)
     _print_control(control, as_json, f"admission closed; execution epoch now {control.execution_epoch}")
 
 
 @main.command()
+@click.option(
+    "--percent",
+    type=click.FloatRange(0, 100),
+    default=None,
+    help=f"The canary: the share of call nodes routed to longcall (first {FIRST_CANARY_PERCENT}; a raise "
+    "asks the launch gate; lowering is always allowed).",
+)
+@click.option("--shadow", type=click.Choice(["on", "off"]), default=None, help="Shadow mode on or off.")
+@click.option("--force", is_flag=True, help="Raise the percentage although the gate fails (needs --reason).")
+@click.option("--reason", default=None, help=REASON_HELP)
+@click.option("--history", is_flag=True, help="List the audited control changes, newest first.")
 @click.option("--json", "as_json", is_flag=True)
-def rollout(as_json: bool) -> None:
-    """Open admission of new operations (after a rollback, once the executor to keep runs)."""
+def rollout(
+    percent: float | None, shadow: str | None, force: bool, reason: str | None, history: bool, as_json: bool
+) -> None:
+    """Open admission of new operations (after a rollback, once the executor to keep runs); with
+    --percent or --shadow, change the rollout instead (workers/rollout.py); --history shows the audit.
+
+    Raising the canary's percentage is refused (exit 1, naming the failing criteria) while the launch gate
+    fails, unless --force with a --reason (audited as force_canary_percent)."""
+    if history:
+        if percent is not None or shadow is not None or force:
+            raise click.UsageError("--history only lists; give it alone (with --json)")
+        _print_history(as_json)
+        return
+    if force and (percent is None or not reason):
+        raise click.UsageError("--force needs --percent and a --reason (kept in the audit)")
+    actor = _actor()
+    if percent is None and shadow is None:
+        with _ledger() as ledger:
+            control = ledger.set_admission(open_=True, actor=actor, reason=reason)
+        _print_control(control, as_json, f"admission open; execution epoch {control.execution_epoch}")
+        return
+    settings = _settings()
+    with _ledger(settings) as ledger:
+        if shadow == "on" and not side_effect_free_tools(settings.fleet()):
+            raise click.ClickException(
+                "shadow mode runs only tools marked side_effect_free = true in LONGCALL_CONFIG "
+                "([servers.NAME.tools.TOOL]); none is: refused"
+            )
+        # The gate is asked before anything changes: a refused raise changes nothing.
+        decided = None if percent is None else _canary_decision(ledger, settings, percent, force, reason)
+        if shadow is not None:
+            control = ledger.set_shadow(on=shadow == "on", actor=actor, reason=reason)
+        if percent is not None and decided is not None:
+            action, why = decided
+            control = ledger.set_canary_percent(
+                plain_percent(percent), actor=actor, reason=why, action=action
+            )
+    state = RolloutState.from_control(control.rollout)
+    canary = "not set (everything routed)" if state.canary_percent is None else f"{state.canary_percent}%"
+    _print_control(control, as_json, f"canary {canary}; shadow {'on' if state.shadow else 'off'}")
+
+
+def _canary_decision(
+    ledger: Ledger, settings: Settings, percent: float, force: bool, reason: str | None
+) -> tuple[str, str | None]:
+    """The audit action and reason of setting the canary to ``percent``; a raise past a failing launch
+    gate is refused (naming the failing criteria) unless forced."""
+    current = RolloutState.from_control(ledger.control().rollout).canary_percent
+    if percent <= (current if current is not None else FIRST_CANARY_PERCENT):
+        return "set_canary_percent", reason  # lowering (or the first step) is always allowed
+    report = evaluate_gate(ledger, settings)
+    if report.passed:
+        return "set_canary_percent", reason
+    if not force:
+        failing = "; ".join(f"{c.name} ({c.measured}, target {c.target})" for c in report.failing)
+        raise click.ClickException(
+            f"the launch gate refuses raising the canary from {current}% to {plain_percent(percent)}%: "
+            f"failing {failing}. longcall gate shows what is behind each; --force --reason overrides"
+        )
+    names = ", ".join(c.name for c in report.failing)
+    return "force_canary_percent", f"forced past the launch gate (failing: {names}): {reason}"
+
+
+def _print_history(as_json: bool) -> None:
     with _ledger() as ledger:
-        control = ledger.set_admission(open_=True, actor=_actor())
-    _print_control(control, as_json, f"admission open; execution epoch {control.execution_epoch}")
+        changes = ledger.control_history()
+    if as_json:
+        click.echo(json.dumps([c.to_json() for c in changes], indent=2))
+        return
+    if not changes:
+        console.print("no control change recorded")
+        return
+    for change in changes:
+        console.print(
+            f"{change.at:%Y-%m-%d %H:%M:%S} {change.actor} {change.action}: {change.reason or '(no reason)'}",
+            soft_wrap=True,
+        )
 
 
 def _print_control(control: ControlState, as_json: bool, text: str) -> None:

@@ -43,6 +43,10 @@ class ToolConfig(_Strict):
     create: str | None = None
     #: AIP-155: the body field that carries the submission key.
     request_id_field: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None
+    #: The tool changes nothing outside its answer (a read, a report): running it twice is harmless, so
+    #: shadow mode (``longcall rollout --shadow on``) may run it beside the caller's legacy path, receipted
+    #: and never delivered. A tool without it is never shadowed.
+    side_effect_free: bool = False
 
     @field_validator("create")
     @classmethod

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from adapters import default_registry
-from ledger.digests import NotJson, canonical_json, request_digest
+from ledger.digests import NotJson, canonical_json, digest, request_digest
 from ledger.records import NewOperation, Operation
+from ledger.states import TerminalKind
 from workers import __version__
 from workers.errors import InvalidSubmission
 from workers.settings import FleetConfig
@@ -129,10 +131,87 @@ def operation_summary(op: Operation, *, created: bool | None = None) -> dict[str
         "remote_id": op.remote_id,
         "server_state": op.server_state,
         "request_digest": op.request_digest,
+        # Shadow: longcall runs it, delivers nothing; the caller keeps its legacy path (workers/rollout.py).
+        "routed": op.routing == "live",
+        "routing": op.routing,
     }
+    if op.routing == "shadow":
+        summary["reason"] = "shadow"
     if created is not None:
         summary["created"] = created
     return summary
+
+
+LEGACY_KWARGS = frozenset({"call_node_id", "terminal_state", "result_digest", "result", "detail"})
+DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+MAX_LEGACY_DETAIL_BYTES = 16_384
+
+
+@dataclass(frozen=True, slots=True)
+class LegacyOutcome:
+    """The keyword arguments of ``longcall.record_legacy_outcome``, checked: the result (when given) is
+    kept as its digest only."""
+
+    call_node_id: str
+    terminal_state: TerminalKind
+    result_digest: str | None
+    detail: dict[str, Any] | None
+
+
+def parse_legacy_outcome(kwargs: Mapping[str, Any], *, max_body_bytes: int) -> LegacyOutcome:
+    """The boundary check of a legacy outcome: ``call_node_id``, ``terminal_state`` (completed, failed or
+    cancelled), and optionally ``result_digest`` (``sha256:<64 hex>``) or ``result`` (JSON, digested as
+    longcall digests a receipt's result: give it in the shape the receipt carries), and ``detail`` (a small
+    JSON object kept beside it).
+
+    Raises:
+        InvalidSubmission: what was wrong; nothing was written.
+    """
+    unknown = sorted(set(kwargs) - LEGACY_KWARGS)
+    if unknown:
+        raise InvalidSubmission(
+            f"unknown argument(s) {unknown} to longcall.record_legacy_outcome; "
+            f"accepted: {sorted(LEGACY_KWARGS)}"
+        )
+    missing = sorted(k for k in ("call_node_id", "terminal_state") if k not in kwargs)
+    if missing:
+        raise InvalidSubmission(f"longcall.record_legacy_outcome needs {missing}")
+    states = sorted(k.value for k in TerminalKind)
+    state = kwargs["terminal_state"]
+    if not isinstance(state, str) or state not in states:
+        raise InvalidSubmission(f"terminal_state must be one of {states}, got {state!r}")
+    given = kwargs.get("result_digest")
+    if given is not None and (not isinstance(given, str) or not DIGEST.match(given)):
+        raise InvalidSubmission("result_digest must look like sha256:<64 lowercase hex digits>")
+    result_digest: str | None = given
+    if "result" in kwargs and kwargs["result"] is not None:
+        try:
+            size = len(canonical_json(kwargs["result"]).encode("utf-8"))
+        except NotJson as exc:
+            raise InvalidSubmission(f"result is not JSON: {exc}") from exc
+        if size > max_body_bytes:
+            raise InvalidSubmission(f"result is {size} bytes of JSON; the limit is {max_body_bytes}")
+        result_digest = digest(kwargs["result"])
+        if given is not None and given != result_digest:
+            raise InvalidSubmission(
+                f"result digests to {result_digest}, not the result_digest given ({given})"
+            )
+    detail = kwargs.get("detail")
+    if detail is not None:
+        if not isinstance(detail, dict):
+            raise InvalidSubmission("detail must be a JSON object")
+        try:
+            size = len(canonical_json(detail).encode("utf-8"))
+        except NotJson as exc:
+            raise InvalidSubmission(f"detail is not JSON: {exc}") from exc
+        if size > MAX_LEGACY_DETAIL_BYTES:
+            raise InvalidSubmission(f"detail is {size} bytes of JSON; at most {MAX_LEGACY_DETAIL_BYTES}")
+    return LegacyOutcome(
+        call_node_id=_name("call_node_id", kwargs["call_node_id"]),
+        terminal_state=TerminalKind(state),
+        result_digest=result_digest,
+        detail=detail,
+    )
 
 
 def _name(field: str, value: Any) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 from celery import Celery, Task
 
 from ledger.errors import AdapterDisabled, AdmissionClosed, CallNodeConflict, OperationNotFound
+from ledger.shadow import LegacyOutcomeRefused
 from workers.delivery import publisher
 from workers.errors import (
     InputRefused,
@@ -24,8 +25,14 @@ from workers.errors import (
     SubmissionRefused,
 )
 from workers.executor import Dispatch, Executor, StepOutcome
+from workers.rollout import Routing, admit
 from workers.runtime import RuntimeHolder
-from workers.submission import operation_summary, reply_size_refusal, validate_submission
+from workers.submission import (
+    operation_summary,
+    parse_legacy_outcome,
+    reply_size_refusal,
+    validate_submission,
+)
 
 __all__ = ["RequestRefused", "SubmissionRefused", "publish_dispatches", "register_tasks"]
 
@@ -82,7 +89,11 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:  # noqa: PLR0915
                 max_body_bytes=runtime.settings.max_body_bytes,
                 max_delay_s=runtime.settings.max_callback_delay_s,
             )
-            submission, step = Executor(runtime).submit(new)
+            admitted = admit(runtime.ledger, runtime.fleet, new)
+            if isinstance(admitted, Routing):
+                # Outside the canary: nothing is written, nothing is called; the caller keeps its legacy path.
+                return admitted.answer()
+            submission, step = Executor(runtime).submit(admitted)
         except (InvalidSubmission, CallNodeConflict, AdmissionClosed, AdapterDisabled) as exc:
             log.warning("longcall.submit refused: %s", exc)
             raise SubmissionRefused(str(exc)) from None
@@ -138,6 +149,23 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:  # noqa: PLR0915
             raise RequestRefused(str(exc)) from None
         follow(step)
         return step.as_dict()
+
+    @app.task(name="longcall.record_legacy_outcome")
+    def record_legacy_outcome(**kwargs: Any) -> dict[str, Any]:
+        """The caller's legacy outcome of a call node, beside its shadow operation's receipt (issue 12)."""
+        runtime = holder.get()
+        try:
+            legacy = parse_legacy_outcome(kwargs, max_body_bytes=runtime.settings.max_body_bytes)
+            comparison, outcome = runtime.ledger.record_legacy_outcome(
+                legacy.call_node_id,
+                legacy.terminal_state,
+                result_digest=legacy.result_digest,
+                detail=legacy.detail,
+            )
+        except (InvalidSubmission, LegacyOutcomeRefused) as exc:
+            log.warning("longcall.record_legacy_outcome refused: %s", exc)
+            raise RequestRefused(str(exc)) from None
+        return {"outcome": outcome, **comparison.to_json()}
 
     @app.task(name="longcall.dispatch_due", ignore_result=True)
     def dispatch_due() -> dict[str, int]:

@@ -172,7 +172,8 @@ def accept(
         op.id,
         acceptance.outcome,
         None,
-        drain_now=acceptance.accepted,
+        # A shadow operation's outbox row names no signature (nothing is delivered): no drain is hurried.
+        drain_now=acceptance.accepted and op.routing == "live",
         detail={"receipt_id": str(acceptance.receipt.id)}
         if acceptance.receipt
         else {"mismatches": list(acceptance.mismatches)},

@@ -30,6 +30,11 @@ def upgrade() -> None:
     op.create_check_constraint(
         op.f("ck_tool_operation_routing_known"), "tool_operation", "routing IN ('live', 'shadow')"
     )
+    op.create_check_constraint(
+        op.f("ck_tool_operation_shadow_never_delivered"),
+        "tool_operation",
+        "routing = 'live' OR (on_terminal IS NULL AND on_input IS NULL)",
+    )
     op.add_column("executor_control_audit", sa.Column("reason", sa.Text(), nullable=True))
     op.create_table(
         "shadow_comparison",
@@ -82,5 +87,6 @@ def downgrade() -> None:
     op.drop_table("simulation_run")
     op.drop_table("shadow_comparison")
     op.drop_column("executor_control_audit", "reason")
+    op.drop_constraint(op.f("ck_tool_operation_shadow_never_delivered"), "tool_operation", type_="check")
     op.drop_constraint(op.f("ck_tool_operation_routing_known"), "tool_operation", type_="check")
     op.drop_column("tool_operation", "routing")
