@@ -482,6 +482,22 @@ class PrivateRabbitMQ:
 
         wait_for(f"RabbitMQ node {self.node} to start", started, timeout=120, interval=1)
 
+    def kill(self) -> None:
+        """kill -9 the node (a crash: nothing flushed or closed at exit); ``start`` brings it back on the
+        same data."""
+        pid = int((self.root / "pid").read_text().strip())
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+        def gone() -> bool:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return True
+            return False
+
+        wait_for(f"RabbitMQ node {self.node} to die", gone, timeout=30)
+
     def stop(self) -> None:
         with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
             self.ctl("stop", timeout=60)

@@ -13,14 +13,16 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
+import redis
 from sqlalchemy import text
 
 from ledger.repository import Ledger
 from ledger.states import OpState, TerminalKind
 from tests import support
-from tests.integration.fleet import Fleet
+from tests.integration.fleet import Fleet, FleetParts, running_fleet
 from tests.integration.helpers import evidence_for, place
 from workers.app import BROKER_SOCKET_TIMEOUT_S, QUEUES, celery_config
 from workers.settings import Settings
@@ -168,3 +170,43 @@ def test_a_drain_while_rabbitmq_blocks_publishers_fails_in_bounded_time(
         node.ctl("set_disk_free_limit", "1MB")
         assert _drain(database_url, node.url)["dispatched"] == 1
         assert ledger.ready_outbox_count() == 0
+
+
+def test_a_drained_receipt_survives_a_rabbitmq_crash_before_it_is_consumed(
+    ledger: Ledger,
+    database_url: str,
+    broker_prefix: str,
+    redis_client: redis.Redis,
+    tmp_path: Path,
+    log_dir: Path,
+) -> None:
+    """The outbox marks a row dispatched once RabbitMQ confirmed the publish: the pipeline's worker is not
+    running when the receipt is drained, the node is killed (-9) and started again on its data, then the
+    pipeline's worker starts. The durable queue and the persistent message bring the receipt back: it is
+    delivered, once. (The longcall workers lose their broker meanwhile and reconnect.)"""
+    with support.private_rabbitmq() as node:
+        parts = FleetParts(
+            ledger, database_url, broker_prefix, redis_client, tmp_path, log_dir, broker_url=node.url
+        )
+        with running_fleet(parts, workers=1, pipeline=False) as fleet:
+            fleet.submit_nowait("n/durable", "slow_report", {"seconds": 0.2})
+            op = fleet.wait_operation("n/durable", OpState.ACCEPTED, timeout=60)
+
+            def pipeline_messages() -> int:
+                listed = node.ctl("list_queues", "-q", "--no-table-headers", "name", "messages")
+                counts = dict(line.split("\t") for line in listed.splitlines() if line)
+                return int(counts.get("pipeline", "0"))
+
+            support.wait_for("the receipt to be drained", lambda: fleet.ledger.ready_outbox_count() == 0)
+            assert pipeline_messages() == 1  # published and confirmed, not consumed: nobody listens yet
+
+            node.kill()
+            node.start()
+
+            assert pipeline_messages() == 1
+            fleet.start_pipeline()
+            receipt = fleet.wait_receipt("n/durable", timeout=60)
+            assert (receipt["op_id"], receipt["terminal_state"]) == (str(op.id), "completed")
+            support.wait_for("the pipeline to take it", lambda: pipeline_messages() == 0, timeout=60)
+            assert [r["call_node_id"] for r in fleet.receipts()] == ["n/durable"]
+            assert fleet.ledger.get(op.id).state is OpState.ACCEPTED
