@@ -270,6 +270,8 @@ def submit(
     answer = _send("longcall.submit", kwargs, timeout)
     if as_json:
         click.echo(json.dumps(answer, indent=2))
+    elif "op_id" not in answer:  # outside the canary: nothing was written (workers/rollout.py)
+        console.print(f"not routed ({answer['reason']} at {answer['percent']}%): keep the legacy path")
     else:
         verb = "created" if answer.get("created") else "already exists"
         console.print(f"operation {answer['op_id']} {verb}: {answer['state']}")
