@@ -47,6 +47,7 @@ from workers.metrics import metrics
 from workers.rollout import FIRST_CANARY_PERCENT, RolloutState, plain_percent, side_effect_free_tools
 from workers.runtime import Runtime
 from workers.settings import Settings, load_settings
+from workers.simulation.command import simulate
 from workers.submission import ADAPTERS
 
 console = Console()
@@ -747,6 +748,7 @@ def _json_option(name: str, value: str) -> Any:
 
 main.add_command(metrics)
 main.add_command(dev)
+gate.add_command(simulate)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,115 @@
+"""The simulation's reads and writes of the ledger (issue 12): its runs in ``simulation_run`` (what the
+launch gate reads of the last one), the per-series checks' counts, and the scripted lease expiry (the
+simulation's clock: a crashed worker's lease is run out rather than waited for)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from dataclasses import dataclass
+from typing import Any, cast
+
+from sqlalchemy import Table, func, insert, select, update
+
+from ledger.models import SimulationRun
+from ledger.repository import Ledger
+from ledger.statements import OP, OUTBOX, RECEIPT, RECON
+
+RUN = cast(Table, SimulationRun.__table__)
+
+
+@dataclass(frozen=True)
+class SimulationRunRow:
+    id: int
+    started_at: dt.datetime
+    finished_at: dt.datetime
+    seed: int
+    series: int
+    protocols: list[str]
+    divergences: int
+    second_operations: int
+    max_receipts_per_call_node: int
+    advances_without_receipt: int
+    late_completions_advanced: int
+    series_per_s: float
+    failures: Any
+    passed: bool
+
+
+def record_run(ledger: Ledger, **values: Any) -> int:
+    """Write one run; returns its id."""
+    with ledger.engine.begin() as conn:
+        return int(conn.execute(insert(RUN).values(**values).returning(RUN.c.id)).scalar_one())
+
+
+def last_run(ledger: Ledger) -> SimulationRunRow | None:
+    """The most recently finished run, or None."""
+    with ledger.engine.begin() as conn:
+        row = conn.execute(select(RUN).order_by(RUN.c.finished_at.desc(), RUN.c.id.desc()).limit(1)).first()
+    return SimulationRunRow(**row._mapping) if row is not None else None
+
+
+def receipts_of_call_node(ledger: Ledger, call_node_id: str) -> list[dict[str, Any]]:
+    with ledger.engine.begin() as conn:
+        rows = conn.execute(select(RECEIPT).where(RECEIPT.c.call_node_id == call_node_id)).mappings()
+        return [dict(r) for r in rows]
+
+
+def operations_of_call_node(ledger: Ledger, call_node_id: str) -> int:
+    with ledger.engine.begin() as conn:
+        return int(conn.execute(select(func.count()).where(OP.c.call_node_id == call_node_id)).scalar_one())
+
+
+def terminal_outbox_without_receipt(ledger: Ledger, op_id: uuid.UUID) -> int:
+    """Terminal outbox rows of ``op_id`` whose receipt is not that operation's receipt."""
+    with ledger.engine.begin() as conn:
+        receipt_ids = select(RECEIPT.c.id).where(RECEIPT.c.op_id == op_id)
+        return int(
+            conn.execute(
+                select(func.count()).where(
+                    OUTBOX.c.op_id == op_id,
+                    OUTBOX.c.kind == "terminal",
+                    (OUTBOX.c.receipt_id.is_(None)) | (OUTBOX.c.receipt_id.not_in(receipt_ids)),
+                )
+            ).scalar_one()
+        )
+
+
+def open_reasons(ledger: Ledger, op_id: uuid.UUID) -> list[str]:
+    with ledger.engine.begin() as conn:
+        rows = conn.execute(
+            select(RECON.c.reason).where(RECON.c.op_id == op_id, RECON.c.resolved_at.is_(None))
+        )
+        return sorted(str(r.reason) for r in rows)
+
+
+def run_out_lease(ledger: Ledger, op_id: uuid.UUID) -> None:
+    """The simulation's clock: a lease a crashed worker held has run out (as ``lease_s`` later would)."""
+    with ledger.engine.begin() as conn:
+        conn.execute(
+            update(OP)
+            .where(OP.c.id == op_id, OP.c.lease_until.is_not(None))
+            .values(lease_until=func.now() - dt.timedelta(seconds=1))
+        )
+
+
+def relax_durability(ledger: Ledger) -> None:
+    """For the simulation's own scratch database only: commits do not wait for the WAL flush (a crash of
+    Postgres may lose the last runs' rows, never corrupt them): the run's figure is the executor's, not the
+    disk's. Applies to new connections."""
+    with ledger.engine.begin() as conn:
+        name = conn.execute(select(func.current_database())).scalar_one()
+        conn.exec_driver_sql(f'ALTER DATABASE "{name}" SET synchronous_commit = off')
+    ledger.engine.dispose()
+
+
+def terminal_deliveries(ledger: Ledger, op_id: uuid.UUID) -> list[dict[str, Any]]:
+    """What the outbox holds to advance downstream for ``op_id`` (ready or dispatched: every row is
+    delivered at least once): each terminal row's receipt as its payload names it."""
+    with ledger.engine.begin() as conn:
+        rows = conn.execute(
+            select(OUTBOX.c.receipt_id, OUTBOX.c.payload).where(
+                OUTBOX.c.op_id == op_id, OUTBOX.c.kind == "terminal"
+            )
+        ).all()
+    return [{**dict((r.payload or {}).get("receipt") or {}), "row_receipt_id": r.receipt_id} for r in rows]

@@ -1,0 +1,109 @@
+"""Where a simulation runs: its own database (created, migrated, commits not waiting for the disk), the
+settings' Redis under a prefix of its own, and the series spread over worker processes."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy.engine import make_url
+
+from ledger import simulation_runs as runs
+from ledger.engine import normalize_database_url
+from ledger.migrate import ensure_database, upgrade
+from ledger.repository import Ledger
+from workers.hot import HotState
+from workers.settings import Settings
+from workers.simulation.runner import Report, SeriesResult, Simulation, run
+from workers.simulation.series import Protocol
+
+#: Series per task handed to a worker process.
+CHUNK = 25
+
+
+SUFFIX = "_simulation"
+
+
+def scratch_url(database_url: str) -> str:
+    """The simulation's own database: LONGCALL_DATABASE_URL's, its name suffixed ``_simulation``."""
+    url = make_url(normalize_database_url(database_url))
+    name = url.database or "longcall"
+    if not name.endswith(SUFFIX):
+        name += SUFFIX
+    return url.set(database=name).render_as_string(hide_password=False)
+
+
+def prepare_database(database_url: str) -> None:
+    """Create and migrate the simulation's database; its commits do not wait for the disk."""
+    ensure_database(database_url)
+    upgrade(database_url)
+    ledger = Ledger.from_url(database_url, pool_size=1)
+    try:
+        runs.relax_durability(ledger)
+    finally:
+        ledger.dispose()
+
+
+@contextmanager
+def simulation_for(settings: Settings, database_url: str, *, prepare: bool = True) -> Iterator[Simulation]:
+    """A :class:`Simulation` on ``database_url`` (created and migrated unless ``prepare`` is False) and the
+    settings' Redis, under a key prefix of its own."""
+    if prepare:
+        prepare_database(database_url)
+    ledger = Ledger.from_url(database_url, reconcile_deadline_s=settings.reconcile_deadline_s, pool_size=2)
+    hot = HotState.from_url(settings.redis_url, prefix=f"{settings.broker_keyprefix}longcall-sim:")
+    try:
+        yield Simulation(settings, ledger, hot)
+    finally:
+        hot.close()
+        ledger.dispose()
+
+
+def _chunk(
+    settings_json: dict[str, Any],
+    database_url: str,
+    seed: int,
+    indexes: list[int],
+    protocols: tuple[Protocol, ...],
+) -> list[SeriesResult]:
+    settings = Settings.model_validate(settings_json)
+    with simulation_for(settings, database_url, prepare=False) as simulation:
+        return run(simulation, seed=seed, indexes=indexes, protocols=protocols).results
+
+
+def run_many(
+    settings: Settings,
+    database_url: str,
+    *,
+    seed: int,
+    indexes: list[int],
+    protocols: tuple[Protocol, ...],
+    workers: int,
+    progress: Callable[[SeriesResult], None] | None = None,
+) -> Report:
+    """The series in ``workers`` processes (1: in this one), each on its own connections; the report in
+    index order."""
+    prepare_database(database_url)
+    started = time.monotonic()
+    if workers <= 1:
+        with simulation_for(settings, database_url, prepare=False) as simulation:
+            return run(simulation, seed=seed, indexes=indexes, protocols=protocols, progress=progress)
+    results: list[SeriesResult] = []
+    chunks = [indexes[i : i + CHUNK] for i in range(0, len(indexes), CHUNK)]
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        futures = [
+            pool.submit(_chunk, settings.model_dump(mode="json"), database_url, seed, chunk, protocols)
+            for chunk in chunks
+        ]
+        for future in as_completed(futures):
+            for result in future.result():
+                results.append(result)
+                if progress is not None:
+                    progress(result)
+    results.sort(key=lambda r: r.series.index)
+    return Report(seed, len(results), protocols, time.monotonic() - started, results)

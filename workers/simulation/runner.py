@@ -1,0 +1,373 @@
+"""The driver: each series through the real executor entry points (no Celery), one step per tick, against
+the real ledger and Redis, its server scripted at the wire; then the checks against the oracle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from adapters import AdapterConfig, ToolAdapter, default_registry
+from adapters.base import ToolRoute
+from ledger import simulation_runs as runs
+from ledger.digests import digest
+from ledger.records import NewOperation, Operation, OutboxMessage
+from ledger.repository import Ledger
+from ledger.states import OpState, TerminalKind
+from workers.executor import Executor
+from workers.hot import HotState
+from workers.remote import RemotePool
+from workers.runtime import Runtime
+from workers.settings import FleetConfig, Settings
+from workers.simulation.oracle import Expected, expect
+from workers.simulation.series import MAX_TICKS, PROTOCOLS, Protocol, Series, generate
+from workers.simulation.servers import (
+    AIP_CREATE,
+    AIP_REQUEST_ID,
+    AIP_TOOL,
+    MCP_TOOL,
+    ScriptedServer,
+    SimulatedCrash,
+    scripted_server,
+)
+from workers.steps.dispatch import TASK_FOR_STATE
+from workers.steps.result import accept
+
+S = OpState
+SERVER_OF: dict[str, str] = {"mcp": "sim-mcp", "aip151": "sim-aip"}
+TOOL_OF: dict[str, str] = {"mcp": MCP_TOOL, "aip151": AIP_TOOL}
+VERSION_OF: dict[str, str] = {"mcp": "2025-11-25", "aip151": "v1"}
+#: High enough that no step ever waits for a token (the simulation's time is its tick clock).
+QPS = 1_000_000.0
+
+
+def sim_fleet() -> FleetConfig:
+    return FleetConfig.model_validate(
+        {
+            "servers": {
+                SERVER_OF["mcp"]: {
+                    "protocol": "mcp",
+                    "protocol_version": "2025-11-25",
+                    "url": "http://sim-mcp.invalid/mcp",
+                    "poll_qps": QPS,
+                    "control_qps": QPS,
+                },
+                SERVER_OF["aip151"]: {
+                    "protocol": "aip151",
+                    "protocol_version": "v1",
+                    "url": "http://sim-aip.invalid",
+                    "poll_qps": QPS,
+                    "control_qps": QPS,
+                    "tools": {AIP_TOOL: {"create": AIP_CREATE, "request_id_field": AIP_REQUEST_ID}},
+                },
+            }
+        }
+    )
+
+
+class ScriptedPool(RemotePool):
+    """The real adapters, each on an httpx client whose transport is this series' scripted server."""
+
+    def __init__(self, fleet: FleetConfig, server: ScriptedServer) -> None:
+        super().__init__(fleet)
+        self._scripted = server
+        self._built: dict[str, ToolAdapter] = {}
+
+    def adapter(
+        self, name: str, *, protocol: str | None = None, protocol_version: str | None = None
+    ) -> ToolAdapter:
+        if name not in self._built:
+            server = self.server(name)
+            config = AdapterConfig(
+                name=name,
+                url=server.url,
+                protocol=protocol or server.protocol,
+                protocol_version=protocol_version or server.protocol_version,
+                tools={
+                    t: ToolRoute(create=c.create, request_id_field=c.request_id_field)
+                    for t, c in server.tools.items()
+                },
+            )
+            client = httpx.Client(transport=httpx.MockTransport(self._scripted))
+            self._clients.append(client)
+            self._built[name] = default_registry().build(config, client)
+        return self._built[name]
+
+
+@dataclass
+class SeriesResult:
+    series: Series
+    expected: Expected
+    outcome: str
+    tasks: int
+    receipts: int
+    advances_without_receipt: int
+    late_completions_advanced: int
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def second_operations(self) -> int:
+        return max(0, self.tasks - 1)
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+    def failure(self) -> dict[str, Any]:
+        return {
+            "seed": self.series.seed,
+            "index": self.series.index,
+            "protocol": self.series.protocol,
+            "expected": self.expected.outcome,
+            "why": self.expected.why,
+            "outcome": self.outcome,
+            "problems": self.problems,
+            "series": self.series.to_json(),
+        }
+
+
+class Simulation:
+    """One ledger and one Redis for a run; each series gets its scripted server and a fresh runtime."""
+
+    def __init__(self, settings: Settings, ledger: Ledger, hot: HotState) -> None:
+        self.settings = settings
+        self.ledger = ledger
+        self.hot = hot
+        self.fleet = sim_fleet()
+        #: Call node ids and remote ids of this run (a scratch database keeps earlier runs' rows).
+        self.tag = uuid.uuid4().hex[:10]
+
+    def run_series(self, series: Series) -> SeriesResult:
+        server = scripted_server(series, self.tag)
+        runtime = Runtime(settings=self.settings, fleet=self.fleet, _ledger=self.ledger, _hot=self.hot)
+        runtime._remote = ScriptedPool(self.fleet, server)
+        executor = Executor(runtime, jitter=lambda _interval: 0.0)
+        delivered: list[OutboxMessage] = []
+        try:
+            op_id = self._drive(series, server, executor, delivered)
+        finally:
+            runtime._remote.close()
+        return self._check(series, server, executor, op_id, delivered)
+
+    def call_node_id(self, series: Series) -> str:
+        return f"sim/{self.tag}/{series.seed}/{series.index}"
+
+    # ------------------------------------------------------------------------------------- the driver
+
+    def _new(self, series: Series) -> NewOperation:
+        body = {"n": series.index}
+        return NewOperation(
+            call_node_id=self.call_node_id(series),
+            request_digest=digest({"tool": TOOL_OF[series.protocol], "arguments": body}),
+            server=SERVER_OF[series.protocol],
+            protocol=series.protocol,
+            protocol_version=VERSION_OF[series.protocol],
+            adapter_version="sim",
+            tool_name=TOOL_OF[series.protocol],
+            body=body,
+            on_terminal={"task": "sim.downstream", "args": [], "kwargs": {}, "options": {}},
+        )
+
+    def _drive(
+        self, series: Series, server: ScriptedServer, executor: Executor, delivered: list[OutboxMessage]
+    ) -> uuid.UUID:
+        new = self._new(series)
+        server.tick = 0
+        if series.cancel_tick == -1:
+            op_id = self.ledger.record_submission(new).operation.id  # queued, no worker has it yet
+            executor.request_cancel(op_id)
+        else:
+            self._step(executor, lambda: executor.submit(new))
+            found = self.ledger.find_by_call_node(new.call_node_id)
+            if found is None:
+                raise RuntimeError(f"the submission of {new.call_node_id} left no operation row")
+            op_id = found.id
+        last: Callable[[], object] | None = None
+        op = self.ledger.get(op_id)
+        for tick in range(MAX_TICKS):
+            if tick > 0:
+                server.tick = tick
+            for _ in range(series.duplicate_ticks.count(tick)):
+                self.ledger.record_submission(new)  # a second row would fail the check of rows per call node
+            if tick == series.cancel_tick:
+                self._step(executor, lambda: executor.request_cancel(op_id))
+                op = self.ledger.get(op_id)
+            if tick > 0 and not _settled(op):
+                claim = self.ledger.claim(op_id, lease_s=self.settings.lease_s)
+                if claim is None:
+                    runs.run_out_lease(self.ledger, op_id)  # a crashed worker's lease ran out
+                    claim = self.ledger.claim(op_id, lease_s=self.settings.lease_s)
+                if claim is not None and claim.state in TASK_FOR_STATE:
+                    last = _entry(executor, TASK_FOR_STATE[claim.state], op_id, claim.poll_cursor)
+                    self._step(executor, last)
+                op = self.ledger.get(op_id)
+            if last is not None and tick in series.redeliver_ticks:
+                self._step(executor, last)  # the same message delivered again (same cursor)
+                op = self.ledger.get(op_id)
+            if tick == 0:
+                op = self.ledger.get(op_id)
+            if _settled(op) and tick >= max(series.cancel_tick or 0, *(series.duplicate_ticks or (0,))):
+                break
+        self.ledger.drain_outbox(delivered.append)
+        if series.late_offer:
+            op = self.ledger.get(op_id)
+            # An old step's late completion at the acceptance point: it must never advance.
+            accept(executor.ctx, op, TerminalKind.COMPLETED, {"late": True, "index": series.index})
+            self.ledger.drain_outbox(delivered.append)
+        return op_id
+
+    @staticmethod
+    def _step(executor: Executor, call: Callable[[], object]) -> None:
+        # A worker that died: its lease runs out and the dispatcher hands the row to another.
+        with contextlib.suppress(SimulatedCrash):
+            call()
+
+    # ------------------------------------------------------------------------------------- the checks
+
+    def _check(
+        self,
+        series: Series,
+        server: ScriptedServer,
+        executor: Executor,
+        op_id: uuid.UUID,
+        delivered: list[OutboxMessage],
+    ) -> SeriesResult:
+        expected = expect(series)
+        op = self.ledger.get(op_id)
+        receipts = runs.receipts_of_call_node(self.ledger, self.call_node_id(series))
+        if receipts:
+            outcome = str(receipts[0]["terminal_state"])
+        elif op.state is S.MANUAL_RECONCILIATION:
+            outcome = "manual"
+        else:
+            outcome = f"stalled in {op.state.value}"
+        receipt_ids = {str(r["id"]) for r in receipts}
+        without = 0
+        late = 0
+        cancelled = any(r["terminal_state"] == "cancelled" for r in receipts)
+        for delivery in runs.terminal_deliveries(self.ledger, op_id):
+            named = {str(delivery.get("receipt_id")), str(delivery.get("row_receipt_id"))}
+            if not named <= receipt_ids:
+                without += 1
+            if cancelled and delivery.get("terminal_state") != "cancelled":
+                late += 1
+        problems: list[str] = []
+        if outcome != expected.outcome:
+            problems.append(f"terminal-state divergence: {outcome}, the oracle says {expected.outcome}")
+        if server.truth.tasks > 1:
+            problems.append(f"{server.truth.tasks} operations on the server for one call node")
+        elif server.truth.tasks != expected.tasks:
+            problems.append(
+                f"{server.truth.tasks} operations on the server, the oracle says {expected.tasks}"
+            )
+        if len(receipts) > 1:
+            problems.append(f"{len(receipts)} receipts for one call node")
+        if without:
+            problems.append(f"{without} downstream advances without a receipt")
+        if late:
+            problems.append(f"{late} late completions advanced after an accepted cancel")
+        if runs.operations_of_call_node(self.ledger, self.call_node_id(series)) != 1:
+            problems.append("more than one operation row for the call node")
+        del executor
+        return SeriesResult(
+            series, expected, outcome, server.truth.tasks, len(receipts), without, late, problems
+        )
+
+
+def _settled(op: Operation) -> bool:
+    return op.is_final or op.state is S.MANUAL_RECONCILIATION
+
+
+def _entry(executor: Executor, task: str, op_id: uuid.UUID, cursor: int) -> Callable[[], object]:
+    if task == "longcall.poll":
+        return lambda: executor.advance(op_id, cursor)
+    if task == "longcall.fetch_result":
+        return lambda: executor.fetch_result(op_id, cursor)
+    if task == "longcall.cancel":
+        return lambda: executor.send_cancel(op_id, cursor)
+    raise AssertionError(task)
+
+
+@dataclass
+class Report:
+    seed: int
+    series: int
+    protocols: tuple[str, ...]
+    seconds: float
+    results: list[SeriesResult]
+
+    @property
+    def divergences(self) -> int:
+        return sum(
+            1
+            for r in self.results
+            if any(p.startswith("terminal-state") or "oracle says" in p for p in r.problems)
+        )
+
+    @property
+    def second_operations(self) -> int:
+        return sum(r.second_operations for r in self.results)
+
+    @property
+    def max_receipts_per_call_node(self) -> int:
+        return max((r.receipts for r in self.results), default=0)
+
+    @property
+    def advances_without_receipt(self) -> int:
+        return sum(r.advances_without_receipt for r in self.results)
+
+    @property
+    def late_completions_advanced(self) -> int:
+        return sum(r.late_completions_advanced for r in self.results)
+
+    @property
+    def series_per_s(self) -> float:
+        return len(self.results) / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def failures(self) -> list[dict[str, Any]]:
+        return [r.failure() for r in self.results if not r.passed]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures and self.max_receipts_per_call_node <= 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "series_run": len(self.results),
+            "protocols": list(self.protocols),
+            "terminal_state_divergences": self.divergences,
+            "second_operations_from_duplicate_submissions": self.second_operations,
+            "max_receipts_per_call_node": self.max_receipts_per_call_node,
+            "downstream_advances_without_receipt": self.advances_without_receipt,
+            "late_completions_after_accepted_cancel_advanced": self.late_completions_advanced,
+            "series_per_s": round(self.series_per_s, 2),
+            "seconds": round(self.seconds, 2),
+            "failures": self.failures,
+            "passed": self.passed,
+        }
+
+
+def run(
+    simulation: Simulation,
+    *,
+    seed: int,
+    indexes: Iterable[int],
+    protocols: tuple[Protocol, ...] = PROTOCOLS,
+    progress: Callable[[SeriesResult], None] | None = None,
+) -> Report:
+    started = time.monotonic()
+    results: list[SeriesResult] = []
+    for index in indexes:
+        result = simulation.run_series(generate(seed, index, protocols))
+        results.append(result)
+        if progress is not None:
+            progress(result)
+    return Report(seed, len(results), protocols, time.monotonic() - started, results)
