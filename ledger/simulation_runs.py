@@ -13,7 +13,7 @@ from sqlalchemy import Table, func, insert, select, update
 
 from ledger.models import SimulationRun
 from ledger.repository import Ledger
-from ledger.statements import OP, OUTBOX, RECEIPT, RECON
+from ledger.statements import EVENT, OP, OUTBOX, RECEIPT, RECON
 
 RUN = cast(Table, SimulationRun.__table__)
 
@@ -60,21 +60,6 @@ def operations_of_call_node(ledger: Ledger, call_node_id: str) -> int:
         return int(conn.execute(select(func.count()).where(OP.c.call_node_id == call_node_id)).scalar_one())
 
 
-def terminal_outbox_without_receipt(ledger: Ledger, op_id: uuid.UUID) -> int:
-    """Terminal outbox rows of ``op_id`` whose receipt is not that operation's receipt."""
-    with ledger.engine.begin() as conn:
-        receipt_ids = select(RECEIPT.c.id).where(RECEIPT.c.op_id == op_id)
-        return int(
-            conn.execute(
-                select(func.count()).where(
-                    OUTBOX.c.op_id == op_id,
-                    OUTBOX.c.kind == "terminal",
-                    (OUTBOX.c.receipt_id.is_(None)) | (OUTBOX.c.receipt_id.not_in(receipt_ids)),
-                )
-            ).scalar_one()
-        )
-
-
 def open_reasons(ledger: Ledger, op_id: uuid.UUID) -> list[str]:
     with ledger.engine.begin() as conn:
         rows = conn.execute(
@@ -113,3 +98,15 @@ def terminal_deliveries(ledger: Ledger, op_id: uuid.UUID) -> list[dict[str, Any]
             )
         ).all()
     return [{**dict((r.payload or {}).get("receipt") or {}), "row_receipt_id": r.receipt_id} for r in rows]
+
+
+def cancel_was_accepted(ledger: Ledger, op_id: uuid.UUID) -> bool:
+    """Whether the operation's history holds an accepted cancel (whatever its receipt says now)."""
+    with ledger.engine.begin() as conn:
+        found = conn.execute(
+            select(func.count()).where(
+                EVENT.c.op_id == op_id,
+                EVENT.c.to_state == "CANCELLED_ACCEPTED",
+            )
+        ).scalar_one()
+    return int(found) > 0

@@ -250,7 +250,7 @@ class Simulation:
         receipt_ids = {str(r["id"]) for r in receipts}
         without = 0
         late = 0
-        cancelled = any(r["terminal_state"] == "cancelled" for r in receipts)
+        cancelled = runs.cancel_was_accepted(self.ledger, op_id)
         for delivery in runs.terminal_deliveries(self.ledger, op_id):
             named = {str(delivery.get("receipt_id")), str(delivery.get("row_receipt_id"))}
             if not named <= receipt_ids:
