@@ -158,7 +158,8 @@ def _accepting_late_completions(original: Any) -> Any:
                 conn.execute(
                     text(
                         "UPDATE outbox SET status = 'ready', dispatched_at = NULL, "
-                        "payload = jsonb_set(payload, '{receipt,terminal_state}', to_jsonb(CAST(:state AS text))) "
+                        "payload = jsonb_set(payload, '{receipt,terminal_state}', "
+                        "to_jsonb(CAST(:state AS text))) "
                         "WHERE op_id = :op"
                     ),
                     {"state": evidence.terminal_state.value, "op": op_id},
