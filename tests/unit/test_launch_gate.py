@@ -1,0 +1,26 @@
+"""The launch gate's report: its verdict, its JSON shape, and how the list behind a failure is capped."""
+
+from __future__ import annotations
+
+from workers.launch_gate import Criterion, GateReport, behind_list
+
+
+def test_the_gate_passes_only_when_every_criterion_does() -> None:
+    ok = Criterion("a", "0", "0", True)
+    bad = Criterion("b", "2", "0", False, ["op 1", "op 2"])
+    assert GateReport([ok]).passed
+    assert not GateReport([ok, bad]).passed
+    assert GateReport([ok, bad]).failing == [bad]
+    assert GateReport([ok, bad]).to_json() == {
+        "passed": False,
+        "criteria": [
+            {"name": "a", "measured": "0", "target": "0", "passed": True, "behind": []},
+            {"name": "b", "measured": "2", "target": "0", "passed": False, "behind": ["op 1", "op 2"]},
+        ],
+    }
+
+
+def test_the_list_behind_a_failure_says_how_many_more_there_are() -> None:
+    assert behind_list(["a", "b"], 2) == ["a", "b"]
+    assert behind_list(["a", "b"], 5) == ["a", "b", "and 3 more"]
+    assert behind_list([], 0) == []
