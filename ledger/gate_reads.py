@@ -22,8 +22,9 @@ What each figure means (``workers.launch_gate`` sets them against the targets):
 - UNKNOWN age: each reconciliation record (what no rule decided), from ``opened_at`` to ``resolved_at``
   (open: to now), and each operation in SUBMISSION_UNKNOWN without an open record (from the event that
   moved it there); overdue = an open record past its ``deadline``.
-- Downstream advances: dispatched ``terminal`` outbox rows; traceable = its receipt exists, belongs to the
-  same operation, and is the receipt its payload delivered (``payload.receipt.receipt_id``).
+- Downstream advances: dispatched ``terminal`` outbox rows of live operations (a shadow operation's row
+  names no task: nothing reaches the pipeline); traceable = its receipt exists, belongs to the same
+  operation, and is the receipt its payload delivered (``payload.receipt.receipt_id``).
 """
 
 from __future__ import annotations
@@ -275,8 +276,8 @@ def _overdue(conn: Connection, limit: int) -> Behind:
 _ADVANCES = """
 SELECT x.id, x.op_id,
   (r.id IS NOT NULL AND r.op_id = x.op_id AND x.payload->'receipt'->>'receipt_id' = r.id::text) AS traceable
-FROM outbox x LEFT JOIN terminal_receipt r ON r.id = x.receipt_id
-WHERE x.kind = 'terminal' AND x.status = 'dispatched'
+FROM outbox x JOIN tool_operation o ON o.id = x.op_id LEFT JOIN terminal_receipt r ON r.id = x.receipt_id
+WHERE x.kind = 'terminal' AND x.status = 'dispatched' AND o.routing = 'live'
 """
 
 

@@ -401,6 +401,19 @@ def test_an_advance_that_does_not_carry_its_receipt_fails_naming_the_outbox_row(
     assert criterion.measured.startswith("50.0 % (1 of 2 dispatched advances)")
     assert criterion.behind == [f"outbox {outbox_id} (op {bad.id})"]
     assert str(good.id) not in " ".join(criterion.behind)
+    shadow = place(ledger, S.FETCHING_RESULT)
+    with ledger.engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE tool_operation SET routing = 'shadow', on_terminal = NULL, on_input = NULL "
+                "WHERE id = :id"
+            ),
+            {"id": shadow.id},
+        )
+    ledger.accept_terminal(shadow.id, evidence_for(shadow, TerminalKind.COMPLETED))
+    ledger.drain_outbox(lambda message: None)
+    measured = gate(ledger, settings, redis_client)[NAMES[-1]].measured
+    assert measured.startswith("50.0 % (1 of 2 dispatched advances)")  # a shadow row advances nothing
     add_simulation(ledger, late_completions_advanced=1, seed=11)
     assert any("seed 11" in b for b in gate(ledger, settings, redis_client)[NAMES[-1]].behind)
 
