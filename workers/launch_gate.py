@@ -142,8 +142,8 @@ def _divergence(f: GateFigures) -> Criterion:
 def _second_operations(f: GateFigures) -> Criterion:
     sim = f.simulation
     measured = (
-        f"ledger: {f.second_operations} over {f.operations} operations (per operation: creates sent beyond "
-        "one plus those undone by proof, and distinct remote ids beyond one plus never-created proofs)"
+        f"ledger: {f.second_operations} in {f.operations} operations (creates sent or remote ids bound "
+        "beyond one, less those undone or proved never created)"
     )
     behind = _named(f.second_operation_ops)
     sim_extra = 0
@@ -193,7 +193,7 @@ def poll_amplification(
     if not fleet.servers:
         measured = "no server configured (LONGCALL_CONFIG)"
     else:
-        measured = f"max {worst:.2f} (highest requests in any 1 s, last 7 days / budget): " + "; ".join(parts)
+        measured = f"max {worst:.2f} (most requests in one second, last 7 days / budget): " + "; ".join(parts)
     passed = worst <= 1.0
     return Criterion("poll amplification", measured, "<= 1.0", passed, [] if passed else behind)
 
@@ -208,7 +208,7 @@ def _cancel(lags: LagFigures) -> Criterion:
     passed = lags.p99_s is None or lags.p99_s < CANCEL_P99_S
     return Criterion(
         "cancel confirmation p99",
-        f"{_p99(lags)} (first cancel request to the terminal receipt; open ones by their age)",
+        f"{_p99(lags)} (first cancel request to the receipt; open ones by age)",
         f"< {CANCEL_P99_S:g} s",
         passed,
         [] if passed else _named(lags.over),
@@ -219,7 +219,7 @@ def _unknown_age(lags: LagFigures) -> Criterion:
     passed = lags.p99_s is None or lags.p99_s < UNKNOWN_P99_S
     return Criterion(
         "UNKNOWN reconciliation age p99",
-        f"{_p99(lags)} (reconciliation records opened to resolved, open ones and SUBMISSION_UNKNOWN by age)",
+        f"{_p99(lags)} (records opened to resolved; open ones, SUBMISSION_UNKNOWN by age)",
         f"< {UNKNOWN_P99_S / 60:g} min",
         passed,
         [] if passed else _named(lags.over),

@@ -278,7 +278,7 @@ def test_a_second_create_or_a_second_remote_id_is_a_second_operation_named_by_op
     add_event(ledger, proved.id, "created", remote_id=proved.remote_id)
     criterion = gate(ledger, settings, redis_client)["second operations from duplicate submissions"]
     assert not criterion.passed
-    assert criterion.measured.startswith("ledger: 2 over 3 operations")
+    assert criterion.measured.startswith("ledger: 2 in 3 operations")
     named = " ".join(criterion.behind)
     assert str(twice.id) in named
     assert str(rebound.id) in named
