@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sqlalchemy import Connection, Engine, func, select, update
+from sqlalchemy import Connection, Engine, Row, func, literal, select, update
 
 from ledger.control import ExecutorControlTransactions, read_control
 from ledger.digests import digest
@@ -101,7 +101,13 @@ class Ledger(
 
     # ----------------------------------------------------------------------------------------- submit
 
-    def record_submission(self, new: NewOperation, *, lease_s: float | None = None) -> Submission:
+    def record_submission(
+        self,
+        new: NewOperation,
+        *,
+        lease_s: float | None = None,
+        admit: Callable[[Mapping[str, Any]], NewOperation] | None = None,
+    ) -> Submission:
         """Insert the SUBMITTING row, or return the call node's existing operation (rule 1).
 
         Same call node and same request digest is the existing operation, never a second one; the same call
@@ -109,43 +115,34 @@ class Ledger(
         once, and never regenerated. The new row is due at once; with ``lease_s`` it is also claimed by the
         caller (cursor 1), so the submitting worker can make the create call itself, and a crash before that
         leaves it to the dispatcher when the lease runs out.
+
+        ``admit`` (the canary, ``workers/submission.py``) decides a call node that has no operation yet:
+        given ``executor_control.rollout`` as this transaction reads it, it returns the operation to insert,
+        or raises to insert nothing (the exception propagates; the transaction is rolled back). Every
+        submission first takes the call node's submission lock (:func:`lock_submission`), held to its
+        commit, and only then reads the rollout and the existing row: two submissions of one call node are
+        decided one after the other, and the second sees the first one's row (READ COMMITTED: a statement
+        after the lock sees what the lock's previous holder committed). A call node with an operation keeps
+        it, whatever the rollout says now.
         """
         with self._tx() as conn:
+            lock_submission(conn, new.call_node_id)
             control = read_control(conn)
             refusal: Exception | None = None
             if not control.admission_open:
                 refusal = AdmissionClosed()
             elif adapter_key(new.protocol, new.protocol_version) in control.disabled_adapters:
                 refusal = AdapterDisabled(new.protocol, new.protocol_version)
+            if (
+                refusal is None
+                and admit is not None
+                and self._find_by_call_node(conn, new.call_node_id) is None
+            ):
+                new = admit(control.rollout)
             if refusal is None:
-                # Inserted unless the call node has its operation already (then it is read below): the usual
-                # case, a new call node, costs no read first.
-                row = conn.execute(
-                    STATEMENTS.get(insert_operation),
-                    {
-                        "new_id": uuid.uuid4(),
-                        "new_call_node_id": new.call_node_id,
-                        "new_request_digest": new.request_digest,
-                        "new_tool_name": new.tool_name,
-                        "new_tool_descriptor_version": new.tool_descriptor_version,
-                        "new_body": new.body,
-                        "new_server": new.server,
-                        "new_protocol": new.protocol,
-                        "new_protocol_version": new.protocol_version,
-                        "new_adapter_version": new.adapter_version,
-                        "new_submission_key": uuid.uuid4(),
-                        "new_ttl_ms": new.ttl_ms,
-                        # NULL intervals leave NULL deadlines: no wait budget, no lease.
-                        "new_wait_budget": _interval(new.wait_budget_s),
-                        "new_execution_epoch": control.execution_epoch,
-                        "new_on_terminal": new.on_terminal,
-                        "new_on_input": new.on_input,
-                        "new_poll_cursor": 1 if lease_s is not None else 0,
-                        "new_routing": new.routing,
-                        "new_lease": _interval(lease_s),
-                        "event_detail": {"server": new.server},
-                    },
-                ).first()
+                # Inserted unless the call node has its operation already (then it is read below): without
+                # ``admit``, the usual case, a new call node, costs no read first.
+                row = insert_submitted(conn, new, execution_epoch=control.execution_epoch, lease_s=lease_s)
                 if row is not None:
                     # The ``submitted`` event went in with the row, in the same statement.
                     return Submission(Operation.from_row(row), created=True)
@@ -520,6 +517,50 @@ class Ledger(
                 select(RECON).where(RECON.c.resolved_at.is_(None)).order_by(RECON.c.deadline)
             ).all()
         return [ReconciliationRecord.from_row(r) for r in rows]
+
+
+def insert_submitted(
+    conn: Connection, new: NewOperation, *, execution_epoch: int, lease_s: float | None
+) -> Row[Any] | None:
+    """Insert the call node's SUBMITTING row and its ``submitted`` event (one statement); None when the
+    call node has its operation already. The caller holds the call node's submission lock."""
+    return conn.execute(
+        STATEMENTS.get(insert_operation),
+        {
+            "new_id": uuid.uuid4(),
+            "new_call_node_id": new.call_node_id,
+            "new_request_digest": new.request_digest,
+            "new_tool_name": new.tool_name,
+            "new_tool_descriptor_version": new.tool_descriptor_version,
+            "new_body": new.body,
+            "new_server": new.server,
+            "new_protocol": new.protocol,
+            "new_protocol_version": new.protocol_version,
+            "new_adapter_version": new.adapter_version,
+            "new_submission_key": uuid.uuid4(),
+            "new_ttl_ms": new.ttl_ms,
+            # NULL intervals leave NULL deadlines: no wait budget, no lease.
+            "new_wait_budget": _interval(new.wait_budget_s),
+            "new_execution_epoch": execution_epoch,
+            "new_on_terminal": new.on_terminal,
+            "new_on_input": new.on_input,
+            "new_poll_cursor": 1 if lease_s is not None else 0,
+            "new_routing": new.routing,
+            "new_lease": _interval(lease_s),
+            "event_detail": {"server": new.server},
+        },
+    ).first()
+
+
+#: The advisory lock key of a call node's submission: hashtextextended(prefix || call_node_id, 0).
+SUBMISSION_LOCK_PREFIX = "longcall.submission:"
+
+
+def lock_submission(conn: Connection, call_node_id: str) -> None:
+    """The call node's submission lock, held until the caller's transaction ends (see
+    :meth:`Ledger.record_submission`)."""
+    key = func.hashtextextended(literal(SUBMISSION_LOCK_PREFIX) + literal(call_node_id), 0)
+    conn.execute(select(func.pg_advisory_xact_lock(key)))
 
 
 def _interval(seconds: float | None) -> dt.timedelta | None:

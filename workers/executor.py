@@ -51,10 +51,13 @@ class Executor:
     def ledger(self) -> Ledger:
         return self.rt.ledger
 
-    def submit(self, new: NewOperation) -> tuple[Submission, StepOutcome | None]:
-        """``longcall.submit``: record the call node's operation (validated at the boundary), then make the
-        create call at once when this worker holds its claim."""
-        submission = self.ledger.record_submission(new, lease_s=self.rt.settings.lease_s)
+    def submit(
+        self, new: NewOperation, *, admit: Callable[[Mapping[str, Any]], NewOperation] | None = None
+    ) -> tuple[Submission, StepOutcome | None]:
+        """``longcall.submit``: record the call node's operation (validated at the boundary; routed by
+        ``admit`` under the call node's lock, see ``Ledger.record_submission``), then make the create call
+        at once when this worker holds its claim."""
+        submission = self.ledger.record_submission(new, lease_s=self.rt.settings.lease_s, admit=admit)
         if not submission.created:
             return submission, None
         op = submission.operation

@@ -7,11 +7,12 @@ the executor records as it is. A refusal writes nothing and says exactly what wa
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
 import re
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,8 @@ from ledger.records import NewOperation, Operation
 from ledger.states import TerminalKind
 from workers import __version__
 from workers.errors import InvalidSubmission
-from workers.settings import FleetConfig
+from workers.rollout import RolloutState, Routing, decide, is_side_effect_free
+from workers.settings import FleetConfig, ToolConfig
 
 SUBMIT_KWARGS = frozenset(
     {"call_node_id", "server", "tool", "arguments", "on_terminal", "on_input", "ttl_ms", "wait_budget_s"}
@@ -73,6 +75,8 @@ def validate_submission(
         body_json = canonical_json(request.arguments)
     except NotJson as exc:
         raise InvalidSubmission(f"arguments are not JSON: {exc}") from exc
+    if server.protocol == "aip151":
+        check_route_arguments(request.server, request.tool, server.tools.get(request.tool), request.arguments)
     size = len(body_json.encode("utf-8"))
     if size > max_body_bytes:
         raise InvalidSubmission(
@@ -92,6 +96,48 @@ def validate_submission(
         ttl_ms=request.ttl_ms if request.ttl_ms is not None else server.default_ttl_ms,
         wait_budget_s=request.wait_budget_s if request.wait_budget_s is not None else server.wait_budget_s,
     )
+
+
+#: A ``{placeholder}`` of an AIP-151 create route, filled from the argument of that name (as the adapter
+#: fills it: ``adapters/aip151/wire.py``).
+ROUTE_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+#: What a placeholder's value may not contain: it would leave its path segment (or the path).
+PATH_BREAKERS = ("/", "\\", "..", "?", "#")
+
+
+def check_route_arguments(
+    server: str, tool: str, config: ToolConfig | None, arguments: Mapping[str, Any]
+) -> None:
+    """An AIP-151 submission's arguments fill every ``{placeholder}`` of the tool's create route, each
+    with a non-empty string or integer that stays inside its path segment (no ``/``, ``\\``, ``..``,
+    ``?``, ``#``). A tool with no create route is left to the adapter, which refuses it.
+
+    Raises:
+        InvalidSubmission: the missing or unusable placeholder(s) and the route; nothing was written.
+    """
+    if config is None or config.create is None:
+        return
+    names = ROUTE_PLACEHOLDER.findall(config.create)
+    missing = sorted({n for n in names if n not in arguments})
+    if missing:
+        raise InvalidSubmission(
+            f"tool {tool!r} on server {server!r}: the create route {config.create!r} needs the argument(s) "
+            f"{', '.join(missing)} (its path placeholders); they are missing"
+        )
+    bad: list[str] = []
+    for name in sorted(set(names)):
+        value = arguments[name]
+        if isinstance(value, bool) or not isinstance(value, str | int):
+            bad.append(f"{name} must be a string or an integer, got {type(value).__name__}")
+        elif isinstance(value, str) and not value.strip():
+            bad.append(f"{name} must not be empty")
+        elif isinstance(value, str) and (value == "." or any(b in value for b in PATH_BREAKERS)):
+            bad.append(f"{name}={value!r} would change the path (it is '.', or contains / \\ .. ? or #)")
+    if bad:
+        raise InvalidSubmission(
+            f"tool {tool!r} on server {server!r}: the create route {config.create!r} cannot be filled: "
+            + "; ".join(bad)
+        )
 
 
 def parse_submit_kwargs(kwargs: Mapping[str, Any], *, max_delay_s: float | None = None) -> SubmitRequest:
@@ -140,6 +186,51 @@ def operation_summary(op: Operation, *, created: bool | None = None) -> dict[str
     if created is not None:
         summary["created"] = created
     return summary
+
+
+class NotRouted(Exception):
+    """The call node is outside the canary: ``longcall.submit`` answers ``routing.answer()`` and writes
+    nothing (raised by the admission inside :meth:`ledger.repository.Ledger.record_submission`)."""
+
+    def __init__(self, routing: Routing) -> None:
+        super().__init__(f"call node not routed ({routing.reason}, {routing.percent} %)")
+        self.routing = routing
+
+
+def canary_admission(fleet: FleetConfig, new: NewOperation) -> Callable[[Mapping[str, Any]], NewOperation]:
+    """The routing of a call node that has no operation yet, decided inside the insert's transaction under
+    the call node's submission lock (``Ledger.record_submission(admit=...)``): the operation to insert
+    (live, or shadow without downstream signatures), or :class:`NotRouted`.
+
+    Why under the lock, in the insert's transaction: a submission that decided "live" and inserted its row
+    (not yet committed) while ``longcall rollout --percent`` lowered the canary must not be followed by a
+    second submission of the same call node that sees no row, reads the lowered percentage and answers "not
+    routed" (the caller would run its legacy path beside longcall's live operation). Under the lock the
+    second waits for the first to commit, then finds its row and returns it.
+
+    The reverse (the canary raised while a "not routed" answer is being decided) makes no second
+    operation out of that answer: the decision reads the percentage once, after the lock, in the transaction
+    that would insert, and a "not routed" decision inserts nothing, so there is no row a raise could revive
+    and no step ever starts one for that call node (rows are only made here, never by a rollout change).
+    A concurrent submission of the same call node waits for the lock and decides after it. What no lock can
+    close: a submission of the call node that arrives AFTER the raise (a caller's retry, or a redelivered
+    ``longcall.submit`` message) is decided afresh and routed live, since "not routed" leaves no record:
+    a caller must act on one answer per call node.
+    """
+    side_effect_free = is_side_effect_free(fleet, new.server, new.tool_name)
+
+    def admit(rollout_json: Mapping[str, Any]) -> NewOperation:
+        rollout = RolloutState.from_control(rollout_json)
+        if rollout.canary_percent is None and not rollout.shadow:
+            return new  # no rollout configured: everything is routed, as before issue 12
+        routing = decide(new.call_node_id, side_effect_free=side_effect_free, rollout=rollout)
+        if routing.route == "live":
+            return new
+        if routing.route == "shadow":
+            return dataclasses.replace(new, routing="shadow", on_terminal=None, on_input=None)
+        raise NotRouted(routing)
+
+    return admit
 
 
 LEGACY_KWARGS = frozenset({"call_node_id", "terminal_state", "result_digest", "result", "detail"})

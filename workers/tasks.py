@@ -25,9 +25,10 @@ from workers.errors import (
     SubmissionRefused,
 )
 from workers.executor import Dispatch, Executor, StepOutcome
-from workers.rollout import Routing, admit
 from workers.runtime import RuntimeHolder
 from workers.submission import (
+    NotRouted,
+    canary_admission,
     operation_summary,
     parse_legacy_outcome,
     reply_size_refusal,
@@ -89,11 +90,11 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:  # noqa: PLR0915
                 max_body_bytes=runtime.settings.max_body_bytes,
                 max_delay_s=runtime.settings.max_callback_delay_s,
             )
-            admitted = admit(runtime.ledger, runtime.fleet, new)
-            if isinstance(admitted, Routing):
-                # Outside the canary: nothing is written, nothing is called; the caller keeps its legacy path.
-                return admitted.answer()
-            submission, step = Executor(runtime).submit(admitted)
+            # Routed in the insert's transaction, under the call node's lock (workers/submission.py).
+            submission, step = Executor(runtime).submit(new, admit=canary_admission(runtime.fleet, new))
+        except NotRouted as exc:
+            # Outside the canary: nothing is written, nothing is called; the caller keeps its legacy path.
+            return exc.routing.answer()
         except (InvalidSubmission, CallNodeConflict, AdmissionClosed, AdapterDisabled) as exc:
             log.warning("longcall.submit refused: %s", exc)
             raise SubmissionRefused(str(exc)) from None

@@ -87,3 +87,67 @@ def test_a_good_submission_becomes_the_operation_to_record() -> None:
 def test_a_submission_the_fleet_cannot_take_is_refused(change: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidSubmission, match=message):
         validate_submission({**GOOD, **change}, FLEET, max_body_bytes=1024)
+
+
+# ------------------------------------------------------------------ AIP-151: the create route's arguments
+
+AIP_FLEET = FleetConfig.model_validate(
+    {
+        "servers": {
+            "exports": {
+                "protocol": "aip151",
+                "protocol_version": "v1",
+                "url": "http://h",
+                "tools": {
+                    "run_report": {
+                        "create": "POST /v1/projects/{project}/locations/{location}/reports:run",
+                        "request_id_field": "requestId",
+                    }
+                },
+            }
+        }
+    }
+)
+AIP_GOOD: dict[str, Any] = {
+    "call_node_id": "pipeline-1/export",
+    "server": "exports",
+    "tool": "run_report",
+    "arguments": {"project": "demo", "location": 7, "seconds": 1},
+}
+
+
+def test_aip_arguments_that_fill_the_create_route_are_taken() -> None:
+    new = validate_submission(AIP_GOOD, AIP_FLEET, max_body_bytes=1024)
+    assert (new.protocol, new.body) == ("aip151", {"project": "demo", "location": 7, "seconds": 1})
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"seconds": 1}, r"needs the argument\(s\) location, project \(its path placeholders\)"),
+        ({"project": "demo", "seconds": 1}, r"needs the argument\(s\) location \("),
+        ({"project": "", "location": "eu"}, "project must not be empty"),
+        ({"project": "  ", "location": "eu"}, "project must not be empty"),
+        ({"project": True, "location": "eu"}, "project must be a string or an integer, got bool"),
+        ({"project": ["x"], "location": "eu"}, "project must be a string or an integer, got list"),
+        ({"project": "a/b", "location": "eu"}, "project='a/b' would change the path"),
+        ({"project": "..", "location": "eu"}, "project='..' would change the path"),
+        ({"project": "x..y", "location": "eu"}, "would change the path"),
+        ({"project": ".", "location": "eu"}, "project='.' would change the path"),
+        ({"project": "p?q=1", "location": "eu"}, "would change the path"),
+        ({"project": "p#frag", "location": "eu"}, "would change the path"),
+        ({"project": "a\\b", "location": "eu"}, "would change the path"),
+    ],
+)
+def test_aip_arguments_that_do_not_fit_the_create_route_are_refused(
+    arguments: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(InvalidSubmission, match=message) as refused:
+        validate_submission({**AIP_GOOD, "arguments": arguments}, AIP_FLEET, max_body_bytes=1024)
+    # The error names the tool, the server and the route.
+    assert "'run_report' on server 'exports'" in str(refused.value)
+    assert "POST /v1/projects/{project}/locations/{location}/reports:run" in str(refused.value)
+
+
+def test_mcp_arguments_are_not_held_to_a_route() -> None:
+    validate_submission({**GOOD, "arguments": {"project": "a/b"}}, FLEET, max_body_bytes=1024)

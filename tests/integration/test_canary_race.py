@@ -1,0 +1,153 @@
+"""The canary and concurrent submissions of one call node (issue 12): the routing decision is taken under
+the call node's submission lock, in the transaction that inserts, so a lowered canary never answers "not
+routed" for a call node whose live operation is being recorded (two operations for one call node)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from sqlalchemy import func, select, text
+
+from ledger.control import read_control
+from ledger.digests import request_digest
+from ledger.records import NewOperation
+from ledger.repository import Ledger, insert_submitted, lock_submission
+from ledger.statements import OP
+from tests import support
+from tests.integration.fleet import Fleet
+from tests.integration.helpers import new_operation
+from workers.rollout import in_canary
+from workers.settings import FleetConfig, ServerConfig, ToolConfig
+from workers.submission import NotRouted, canary_admission
+
+ARGS_KEY = "key"
+
+
+def node_between(low: float, high: float, prefix: str) -> str:
+    """A call node routed at ``high`` % and not at ``low`` %."""
+    return next(
+        f"{prefix}/{i}"
+        for i in range(10_000)
+        if in_canary(f"{prefix}/{i}", high) and not in_canary(f"{prefix}/{i}", low)
+    )
+
+
+def lookup(call_node_id: str) -> NewOperation:
+    """What ``longcall.submit`` records for ``quick_lookup`` with ``{"key": call_node_id}``."""
+    arguments = {ARGS_KEY: call_node_id}
+    return new_operation(
+        call_node_id,
+        arguments=arguments,
+        tool_name="quick_lookup",
+        request_digest=request_digest(server="reports", tool="quick_lookup", arguments=arguments),
+    )
+
+
+def rows_of(ledger: Ledger, call_node_id: str) -> int:
+    with ledger.engine.connect() as conn:
+        return int(conn.execute(select(func.count()).where(OP.c.call_node_id == call_node_id)).scalar_one())
+
+
+def advisory_waiters(ledger: Ledger) -> int:
+    """Backends of this database waiting for an advisory lock."""
+    with ledger.engine.connect() as conn:
+        return int(
+            conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
+                    "WHERE l.locktype = 'advisory' AND NOT l.granted AND d.datname = current_database()"
+                )
+            ).scalar_one()
+        )
+
+
+def test_a_second_submission_while_the_canary_is_lowered_returns_the_live_operation(fleet: Fleet) -> None:
+    ledger = fleet.ledger
+    ledger.set_canary_percent(50, actor="test", reason="canary at 50")
+    call_node_id = node_between(5, 50, "race-lower")
+    # Submission A, held open at the point of the race: it took the call node's lock, read 50 %, inserted
+    # its live row, and has not committed.
+    with ledger.engine.begin() as conn:
+        lock_submission(conn, call_node_id)
+        control = read_control(conn)
+        assert in_canary(call_node_id, control.rollout["canary_percent"])
+        row = insert_submitted(
+            conn, lookup(call_node_id), execution_epoch=control.execution_epoch, lease_s=None
+        )
+        assert row is not None
+        # The operator lowers the canary (committed), then submission B of the same call node arrives.
+        ledger.set_canary_percent(5, actor="test", reason="lower during a submission")
+        b = fleet.submit_nowait(call_node_id, "quick_lookup", {ARGS_KEY: call_node_id})
+        support.wait_for(
+            "submission B to wait for A's lock (or answer)",
+            lambda: b.ready() or advisory_waiters(ledger) > 0 or None,
+            timeout=30,
+        )
+        # Before the fix B read 5 %, saw no row and answered {"routed": false} here.
+        assert not b.ready(), f"B answered while A's row was uncommitted: {b.get(timeout=1)}"
+    answer: dict[str, Any] = b.get(timeout=30)
+    assert (answer["routed"], answer["routing"], answer["created"], answer["op_id"]) == (
+        True,
+        "live",
+        False,
+        str(row.id),
+    )
+    assert rows_of(ledger, call_node_id) == 1
+
+
+FLEET = FleetConfig(
+    servers={
+        "reports": ServerConfig(
+            protocol="mcp",
+            protocol_version="2025-11-25",
+            url="http://127.0.0.1:9/mcp",
+            tools={"quick_lookup": ToolConfig()},
+        )
+    }
+)
+
+
+def test_a_raise_while_a_not_routed_decision_is_in_flight_writes_nothing(ledger: Ledger) -> None:
+    """The reverse: B decides "not routed" at 5 % under the lock, and the canary is raised to 50 % before
+    B's transaction ends. B answers from the 5 % it read and inserts nothing; the raise inserts nothing
+    either (rows are made only by a submission): no operation exists for the call node afterwards, so no
+    live operation runs beside the legacy path B's caller is told to take. A concurrent submission of the
+    same call node waits for B's lock meanwhile (see canary_admission for what no lock can close)."""
+    ledger.set_canary_percent(5, actor="test", reason="canary at 5")
+    call_node_id = node_between(5, 50, "race-raise")
+    new = lookup(call_node_id)
+    decided, release = threading.Event(), threading.Event()
+    answers: dict[str, Any] = {}
+
+    def held_admission(rollout: Any) -> NewOperation:
+        try:
+            return canary_admission(FLEET, new)(rollout)
+        finally:
+            decided.set()
+            release.wait(30)
+
+    def run() -> None:
+        try:
+            answers["b"] = ledger.record_submission(new, admit=held_admission)
+        except NotRouted as exc:
+            answers["b"] = exc.routing
+
+    b = threading.Thread(target=run)
+    b.start()
+    try:
+        assert decided.wait(30)
+        ledger.set_canary_percent(50, actor="test", reason="raise during a submission")
+        assert rows_of(ledger, call_node_id) == 0
+        # Another submission of the call node cannot slip in: the lock is B's until it ends.
+        with ledger.engine.begin() as conn:
+            took = conn.execute(
+                text("SELECT pg_try_advisory_xact_lock(hashtextextended(:key, 0))"),
+                {"key": f"longcall.submission:{call_node_id}"},
+            ).scalar_one()
+        assert took is False
+    finally:
+        release.set()
+        b.join(30)
+    assert answers["b"].answer() == {"routed": False, "reason": "canary", "percent": 5}
+    assert rows_of(ledger, call_node_id) == 0
