@@ -21,6 +21,7 @@ STATUS_ROWS = (
     "op_id",
     "call_node_id",
     "state",
+    "routing",
     "server",
     "tool",
     "remote_id",
@@ -52,6 +53,8 @@ def operation_json(op: Operation) -> dict[str, Any]:
         "op_id": str(op.id),
         "call_node_id": op.call_node_id,
         "state": op.state.value,
+        # live: longcall delivers its receipt; shadow: run beside the caller's legacy path, never delivered.
+        "routing": op.routing,
         "server": op.server,
         "tool": op.tool_name,
         "protocol": op.protocol,

@@ -4,9 +4,13 @@ routed" for a call node whose live operation is being recorded (two operations f
 
 from __future__ import annotations
 
+import json
 import threading
+from pathlib import Path
 from typing import Any
 
+import pytest
+from click.testing import CliRunner
 from sqlalchemy import func, select, text
 
 from ledger.control import read_control
@@ -16,7 +20,8 @@ from ledger.repository import Ledger, insert_submitted, lock_submission
 from ledger.statements import OP
 from tests import support
 from tests.integration.fleet import Fleet
-from tests.integration.helpers import new_operation
+from tests.integration.helpers import new_operation, submit
+from workers.cli import main
 from workers.rollout import in_canary
 from workers.settings import FleetConfig, ServerConfig, ToolConfig
 from workers.submission import NotRouted, canary_admission
@@ -151,3 +156,28 @@ def test_a_raise_while_a_not_routed_decision_is_in_flight_writes_nothing(ledger:
         b.join(30)
     assert answers["b"].answer() == {"routed": False, "reason": "canary", "percent": 5}
     assert rows_of(ledger, call_node_id) == 0
+
+
+# ------------------------------------------------------------------------ longcall status shows the routing
+
+
+def test_status_shows_the_routing_of_an_operation(
+    monkeypatch: pytest.MonkeyPatch, ledger: Ledger, database_url: str, broker_prefix: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "longcall.toml"
+    config.write_text(
+        '[servers.reports]\nprotocol = "mcp"\nprotocol_version = "2025-11-25"\nurl = "http://127.0.0.1:9/mcp"\n'
+    )
+    monkeypatch.setenv("LONGCALL_DATABASE_URL", database_url)
+    monkeypatch.setenv("LONGCALL_BROKER_KEYPREFIX", broker_prefix)
+    monkeypatch.setenv("LONGCALL_CONFIG", str(config))
+    live = submit(ledger, "status/live")
+    shadow = submit(ledger, "status/shadow", routing="shadow", on_terminal=None)
+    for op, routing in ((live, "live"), (shadow, "shadow")):
+        result = CliRunner().invoke(main, ["status", op.call_node_id, "--json"], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.output)["routing"] == routing
+        result = CliRunner().invoke(main, ["status", str(op.id)], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        [line] = [row for row in result.output.splitlines() if row.split()[:1] == ["routing"]]
+        assert line.split() == ["routing", routing]
