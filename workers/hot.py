@@ -1,6 +1,7 @@
-"""The Redis side of the fleet: per-server token buckets and the cancel-generation CAS (rules 4 and 6).
+"""The Redis side of the fleet: per-server token buckets, a server's hold (its Retry-After, honoured by every
+worker) and the cancel-generation CAS (rules 3, 4 and 6).
 
-Both are single Lua scripts, so each decision is one atomic step on Redis whatever the number of worker
+Each is a single Lua script, so each decision is one atomic step on Redis whatever the number of worker
 processes. Redis may lose everything (it keeps nothing on disk here): a lost bucket starts afresh, a lost
 generation is re-seeded from the ledger, which stays the record of truth.
 """
@@ -36,6 +37,7 @@ class HotState:
         self.client = client
         self.prefix = prefix
         self._bucket = client.register_script(_lua("token_bucket.lua"))
+        self._hold = client.register_script(_lua("server_hold.lua"))
         self._cas = client.register_script(_lua("cancel_cas.lua"))
 
     @classmethod
@@ -52,15 +54,45 @@ class HotState:
         window at most ``1 + 0.9 * rate + burst <= rate`` slots are handed out. A slot booked ahead is a
         promise to wait for it: slots are spaced, so calls made at their slots keep that bound, and a token
         that comes due is never wasted because no caller happened to ask at that instant.
+
+        While the server's hold (:meth:`hold`) runs, every call to it is refused, on either bucket, with the
+        hold's time left as the wait: the same script, the same round trip.
         """
         interval_us = max(1, math.ceil(1_000_000 / (rate_per_s * RATE_HEADROOM)))
         key = f"{self.prefix}bucket:{server}:{budget}"
         granted, wait_us = self._call(
             self._bucket,
-            [key],
+            [key, self.hold_key(server)],
             [interval_us, burst_for(rate_per_s) * interval_us, math.floor(max(0.0, horizon_s) * 1_000_000)],
         )
         return Token(bool(granted), int(wait_us) / 1_000_000)
+
+    def hold(self, server: str, delay_s: float) -> float:
+        """The server asked for no request for ``delay_s`` (a Retry-After or RetryInfo on a 429 or 503): no
+        worker sends it anything, poll or control, until then (Redis time). A hold already set that ends
+        later stays. Returns the seconds the hold has left."""
+        delay_us = math.ceil(max(0.0, delay_s) * 1_000_000)
+        if delay_us <= 0:
+            return 0.0
+        keys = [self.hold_key(server)]
+        try:
+            left_us = self._hold(keys=keys, args=[delay_us])
+        except redis.ConnectionError:
+            left_us = self._hold(keys=keys, args=[delay_us])  # one reconnect, as in _call
+        return int(left_us) / 1_000_000
+
+    def held_s(self, server: str) -> float:
+        """The seconds ``server``'s hold has left (0: none): read by a caller that waited for a booked slot,
+        since a hold recorded during that wait must still stop its request."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.get(self.hold_key(server))
+        pipe.time()
+        until, (seconds, micros) = pipe.execute()
+        left_us = int(float(until or 0)) - (int(seconds) * 1_000_000 + int(micros))
+        return max(0, left_us) / 1_000_000
+
+    def hold_key(self, server: str) -> str:
+        return f"{self.prefix}hold:{server}"
 
     def bump_cancel_generation(
         self, op_id: uuid.UUID, expected: int, *, keep_s: int = 86_400

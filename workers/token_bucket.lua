@@ -1,5 +1,6 @@
 -- A rate limit per (server, budget) that holds across every worker process: GCRA with reservations.
 -- KEYS[1]  the bucket key
+-- KEYS[2]  the server's hold (server_hold.lua): until then the server asked for no request at all
 -- ARGV[1]  emission interval in microseconds (1e6 / rate)
 -- ARGV[2]  burst tolerance in microseconds (how far ahead of its schedule a call may go)
 -- ARGV[3]  reservation horizon in microseconds (how far ahead a caller may book a slot and wait for it)
@@ -11,6 +12,10 @@ local now = tonumber(now_parts[1]) * 1000000 + tonumber(now_parts[2])
 local interval = tonumber(ARGV[1])
 local tolerance = tonumber(ARGV[2])
 local horizon = tonumber(ARGV[3])
+local hold = tonumber(redis.call('GET', KEYS[2]) or '0')
+if hold > now then
+  return {0, hold - now}
+end
 local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
 if tat < now then
   tat = now

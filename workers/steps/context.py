@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import logging
 import random
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
+
+import redis
 
 from adapters import (
     AdapterError,
@@ -24,6 +27,7 @@ from adapters import (
     RemoteRef,
     RemoteStatus,
     RequestBudget,
+    ResultNotReady,
     ToolAdapter,
     Transient,
 )
@@ -38,6 +42,8 @@ from workers.errors import NoToken
 from workers.hot import RATE_HEADROOM, Budget
 from workers.runtime import Runtime
 from workers.settings import ServerConfig, Settings
+
+log = logging.getLogger(__name__)
 
 #: The shortest poll interval a server's hint may set.
 MIN_POLL_S = 0.1
@@ -112,11 +118,27 @@ class StepContext:
         return self.runtime.remote.server(op.server)
 
     def adapter(self, op: Operation) -> ToolAdapter:
-        """The adapter of the protocol and version recorded on the operation at submit (rule 14)."""
+        """The adapter of the protocol and version recorded on the operation at submit (rule 14). A wait the
+        server asks for in answer to any of its calls (:func:`server_wait_s`) is held for the whole fleet
+        (:meth:`~workers.hot.HotState.hold`): until it ends, every request to that server is refused a token
+        (rule 4), whichever operation and bucket it is for."""
         logs.note_operation(op.id, op.call_node_id)
-        return self.runtime.remote.adapter(
+        adapter = self.runtime.remote.adapter(
             op.server, protocol=op.protocol, protocol_version=op.protocol_version
         )
+        return cast(ToolAdapter, _HoldsServerWaits(adapter, functools.partial(self.hold, op.server)))
+
+    def hold(self, server: str, exc: AdapterError) -> None:
+        """Record the wait ``exc`` carries, if the server asked for one, as ``server``'s fleet-wide hold."""
+        wait = server_wait_s(exc)
+        if wait is None:
+            return
+        try:
+            left = self.runtime.hot.hold(server, wait)
+        except redis.RedisError:  # the step itself still waits as asked (retry_s)
+            log.warning("the %.3f s wait %s asked for is not held fleet-wide", wait, server, exc_info=True)
+            return
+        log.info("%s asked for a %.3f s wait: no request to it for %.3f s", server, wait, left)
 
     # ------------------------------------------------------------------------------------ rule 4: tokens
 
@@ -141,6 +163,10 @@ class StepContext:
             raise NoToken(token.wait_s)
         if token.wait_s > 0:
             time.sleep(token.wait_s)  # bounded by the horizon
+            # A server that asked for a wait meanwhile is not sent this request (the slot is given up).
+            held = self.runtime.hot.held_s(server)
+            if held > 0:
+                raise NoToken(held)
 
     def request_budget(self, server: str, bucket: Budget, *, prepaid: int = 0) -> RequestBudget:
         """What the adapter call a step makes charges per HTTP request it sends (DESIGN rule 4 as amended):
@@ -194,6 +220,41 @@ class StepContext:
 
     def jittered(self, interval: float) -> float:
         return interval + self.jitter(interval)
+
+
+def server_wait_s(exc: AdapterError) -> float | None:
+    """The wait a server asked for with its refusal (a Retry-After or RetryInfo on a 429, a 503 or another
+    5xx), in seconds; None when it asked for none. A result asked for too early (:class:`ResultNotReady`)
+    carries the task's poll interval, not a server's refusal: no wait."""
+    if isinstance(exc, ResultNotReady) or not isinstance(exc, (Transient, OutcomeUnknown)):
+        return None
+    if exc.retry_after is None or exc.retry_after <= 0:
+        return None
+    return float(exc.retry_after)
+
+
+class _HoldsServerWaits:
+    """An adapter whose calls that fail with a server's wait (:func:`server_wait_s`) record it first."""
+
+    def __init__(self, adapter: ToolAdapter, hold: Callable[[AdapterError], None]) -> None:
+        self._adapter = adapter
+        self._hold = hold
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._adapter, name)
+        if not callable(value):
+            return value
+        hold = self._hold
+
+        @functools.wraps(value)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return value(*args, **kwargs)
+            except AdapterError as exc:
+                hold(exc)
+                raise
+
+        return call
 
 
 def retry_s(exc: AdapterError) -> float:

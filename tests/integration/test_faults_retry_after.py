@@ -1,0 +1,150 @@
+"""A server's Retry-After holds for the whole fleet (hardening, H11 item 1): once a server answers a 429
+with a delay, no worker sends that server anything (poll or control traffic) until the delay is over, and
+a cancel asked for meanwhile is sent right after it, not lost.
+
+Measured in the demo servers' own logs: the AIP-151 server flags every request that arrived while a
+Retry-After it gave was still running (``inside_retry_after``); for the MCP server the window is taken
+from the refused request's arrival and its Retry-After. Real worker processes, beat, Postgres and Redis.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from ledger.states import OpState
+from tests import support
+from tests.integration.aip_fleet import args, running_aip_fleet
+from tests.integration.fleet import Fleet, FleetParts, running_fleet
+from workers.hot import HotState
+
+S = OpState
+
+OPERATIONS = 5
+RETRY_AFTER_S = 3
+#: Slow enough that one poll is sent at a time (one slot every ~0.37 s): no request can be on its way
+#: already when the 429 arrives, so the server must see none inside its window.
+POLL_QPS = 3
+
+
+def test_a_hold_refuses_both_buckets_of_its_server_until_it_ends_and_keeps_the_later(
+    redis_client: redis.Redis, broker_prefix: str
+) -> None:
+    """The hold on real Redis: both buckets of the held server refused (the wait is the hold's time left,
+    whatever the horizon), another server untouched, a shorter hold never shortens a longer one, and the
+    first token after it is granted once it is over."""
+    hot = HotState(redis_client, prefix=broker_prefix)
+    assert hot.take("held", "poll", 50.0).granted
+    started = time.monotonic()
+    assert 0.55 < hot.hold("held", 0.6) <= 0.6
+    assert hot.hold("held", 0.1) > 0.5  # the later end stays
+    for bucket in ("poll", "control"):
+        token = hot.take("held", bucket, 50.0, horizon_s=1.0)
+        assert not token.granted
+        assert 0.4 < token.wait_s <= 0.6
+    assert hot.take("other", "poll", 50.0).granted
+    support.wait_for(
+        "a token after the hold",
+        lambda: hot.take("held", "control", 50.0).granted,
+        timeout=5,
+        interval=0.02,
+    )
+    assert time.monotonic() - started >= 0.55
+    assert hot.hold("held", 0) == 0.0  # no wait asked: nothing held
+
+
+def first_refused(log: list[dict[str, Any]]) -> dict[str, Any]:
+    refused = [e for e in log if e["status"] == 429]
+    assert refused, "the server never answered 429: the fault was not met"
+    return refused[0]
+
+
+@pytest.mark.slow
+def test_aip_retry_after_holds_the_whole_fleet_and_a_cancel_waits_for_it(fleet_parts: FleetParts) -> None:
+    """Five operations polled on one AIP-151 server; one poll gets a 429 (RetryInfo and Retry-After 3 s):
+    no request of any operation reaches the server inside those 3 s, polling resumes after them, and a
+    cancel asked for inside the window is sent after it and ends its operation cancelled."""
+    with running_aip_fleet(
+        fleet_parts, exports={"poll_qps": POLL_QPS, "control_qps": 10}, workers=2
+    ) as running:
+        fleet = running.fleet
+        op_ids = [running.submit(f"n/ra-aip-{i}", args(seconds=60)) for i in range(OPERATIONS)]
+        support.wait_for(
+            "every operation to be working",
+            lambda: all(fleet.ledger.get(op_id).state is S.WORKING for op_id in op_ids),
+            timeout=60,
+        )
+        running.aip.faults(status_429={"GetOperation": {"count": 1, "retry_after_s": RETRY_AFTER_S}})
+        refused = support.wait_for(
+            "a poll refused with 429",
+            lambda: next((e for e in running.requests() if e["status"] == 429), None),
+            timeout=30,
+        )
+        # A cancel asked for inside the window: recorded now, sent once the window is over.
+        fleet.send_nowait("longcall.cancel", op_id=str(op_ids[0]))
+        fleet.wait_state(op_ids[0], S.CANCEL_REQUESTED, S.CANCELLED_ACCEPTED, timeout=10)
+        fleet.wait_state(op_ids[0], S.CANCELLED_ACCEPTED, timeout=RETRY_AFTER_S + 20)
+        support.wait_for(
+            "polling to resume after the window",
+            lambda: any(
+                e["rpc"] == "GetOperation" and e["t"] > refused["t"] + RETRY_AFTER_S
+                for e in running.requests()
+            ),
+            timeout=RETRY_AFTER_S + 20,
+        )
+        log = running.requests()
+
+    after = [e for e in log if e["t"] > refused["t"]]
+    inside = [e for e in after if e["inside_retry_after"]]
+    assert inside == [], f"{len(inside)} requests reached the server inside its Retry-After: {inside[:5]}"
+    assert first_refused(log) == refused
+    cancels = [e for e in log if e["rpc"] == "CancelOperation"]
+    assert len(cancels) == 1, cancels
+    assert cancels[0]["t"] >= refused["t"] + RETRY_AFTER_S, (
+        f"the cancel went {cancels[0]['t'] - refused['t']:.2f} s after the 429, inside its window"
+    )
+
+
+@pytest.mark.slow
+def test_mcp_retry_after_holds_the_whole_fleet(fleet_parts: FleetParts) -> None:
+    """The same on the MCP server: one ``tasks/get`` gets a 429 with ``Retry-After: 3``; no HTTP request
+    (any operation, any budget) reaches the server in the 3 s after it, and polling resumes after them."""
+    with running_fleet(fleet_parts, server={"poll_qps": POLL_QPS, "control_qps": 10}, workers=2) as fleet:
+        op_ids = [fleet.submit(f"n/ra-mcp-{i}", "slow_report", {"seconds": 60}) for i in range(OPERATIONS)]
+        support.wait_for(
+            "every operation to be working",
+            lambda: all(fleet.ledger.get(op_id).state is S.WORKING for op_id in op_ids),
+            timeout=60,
+        )
+        switched = time.time()
+        fleet.mcp.faults(status_429={"tasks/get": {"count": 1, "retry_after_s": RETRY_AFTER_S}})
+        refused_at = support.wait_for(
+            "the refused tasks/get",
+            lambda: next(
+                (e["t"] for e in fleet.mcp.log() if e["method"] == "tasks/get" and e["t"] >= switched), None
+            ),
+            timeout=30,
+        )
+        support.wait_for(
+            "polling to resume after the window",
+            lambda: any(
+                e["method"] == "tasks/get" and e["t"] > refused_at + RETRY_AFTER_S for e in fleet.mcp.log()
+            ),
+            timeout=RETRY_AFTER_S + 20,
+        )
+        requests = http_log(fleet)
+        switches = httpx.get(f"{fleet.mcp.control}/faults", timeout=5).json()
+
+    assert switches["status_429"]["tasks/get"]["count"] == 0  # the 429 was answered
+    # The refused request itself is logged a moment before its JSON-RPC entry; everything after it counts.
+    inside = [e for e in requests if refused_at + 0.05 < e["t"] < refused_at + RETRY_AFTER_S]
+    assert inside == [], f"{len(inside)} requests reached the server inside its Retry-After: {inside[:5]}"
+
+
+def http_log(fleet: Fleet) -> list[dict[str, Any]]:
+    entries: list[dict[str, Any]] = httpx.get(f"{fleet.mcp.control}/http_log", timeout=5).json()["entries"]
+    return entries
