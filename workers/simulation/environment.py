@@ -3,9 +3,11 @@ settings' Redis under a prefix of its own, and the series spread over worker pro
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import time
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 from typing import Any
@@ -55,10 +57,14 @@ def simulation_for(settings: Settings, database_url: str, *, prepare: bool = Tru
     if prepare:
         prepare_database(database_url)
     ledger = Ledger.from_url(database_url, reconcile_deadline_s=settings.reconcile_deadline_s, pool_size=2)
-    hot = HotState.from_url(settings.redis_url, prefix=f"{settings.broker_keyprefix}longcall-sim:")
+    prefix = f"{settings.broker_keyprefix}longcall-sim-{uuid.uuid4().hex[:8]}:"
+    hot = HotState.from_url(settings.redis_url, prefix=prefix)
     try:
         yield Simulation(settings, ledger, hot)
     finally:
+        # Every series has a server of its own: their buckets and meters go with the run.
+        for batch in _batches(hot.client.scan_iter(match=f"{prefix}*", count=1000), 1000):
+            hot.client.delete(*batch)
         hot.close()
         ledger.dispose()
 
@@ -107,3 +113,9 @@ def run_many(
                     progress(result)
     results.sort(key=lambda r: r.series.index)
     return Report(seed, len(results), protocols, time.monotonic() - started, results)
+
+
+def _batches(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    iterator = iter(items)
+    while batch := list(itertools.islice(iterator, size)):
+        yield batch

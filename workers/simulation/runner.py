@@ -17,9 +17,9 @@ from adapters import AdapterConfig, ToolAdapter, default_registry
 from adapters.base import ToolRoute
 from ledger import simulation_runs as runs
 from ledger.digests import digest
-from ledger.records import NewOperation, Operation, OutboxMessage
+from ledger.records import NewOperation, OutboxMessage
 from ledger.repository import Ledger
-from ledger.states import OpState, TerminalKind
+from ledger.states import FINAL_STATES, OpState, TerminalKind
 from workers.executor import Executor
 from workers.hot import HotState
 from workers.remote import RemotePool
@@ -40,35 +40,28 @@ from workers.steps.dispatch import TASK_FOR_STATE
 from workers.steps.result import accept
 
 S = OpState
-SERVER_OF: dict[str, str] = {"mcp": "sim-mcp", "aip151": "sim-aip"}
 TOOL_OF: dict[str, str] = {"mcp": MCP_TOOL, "aip151": AIP_TOOL}
 VERSION_OF: dict[str, str] = {"mcp": "2025-11-25", "aip151": "v1"}
 #: High enough that no step ever waits for a token (the simulation's time is its tick clock).
 QPS = 1_000_000.0
 
 
-def sim_fleet() -> FleetConfig:
-    return FleetConfig.model_validate(
-        {
-            "servers": {
-                SERVER_OF["mcp"]: {
-                    "protocol": "mcp",
-                    "protocol_version": "2025-11-25",
-                    "url": "http://sim-mcp.invalid/mcp",
-                    "poll_qps": QPS,
-                    "control_qps": QPS,
-                },
-                SERVER_OF["aip151"]: {
-                    "protocol": "aip151",
-                    "protocol_version": "v1",
-                    "url": "http://sim-aip.invalid",
-                    "poll_qps": QPS,
-                    "control_qps": QPS,
-                    "tools": {AIP_TOOL: {"create": AIP_CREATE, "request_id_field": AIP_REQUEST_ID}},
-                },
-            }
+def sim_fleet(name: str, protocol: str) -> FleetConfig:
+    """A fleet of one server, the series' own: its budgets and its hold (a Retry-After) are the series'."""
+    if protocol == "mcp":
+        server: dict[str, Any] = {
+            "protocol": "mcp",
+            "protocol_version": "2025-11-25",
+            "url": "http://sim-mcp.invalid/mcp",
         }
-    )
+    else:
+        server = {
+            "protocol": "aip151",
+            "protocol_version": "v1",
+            "url": "http://sim-aip.invalid",
+            "tools": {AIP_TOOL: {"create": AIP_CREATE, "request_id_field": AIP_REQUEST_ID}},
+        }
+    return FleetConfig.model_validate({"servers": {name: {**server, "poll_qps": QPS, "control_qps": QPS}}})
 
 
 class ScriptedPool(RemotePool):
@@ -139,14 +132,14 @@ class Simulation:
         self.settings = settings
         self.ledger = ledger
         self.hot = hot
-        self.fleet = sim_fleet()
         #: Call node ids and remote ids of this run (a scratch database keeps earlier runs' rows).
         self.tag = uuid.uuid4().hex[:10]
 
     def run_series(self, series: Series) -> SeriesResult:
         server = scripted_server(series, self.tag)
-        runtime = Runtime(settings=self.settings, fleet=self.fleet, _ledger=self.ledger, _hot=self.hot)
-        runtime._remote = ScriptedPool(self.fleet, server)
+        fleet = sim_fleet(self.server_name(series), series.protocol)
+        runtime = Runtime(settings=self.settings, fleet=fleet, _ledger=self.ledger, _hot=self.hot)
+        runtime._remote = ScriptedPool(fleet, server)
         executor = Executor(runtime, jitter=lambda _interval: 0.0)
         delivered: list[OutboxMessage] = []
         try:
@@ -154,6 +147,9 @@ class Simulation:
         finally:
             runtime._remote.close()
         return self._check(series, server, executor, op_id, delivered)
+
+    def server_name(self, series: Series) -> str:
+        return f"sim-{series.protocol}-{self.tag}-{series.index}"
 
     def call_node_id(self, series: Series) -> str:
         return f"sim/{self.tag}/{series.seed}/{series.index}"
@@ -165,7 +161,7 @@ class Simulation:
         return NewOperation(
             call_node_id=self.call_node_id(series),
             request_digest=digest({"tool": TOOL_OF[series.protocol], "arguments": body}),
-            server=SERVER_OF[series.protocol],
+            server=self.server_name(series),
             protocol=series.protocol,
             protocol_version=VERSION_OF[series.protocol],
             adapter_version="sim",
@@ -189,30 +185,30 @@ class Simulation:
                 raise RuntimeError(f"the submission of {new.call_node_id} left no operation row")
             op_id = found.id
         last: Callable[[], object] | None = None
-        op = self.ledger.get(op_id)
+        settled = False
+        actions_until = max(series.cancel_tick or 0, *(series.duplicate_ticks or (0,)))
         for tick in range(MAX_TICKS):
-            if tick > 0:
-                server.tick = tick
+            server.tick = tick
+            self._run_out_hold(series)
             for _ in range(series.duplicate_ticks.count(tick)):
                 self.ledger.record_submission(new)  # a second row would fail the check of rows per call node
             if tick == series.cancel_tick:
                 self._step(executor, lambda: executor.request_cancel(op_id))
-                op = self.ledger.get(op_id)
-            if tick > 0 and not _settled(op):
+            if tick > 0:
+                # The dispatcher's claim, as dispatch_due makes it (every tick: the clock is the series').
                 claim = self.ledger.claim(op_id, lease_s=self.settings.lease_s)
                 if claim is None:
                     runs.run_out_lease(self.ledger, op_id)  # a crashed worker's lease ran out
                     claim = self.ledger.claim(op_id, lease_s=self.settings.lease_s)
-                if claim is not None and claim.state in TASK_FOR_STATE:
+                if claim is None:
+                    raise RuntimeError(f"operation {op_id} cannot be claimed after its lease ran out")
+                settled = claim.state in FINAL_STATES or claim.state is S.MANUAL_RECONCILIATION
+                if claim.state in TASK_FOR_STATE:
                     last = _entry(executor, TASK_FOR_STATE[claim.state], op_id, claim.poll_cursor)
                     self._step(executor, last)
-                op = self.ledger.get(op_id)
             if last is not None and tick in series.redeliver_ticks:
                 self._step(executor, last)  # the same message delivered again (same cursor)
-                op = self.ledger.get(op_id)
-            if tick == 0:
-                op = self.ledger.get(op_id)
-            if _settled(op) and tick >= max(series.cancel_tick or 0, *(series.duplicate_ticks or (0,))):
+            if settled and tick >= actions_until:
                 break
         self.ledger.drain_outbox(delivered.append)
         if series.late_offer:
@@ -221,6 +217,13 @@ class Simulation:
             accept(executor.ctx, op, TerminalKind.COMPLETED, {"late": True, "index": series.index})
             self.ledger.drain_outbox(delivered.append)
         return op_id
+
+    def _run_out_hold(self, series: Series) -> None:
+        """The series' clock moved on one tick: a wait its server asked for (Retry-After, held fleet-wide in
+        Redis time) has run out, as the executor's ledger schedule already assumes (never sooner than it)."""
+        hold_key = getattr(self.hot, "hold_key", None)
+        if callable(hold_key):
+            self.hot.client.delete(str(hold_key(self.server_name(series))))
 
     @staticmethod
     def _step(executor: Executor, call: Callable[[], object]) -> None:
@@ -278,10 +281,6 @@ class Simulation:
         return SeriesResult(
             series, expected, outcome, server.truth.tasks, len(receipts), without, late, problems
         )
-
-
-def _settled(op: Operation) -> bool:
-    return op.is_final or op.state is S.MANUAL_RECONCILIATION
 
 
 def _entry(executor: Executor, task: str, op_id: uuid.UUID, cursor: int) -> Callable[[], object]:

@@ -73,11 +73,11 @@ def generate(seed: int, index: int, protocols: tuple[Protocol, ...] = PROTOCOLS)
     rng = random.Random(f"longcall-sim:{seed}:{index}")  # noqa: S311 - a reproducible schedule, not a secret
     protocol = protocols[index % len(protocols)]
     terminal: Terminal = rng.choice(("completed", "completed", "failed"))
-    term_tick = rng.randint(1, 8)
+    term_tick = rng.randint(1, 6)
     create_fault: CreateFault = rng.choice(
         ("none",) * 6 + ("429", "429_retry_after", "lost_503", "lost_cut", "crash_before", "crash_after")
     )
-    read_faults = {n: rng.choice(READ_FAULTS) for n in range(1, 10) if rng.random() < 0.15}
+    read_faults = {n: rng.choice(READ_FAULTS) for n in range(1, 8) if rng.random() < 0.15}
     result_fault = rng.choice(RESULT_FAULTS) if protocol == "mcp" and rng.random() < 0.2 else None
     expiry: Expiry = rng.choice(("none",) * 8 + ("before_seen", "404_while_working"))
     cancel_tick: int | None = None
@@ -85,12 +85,12 @@ def generate(seed: int, index: int, protocols: tuple[Protocol, ...] = PROTOCOLS)
     if roll < 0.08:
         cancel_tick = -1
     elif roll < 0.45:
-        cancel_tick = rng.randint(1, 9)
+        cancel_tick = rng.randint(1, 7)
     cancel_ack_lost = protocol == "mcp" and cancel_tick is not None and rng.random() < 0.3
     cancel_policy: CancelPolicy = rng.choice(("honour", "ignore"))
     stubborn = protocol == "mcp" and cancel_tick is not None and not cancel_ack_lost and rng.random() < 0.3
-    duplicate_ticks = tuple(sorted({rng.randint(0, 8) for _ in range(rng.choice((0, 0, 1, 2)))}))
-    redeliver_ticks = tuple(sorted({rng.randint(0, 8) for _ in range(rng.choice((0, 0, 1, 2)))}))
+    duplicate_ticks = tuple(sorted({rng.randint(0, 6) for _ in range(rng.choice((0, 0, 1, 2)))}))
+    redeliver_ticks = tuple(sorted({rng.randint(0, 6) for _ in range(rng.choice((0, 0, 1, 2)))}))
     late_offer = rng.random() < 0.3
     return Series(
         seed=seed,
