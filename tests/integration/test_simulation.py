@@ -114,7 +114,7 @@ def test_one_series_is_replayed_alone_by_its_index(database_url: str, broker_pre
         ],
         cwd=support.REPO,
         env=support.celery_env(
-            {"LONGCALL_DATABASE_URL": database_url, "LONGCALL_BROKER_KEYPREFIX": broker_prefix}
+            {"LONGCALL_DATABASE_URL": database_url + "_live", "LONGCALL_BROKER_KEYPREFIX": broker_prefix}
         ),
         capture_output=True,
         text=True,

@@ -13,7 +13,7 @@ import click
 from ledger import simulation_runs as runs
 from ledger.repository import Ledger
 from workers.settings import Settings, load_settings
-from workers.simulation.environment import run_many, scratch_url
+from workers.simulation.environment import run_many, same_database, scratch_url
 from workers.simulation.runner import Report, SeriesResult
 from workers.simulation.series import PROTOCOLS, Protocol
 
@@ -83,14 +83,15 @@ def simulate(  # noqa: PLR0917 - click passes each option
     workers: int,
     as_json: bool,
 ) -> None:
-    """Run COUNT seeded, ordered series (server timelines, wire faults, cancels, duplicate submissions,
-    redeliveries, worker crashes, late completions) through the real executor steps, the real ledger and
-    Redis, each series' server scripted at the wire, and check every series against the oracle.
+    """Run --series N seeded, ordered series (server timelines, wire faults, cancels, duplicate
+    submissions, redeliveries, worker crashes, late completions) through the real executor steps, the real
+    ledger and Redis, each series' server scripted at the wire, and check every series against the oracle.
 
     The series' rows go to a database of its own (by default LONGCALL_DATABASE_URL's name + '_simulation',
-    created and migrated); the run itself is recorded in simulation_run of that database and of the live
-    ledger (the launch gate reads the newest). Exit status 1 when any series fails; a failing series prints
-    its seed and index, and --index replays it alone."""
+    created and migrated; never the live ledger). The run is recorded in simulation_run of that database
+    and of the live ledger, where the launch gate reads the newest (a replay by --index is not recorded
+    there). Exit status 1 when any series fails; a failing series prints its seed and index, and --index
+    replays it alone."""
     settings = load_settings()
     chosen: tuple[Protocol, ...] = protocols or PROTOCOLS
     indexes = [index] if index is not None else list(range(count))
@@ -109,6 +110,11 @@ def simulate(  # noqa: PLR0917 - click passes each option
             )
 
     url = database_url or scratch_url(settings.database_url)
+    if same_database(url, settings.database_url):
+        raise click.UsageError(
+            "--database-url names the live ledger (LONGCALL_DATABASE_URL): the simulation creates rows, "
+            "give it a database of its own"
+        )
     report = run_many(
         settings,
         url,

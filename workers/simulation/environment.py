@@ -39,6 +39,12 @@ def scratch_url(database_url: str) -> str:
     return url.set(database=name).render_as_string(hide_password=False)
 
 
+def same_database(one: str, other: str) -> bool:
+    """Whether two database URLs name the same database (host, port and name)."""
+    a, b = make_url(normalize_database_url(one)), make_url(normalize_database_url(other))
+    return (a.host, a.port or 5432, a.database) == (b.host, b.port or 5432, b.database)
+
+
 def prepare_database(database_url: str) -> None:
     """Create and migrate the simulation's database; its commits do not wait for the disk."""
     ensure_database(database_url)
