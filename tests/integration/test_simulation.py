@@ -1,6 +1,7 @@
 """Issue 12: the simulation of ordered series through the real executor steps, the real ledger (Postgres)
-and Redis, each series' server scripted at the wire (MCP 2025-11-25 and AIP-151, parsed by the real
-adapters). CI runs 500 series; a deliberately broken acceptance makes the simulation fail."""
+and Redis, each series' server scripted at the wire (MCP 2025-11-25, AIP-151 and the MCP tasks extension
+2026-07-28, parsed by the real adapters). CI runs 500 series; a deliberately broken acceptance makes the
+simulation fail."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def test_five_hundred_series_pass_every_check(settings: Settings, database_url: 
         database_url,
         seed=SEED,
         indexes=list(range(CI_SERIES)),
-        protocols=("mcp", "aip151"),
+        protocols=("mcp", "aip151", "mcp-ext"),
         workers=2,
     )
     elapsed = time.monotonic() - started
@@ -68,7 +69,7 @@ def test_five_hundred_series_pass_every_check(settings: Settings, database_url: 
     assert elapsed < CI_BOUND_S, f"{CI_SERIES} series took {elapsed:.0f} s"
     # The series cover what the oracle decides between, on both protocols.
     outcomes = collections.Counter((r.series.protocol, r.outcome) for r in report.results)
-    for protocol in ("mcp", "aip151"):
+    for protocol in ("mcp", "aip151", "mcp-ext"):
         for outcome in ("completed", "failed", "cancelled", "manual"):
             assert outcomes[(protocol, outcome)] > 0, (protocol, outcome, outcomes)
     faults = collections.Counter(r.series.create_fault for r in report.results)

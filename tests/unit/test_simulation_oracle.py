@@ -16,7 +16,7 @@ BASE = Series(seed=1, index=0, protocol="mcp", terminal="completed", term_tick=3
 def test_the_generator_is_a_function_of_seed_and_index() -> None:
     assert generate(5, 17) == generate(5, 17)
     assert generate(5, 17) != generate(6, 17)
-    assert {generate(5, i).protocol for i in range(10)} == {"mcp", "aip151"}
+    assert {generate(5, i).protocol for i in range(10)} == {"mcp", "aip151", "mcp-ext"}
     assert {generate(5, i, ("aip151",)).protocol for i in range(10)} == {"aip151"}
 
 
@@ -64,4 +64,23 @@ def test_mcp_outcomes(changes: dict[str, object], outcome: str, tasks: int) -> N
 )
 def test_aip151_outcomes(changes: dict[str, object], outcome: str, tasks: int) -> None:
     expected = expect(dataclasses.replace(BASE, protocol="aip151", **changes))  # type: ignore[arg-type]
+    assert (expected.outcome, expected.tasks) == (outcome, tasks)
+
+
+@pytest.mark.parametrize(
+    ("changes", "outcome", "tasks"),
+    [
+        ({}, "completed", 1),
+        # No idempotency key, no tasks/list: an unknown create outcome goes to an operator.
+        ({"create_fault": "lost_cut"}, "manual", 1),
+        ({"create_fault": "crash_before"}, "manual", 0),
+        # tasks/cancel is an acknowledgement only: the end comes from polling.
+        ({"cancel_tick": 2}, "cancelled", 1),
+        ({"cancel_tick": 2, "cancel_policy": "ignore", "terminal": "failed"}, "failed", 1),
+        ({"cancel_tick": 3}, "completed", 1),
+        ({"expiry": "before_seen"}, "manual", 1),
+    ],
+)
+def test_mcp_tasks_extension_outcomes(changes: dict[str, object], outcome: str, tasks: int) -> None:
+    expected = expect(dataclasses.replace(BASE, protocol="mcp-ext", **changes))  # type: ignore[arg-type]
     assert (expected.outcome, expected.tasks) == (outcome, tasks)

@@ -33,8 +33,9 @@ def expect(series: Series) -> Expected:
     s = series
     if s.cancel_tick == -1:
         return Expected("cancelled", 0, "cancelled before any create was attempted: no create is made")
-    if s.protocol == "mcp" and s.create_fault in UNKNOWN_CREATE:
-        # MCP 2025-11-25 has no idempotency key: an unknown create outcome cannot be looked up (rule 2).
+    if s.protocol in ("mcp", "mcp-ext") and s.create_fault in UNKNOWN_CREATE:
+        # Neither MCP generation has an idempotency key: an unknown create outcome cannot be looked up
+        # (rule 2).
         tasks = 0 if s.create_fault == "crash_before" else 1
         return Expected(
             "manual", tasks, "MCP create outcome unknown: an operator decides (SUBMISSION_UNKNOWN)"
@@ -58,8 +59,9 @@ def expect(series: Series) -> Expected:
         if cancel_hits:
             return Expected("cancelled", 1, "MCP: cancel ACK lost; the server holds the task cancelled")
         return Expected(s.terminal, 1, "the server's end, read and fetched")
+    # AIP-151 and the MCP tasks extension: a cancel is acknowledged only; the outcome comes from polling.
     if s.expiry == "before_seen":
         return Expected("manual", 1, "the operation was gone before its end was read (UNKNOWN_NOT_FOUND)")
     if cancel_hits and s.cancel_policy == "honour":
-        return Expected("cancelled", 1, "AIP-151: done with error CANCELLED after the cancel")
-    return Expected(s.terminal, 1, "AIP-151: the server's end (a completion that won the race included)")
+        return Expected("cancelled", 1, "the server ended the task cancelled after the cancel")
+    return Expected(s.terminal, 1, "the server's end (a completion that won the race included)")

@@ -40,8 +40,9 @@ from workers.steps.dispatch import TASK_FOR_STATE
 from workers.steps.result import accept
 
 S = OpState
-TOOL_OF: dict[str, str] = {"mcp": MCP_TOOL, "aip151": AIP_TOOL}
-VERSION_OF: dict[str, str] = {"mcp": "2025-11-25", "aip151": "v1"}
+TOOL_OF: dict[str, str] = {"mcp": MCP_TOOL, "aip151": AIP_TOOL, "mcp-ext": MCP_TOOL}
+PROTOCOL_OF: dict[str, str] = {"mcp": "mcp", "aip151": "aip151", "mcp-ext": "mcp"}
+VERSION_OF: dict[str, str] = {"mcp": "2025-11-25", "aip151": "v1", "mcp-ext": "2026-07-28"}
 #: High enough that no step ever waits for a token (the simulation's time is its tick clock).
 QPS = 1_000_000.0
 
@@ -162,7 +163,7 @@ class Simulation:
             call_node_id=self.call_node_id(series),
             request_digest=digest({"tool": TOOL_OF[series.protocol], "arguments": body}),
             server=self.server_name(series),
-            protocol=series.protocol,
+            protocol=PROTOCOL_OF[series.protocol],
             protocol_version=VERSION_OF[series.protocol],
             adapter_version="sim",
             tool_name=TOOL_OF[series.protocol],

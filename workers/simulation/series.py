@@ -12,14 +12,15 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-Protocol = Literal["mcp", "aip151"]
+Protocol = Literal["mcp", "aip151", "mcp-ext"]
 Terminal = Literal["completed", "failed"]
 CreateFault = Literal["none", "429", "429_retry_after", "lost_503", "lost_cut", "crash_before", "crash_after"]
 Expiry = Literal["none", "before_seen", "404_while_working"]
 CancelPolicy = Literal["honour", "ignore"]
 
-#: The protocols the generator knows (the MCP tasks extension is left to a later round, see the README).
-PROTOCOLS: tuple[Protocol, ...] = ("mcp", "aip151")
+#: The protocols the generator knows: MCP 2025-11-25 core Tasks, AIP-151, the MCP tasks extension
+#: (2026-07-28).
+PROTOCOLS: tuple[Protocol, ...] = ("mcp", "aip151", "mcp-ext")
 #: A status read's faults on the wire: a 429 or a 503 (each with or without Retry-After), an answer cut
 #: short, an answer about another operation.
 READ_FAULTS = ("429", "429_retry_after", "503", "503_retry_after", "truncated", "other_task")

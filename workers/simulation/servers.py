@@ -89,7 +89,7 @@ class ScriptedServer:
         self.truth.cancel_requests += 1
         if self.state() != "working":
             return False
-        if self.series.protocol == "aip151" and self.series.cancel_policy == "ignore":
+        if self.series.protocol != "mcp" and self.series.cancel_policy == "ignore":
             return True
         self.truth.cancelled_at = self.tick
         return True
@@ -345,4 +345,8 @@ def _aip_error(http: int, status: str, message: str) -> httpx.Response:
 
 
 def scripted_server(series: Series, tag: str) -> ScriptedServer:
+    if series.protocol == "mcp-ext":
+        from workers.simulation.servers_ext import McpExtServer  # noqa: PLC0415 - it imports this module
+
+        return McpExtServer(series, tag)
     return McpServer(series, tag) if series.protocol == "mcp" else AipServer(series, tag)
