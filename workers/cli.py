@@ -157,7 +157,7 @@ def _settings() -> Settings:
     database that does not answer)."""
     try:
         settings = load_settings()
-        settings.fleet()  # refuse a bad LONGCALL_CONFIG before doing anything
+        settings.checked_fleet()  # refuse a bad LONGCALL_CONFIG before doing anything
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
     return settings.model_copy(

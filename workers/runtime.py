@@ -26,7 +26,7 @@ class Runtime:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Runtime:
-        return cls(settings=settings, fleet=settings.fleet())
+        return cls(settings=settings, fleet=settings.checked_fleet())
 
     def _forked(self) -> None:
         """A pool created in a parent process is never used by its child."""

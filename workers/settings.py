@@ -30,6 +30,11 @@ REDIS_VISIBILITY_TIMEOUT_S = 3600
 #: is reserved at publish and may wait in a busy worker's prefetch before its countdown even starts.
 CALLBACK_DELAY_MARGIN_S = 300
 REDIS_BROKERS = frozenset({"redis", "rediss", "sentinel"})
+#: RabbitMQ's default ``consumer_timeout``: a delivery a consumer holds unacknowledged longer than this closes
+#: the worker's channel (PRECONDITION_FAILED), the Celery worker exits ("Unrecoverable error") and the
+#: message is delivered again. A held countdown/ETA message and a long synchronous call both hold theirs.
+AMQP_CONSUMER_TIMEOUT_S = 1800
+AMQP_BROKERS = frozenset({"amqp", "amqps", "pyamqp", "librabbitmq"})
 
 
 class _Strict(BaseModel):
@@ -219,13 +224,45 @@ class Settings(BaseSettings):
 
     @property
     def max_callback_delay_s(self) -> float | None:
-        """The longest countdown (or ETA ahead) an ``on_terminal`` / ``on_input`` signature may carry: inside
-        the Redis broker's visibility timeout, which would deliver a longer one twice. None: no such limit
-        (an AMQP broker holds a delayed message without redelivering it)."""
+        """The longest countdown (or ETA ahead) an ``on_terminal`` / ``on_input`` signature may carry: a
+        delayed message is held unacknowledged by the worker that reserved it, so it must end inside the
+        Redis broker's visibility timeout (a longer one is delivered twice) or RabbitMQ's consumer timeout
+        (a longer one makes the worker that holds it exit and the message come back). None: a broker with
+        neither limit known."""
+        return self.max_held_delivery_s
+
+    @property
+    def max_held_delivery_s(self) -> float | None:
+        """How long a worker may hold one delivery unacknowledged on this broker (with ``task_acks_late``):
+        a countdown, or a step that runs long (a synchronous call of up to ``sync_upper_bound_s``)."""
         transport = self.broker.partition("://")[0].lower().partition("+")[0]
         if transport in REDIS_BROKERS:
             return float(REDIS_VISIBILITY_TIMEOUT_S - CALLBACK_DELAY_MARGIN_S)
+        if transport in AMQP_BROKERS:
+            return float(AMQP_CONSUMER_TIMEOUT_S - CALLBACK_DELAY_MARGIN_S)
         return None
+
+    def checked_fleet(self) -> FleetConfig:
+        """The fleet config, refused when a tool's synchronous upper bound outlasts what the broker lets a
+        worker hold one delivery (the submit step holds its message for the whole synchronous call).
+
+        Raises:
+            ConfigError: the file is invalid, or such a tool is configured.
+        """
+        fleet = self.fleet()
+        limit = self.max_held_delivery_s
+        if limit is None:
+            return fleet
+        for server_name, server in fleet.servers.items():
+            for tool_name, tool in server.tools.items():
+                if tool.sync_upper_bound_s is not None and tool.sync_upper_bound_s > limit:
+                    raise ConfigError(
+                        f"servers.{server_name}.tools.{tool_name}.sync_upper_bound_s = "
+                        f"{tool.sync_upper_bound_s:g}: a synchronous call holds its broker message that "
+                        f"long, longer than this broker allows ({limit:.0f}s: the Redis visibility timeout "
+                        f"or RabbitMQ's consumer_timeout, less a {CALLBACK_DELAY_MARGIN_S}s margin)"
+                    )
+        return fleet
 
     def fleet(self) -> FleetConfig:
         return FleetConfig.from_toml(self.config) if self.config is not None else FleetConfig()

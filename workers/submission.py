@@ -340,9 +340,9 @@ def _signature(field: str, value: Any, max_delay_s: float | None = None) -> dict
     delay = _delay_s(field, options)
     if delay is not None and max_delay_s is not None and delay > max_delay_s:
         raise InvalidSubmission(
-            f"{field} would run {delay:.0f}s after it is sent (countdown/eta); on a Redis broker a message "
-            f"held that long outlives the broker's visibility timeout and is delivered twice: at most "
-            f"{max_delay_s:.0f}s"
+            f"{field} would run {delay:.0f}s after it is sent (countdown/eta); a message held that long "
+            f"outlives the broker's visibility timeout (Redis: delivered twice) or consumer timeout "
+            f"(RabbitMQ: the worker holding it exits): at most {max_delay_s:.0f}s"
         )
     return value
 

@@ -5,13 +5,14 @@ are refused before anything is written."""
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from workers.app import celery_config
-from workers.errors import InvalidSubmission
-from workers.settings import REDIS_VISIBILITY_TIMEOUT_S, FleetConfig, Settings
+from workers.errors import ConfigError, InvalidSubmission
+from workers.settings import AMQP_CONSUMER_TIMEOUT_S, REDIS_VISIBILITY_TIMEOUT_S, FleetConfig, Settings
 from workers.submission import reply_size_refusal, validate_submission
 
 FLEET = FleetConfig.model_validate(
@@ -71,11 +72,41 @@ def test_a_signature_with_a_malformed_delay_is_refused(options: dict[str, Any]) 
         validate(submission(**options), AMQP)
 
 
-def test_short_delays_pass_and_amqp_has_no_such_limit() -> None:
+def test_short_delays_pass_on_both_brokers() -> None:
     validate(submission(countdown=60, expires=7200))
     validate(submission(eta=in_hours(0.1)))
-    validate(submission(countdown=2 * 3600), AMQP)
-    assert AMQP.max_callback_delay_s is None
+    validate(submission(countdown=20 * 60), AMQP)
+
+
+@pytest.mark.parametrize("options", [{"countdown": 2 * 3600}, {"countdown": AMQP_CONSUMER_TIMEOUT_S}])
+def test_a_signature_that_outlasts_rabbitmqs_consumer_timeout_is_refused(options: dict[str, Any]) -> None:
+    # RabbitMQ closes the channel of a consumer that holds a delivery past consumer_timeout (30 min by
+    # default): the worker holding the delayed message exits and the message comes back.
+    with pytest.raises(InvalidSubmission, match="consumer timeout"):
+        validate(submission(**options), AMQP)
+    assert AMQP.max_callback_delay_s is not None
+    assert AMQP.max_callback_delay_s < AMQP_CONSUMER_TIMEOUT_S
+
+
+@pytest.mark.parametrize("broker_url", ["redis://127.0.0.1:6379/0", "amqp://guest@127.0.0.1:5672//"])
+def test_a_synchronous_bound_longer_than_the_broker_lets_a_delivery_be_held_is_refused_at_start(
+    broker_url: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "longcall.toml"
+    settings = Settings(broker_url=broker_url, config=config)
+    limit = settings.max_held_delivery_s
+    assert limit is not None
+    config.write_text(
+        '[servers.reports]\nprotocol = "mcp"\nprotocol_version = "2025-11-25"\nurl = "http://127.0.0.1:1/mcp"\n'
+        f"[servers.reports.tools.slow]\nsync_upper_bound_s = {limit + 1}\n"
+        f"[servers.reports.tools.quick]\nsync_upper_bound_s = {limit}\n"
+    )
+    with pytest.raises(ConfigError, match=r"servers\.reports\.tools\.slow\.sync_upper_bound_s"):
+        settings.checked_fleet()
+    config.write_text(
+        config.read_text().replace(f"sync_upper_bound_s = {limit + 1}", "sync_upper_bound_s = 20")
+    )
+    assert set(settings.checked_fleet().servers["reports"].tools) == {"slow", "quick"}
 
 
 def test_the_limit_is_the_brokers_own_visibility_timeout() -> None:
