@@ -1,0 +1,104 @@
+"""The scripted MCP tasks extension server (``io.modelcontextprotocol/tasks``, 2026-07-28): ``server/
+discover``, ``tools/call`` answered with a task, ``tasks/get`` carrying the outcome inline, ``tasks/cancel``
+an acknowledgement only (cooperative: the server honours it or lets the task complete)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+
+from workers.simulation.servers import MCP_TOOL, ScriptedServer, fault_response
+
+EXTENSION = "io.modelcontextprotocol/tasks"
+VERSION = "2026-07-28"
+
+
+class McpExtServer(ScriptedServer):
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.method != "POST":
+            return httpx.Response(405)
+        body: dict[str, Any] = json.loads(request.content)
+        method, rid = body.get("method"), body.get("id")
+        if method is None or rid is None:
+            return httpx.Response(202)
+        if method == "server/discover":
+            return _ok(
+                rid,
+                {
+                    "supportedVersions": [VERSION],
+                    "capabilities": {"tools": {}, "extensions": {EXTENSION: {}}},
+                    "serverInfo": {"name": "longcall-sim-ext", "version": "1"},
+                },
+            )
+        if method == "tools/list":
+            return _ok(
+                rid,
+                {
+                    "tools": [
+                        {
+                            "name": MCP_TOOL,
+                            "description": "A simulated long report.",
+                            "inputSchema": {"type": "object", "properties": {"n": {"type": "integer"}}},
+                        }
+                    ]
+                },
+            )
+        if method == "tools/call":
+            self.truth.create_requests += 1
+            early = self._create_fault_before()
+            if early is not None:
+                return early
+            self._create_task()
+            late = self._create_fault_after()
+            if late is not None:
+                return late
+            return _ok(rid, {"resultType": "task", **self._task()})
+        task_id = (body.get("params") or {}).get("taskId")
+        if method == "tasks/get":
+            fault = self._read_fault()
+            if fault == "other_task":
+                return _ok(rid, {**self._task(), "taskId": "task-of-another-operation"})
+            if fault is not None:
+                return fault_response(fault, self)
+            if self.state() is None or task_id != self.task_id:
+                return _error(rid, -32602, f"Task not found: {task_id}")
+            return _ok(rid, self._task())
+        if method == "tasks/cancel":
+            if self.state() is None or task_id != self.task_id:
+                self.truth.cancel_requests += 1
+                return _error(rid, -32602, f"Task not found: {task_id}")
+            self._apply_cancel()
+            return _ok(rid, {})
+        return _error(rid, -32601, "Method not found")
+
+    def _task(self) -> dict[str, Any]:
+        state = self.state() or "working"
+        task: dict[str, Any] = {
+            "taskId": self.task_id,
+            "status": state,
+            "createdAt": self.created_wall,
+            "lastUpdatedAt": self.created_wall,
+            "ttlMs": 600000,
+            "pollIntervalMs": 200,
+        }
+        if state == "completed":
+            task["result"] = {
+                "content": [{"type": "text", "text": f"completed {self.series.seed}/{self.series.index}"}],
+                "structuredContent": {"index": self.series.index},
+                "isError": False,
+            }
+        elif state == "failed":
+            task["error"] = {"code": -32000, "message": "the report failed"}
+        return task
+
+
+def _ok(rid: object, result: dict[str, Any]) -> httpx.Response:
+    return httpx.Response(200, json={"jsonrpc": "2.0", "id": rid, "result": result})
+
+
+def _error(rid: object, code: int, message: str) -> httpx.Response:
+    return httpx.Response(
+        200, json={"jsonrpc": "2.0", "id": rid, "error": {"code": code, "message": message}}
+    )
