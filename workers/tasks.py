@@ -80,7 +80,7 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:  # noqa: PLR0915
         if step is not None and step.drain_now:
             app.send_task("longcall.drain_outbox", queue="longcall.outbox")
 
-    @app.task(name="longcall.submit")
+    @app.task(name="longcall.submit", shared=False)
     def submit(**kwargs: Any) -> dict[str, Any]:
         runtime = holder.get()
         try:
@@ -105,19 +105,19 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:  # noqa: PLR0915
             summary["state"] = step.state.value if step.state is not None else summary["state"]
         return summary
 
-    @app.task(name="longcall.poll", ignore_result=True)
+    @app.task(name="longcall.poll", shared=False, ignore_result=True)
     def poll(op_id: str, cursor: int) -> dict[str, Any]:
         step = executor().advance(_op_id(op_id), int(cursor))
         follow(step)
         return step.as_dict()
 
-    @app.task(name="longcall.fetch_result", ignore_result=True)
+    @app.task(name="longcall.fetch_result", shared=False, ignore_result=True)
     def fetch_result(op_id: str, cursor: int) -> dict[str, Any]:
         step = executor().fetch_result(_op_id(op_id), int(cursor))
         follow(step)
         return step.as_dict()
 
-    @app.task(name="longcall.cancel")
+    @app.task(name="longcall.cancel", shared=False)
     def cancel(op_id: str, cursor: int | None = None) -> dict[str, Any]:
         """With ``op_id`` alone: an operator's or pipeline's cancel request. With a cursor: the dispatcher
         sending (again) the protocol request of a cancel already recorded."""
@@ -131,7 +131,7 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:  # noqa: PLR0915
         follow(step)
         return step.as_dict()
 
-    @app.task(name="longcall.provide_input", bind=True, max_retries=None)
+    @app.task(name="longcall.provide_input", shared=False, bind=True, max_retries=None)
     def provide_input(self: Task[Any, Any], op_id: str, input_round: int, response: Any) -> dict[str, Any]:
         if not isinstance(response, dict):
             raise RequestRefused("response must be the protocol's reply body, a JSON object")
@@ -151,7 +151,7 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:  # noqa: PLR0915
         follow(step)
         return step.as_dict()
 
-    @app.task(name="longcall.record_legacy_outcome")
+    @app.task(name="longcall.record_legacy_outcome", shared=False)
     def record_legacy_outcome(**kwargs: Any) -> dict[str, Any]:
         """The caller's legacy outcome of a call node, beside its shadow operation's receipt (issue 12)."""
         runtime = holder.get()
@@ -168,17 +168,17 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:  # noqa: PLR0915
             raise RequestRefused(str(exc)) from None
         return {"outcome": outcome, **comparison.to_json()}
 
-    @app.task(name="longcall.dispatch_due", ignore_result=True)
+    @app.task(name="longcall.dispatch_due", shared=False, ignore_result=True)
     def dispatch_due() -> dict[str, int]:
         return {"dispatched": publish_dispatches(app, executor().dispatch_due())}
 
-    @app.task(name="longcall.drain_outbox", ignore_result=True)
+    @app.task(name="longcall.drain_outbox", shared=False, ignore_result=True)
     def drain_outbox(limit: int = 200) -> dict[str, int]:
         report = holder.get().ledger.drain_outbox(publisher(app), limit=limit)
         if report.failed:
             log.warning("outbox rows %s could not be published; they stay ready", list(report.failed))
         return {"dispatched": len(report.dispatched), "failed": len(report.failed)}
 
-    @app.task(name="longcall.reconcile", ignore_result=True)
+    @app.task(name="longcall.reconcile", shared=False, ignore_result=True)
     def reconcile() -> dict[str, int]:
         return executor().reconcile()

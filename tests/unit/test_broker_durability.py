@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
+from celery import Celery
 from kombu.transport.redis import Transport
 
 from workers.app import BROKER_SOCKET_TIMEOUT_S, celery_config, create_app, is_amqp
@@ -30,3 +33,20 @@ def test_a_redis_broker_fails_a_hung_command_instead_of_waiting_for_ever() -> No
     assert options["socket_timeout"] == options["socket_connect_timeout"] == BROKER_SOCKET_TIMEOUT_S
     # The consumer's blocking pop must fit inside the timeout, or an idle queue would look like a dead broker.
     assert Transport.brpop_timeout < BROKER_SOCKET_TIMEOUT_S
+
+
+def test_each_app_runs_its_own_tasks_and_no_other_app_gets_them() -> None:
+    # Celery's tasks are "shared" by default: every app finalized later in the process is given them too,
+    # and a second longcall app's tasks were refused as duplicates, so calls reached the FIRST app's
+    # callables (with the first app's settings and runtime).
+    first, second = create_app(Settings(redis_url="redis://127.0.0.1:6379/1")), create_app(Settings())
+    other = Celery("pipeline", set_as_current=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        first.finalize()
+        second.finalize()
+        other.finalize()
+    assert first.tasks["longcall.submit"] is not second.tasks["longcall.submit"]
+    assert first.tasks["longcall.submit"].app is first
+    assert second.tasks["longcall.submit"].app is second
+    assert not [name for name in other.tasks if name.startswith("longcall.")]
