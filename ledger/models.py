@@ -371,6 +371,21 @@ class ShadowComparison(Base):
     )
 
 
+class RoutingDecision(Base):
+    """The canary's answer to a call node (``ledger/routing.py``), kept so that every later submission of
+    the call node gets the same one: recorded with the submission, under its lock, while a canary
+    percentage is set. A "not routed" call node has this row and no operation."""
+
+    __tablename__ = "routing_decision"
+
+    call_node_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    routed: Mapped[bool] = mapped_column(Boolean)
+    percent: Mapped[float] = mapped_column(Float)
+    decided_at: Mapped[dt.datetime] = mapped_column(Timestamp, server_default=func.now())
+
+    __table_args__ = (CheckConstraint("percent >= 0 AND percent <= 100", name="percent_in_range"),)
+
+
 class SimulationRun(Base):
     """One run of ``longcall gate simulate``: what the launch gate reads of the simulation."""
 

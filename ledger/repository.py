@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Row, func, literal, select, update
 
-from ledger.control import ExecutorControlTransactions, read_control
+from ledger.control import CANARY_PERCENT, ExecutorControlTransactions, read_control
 from ledger.digests import digest
 from ledger.engine import make_engine
 from ledger.errors import (
@@ -46,6 +46,13 @@ from ledger.records import (
 )
 from ledger.results import ResultStorage
 from ledger.retention import HistoryRetention
+from ledger.routing import (
+    RECORDED_DECISION,
+    NotAdmitted,
+    RecordedDecision,
+    read_decision,
+    record_decision,
+)
 from ledger.shadow import ShadowComparisons, compare_on_receipt
 from ledger.side_rows import append_event, open_reconciliation, record_stale
 from ledger.statements import (
@@ -124,7 +131,13 @@ class Ledger(
         decided one after the other, and the second sees the first one's row (READ COMMITTED: a statement
         after the lock sees what the lock's previous holder committed). A call node with an operation keeps
         it, whatever the rollout says now.
+
+        While a canary percentage is set, the admission's decision is kept in ``routing_decision``
+        (``ledger/routing.py``) in the same transaction, and a later submission of the call node is given
+        that record (``rollout["recorded_decision"]``) to answer from, whatever the percentage is now. A
+        :class:`~ledger.routing.NotAdmitted` decision is committed with nothing else, then raised.
         """
+        not_admitted: NotAdmitted | None = None
         with self._tx() as conn:
             lock_submission(conn, new.call_node_id)
             control = read_control(conn)
@@ -138,25 +151,28 @@ class Ledger(
                 and admit is not None
                 and self._find_by_call_node(conn, new.call_node_id) is None
             ):
-                new = admit(control.rollout)
-            if refusal is None:
+                new, not_admitted = _admit_and_record(conn, new, control.rollout, admit)
+            if refusal is None and not_admitted is None:
                 # Inserted unless the call node has its operation already (then it is read below): without
                 # ``admit``, the usual case, a new call node, costs no read first.
                 row = insert_submitted(conn, new, execution_epoch=control.execution_epoch, lease_s=lease_s)
                 if row is not None:
                     # The ``submitted`` event went in with the row, in the same statement.
                     return Submission(Operation.from_row(row), created=True)
-            existing = self._find_by_call_node(conn, new.call_node_id)
-            if existing is None:
-                if refusal is not None:
-                    raise refusal
-                # The insert conflicted, so the row is committed and can be read.
-                raise LookupError(
-                    f"call node {new.call_node_id!r} conflicted but cannot be read"
-                )  # pragma: no cover
-            if existing.request_digest != new.request_digest:
-                raise CallNodeConflict(new.call_node_id, existing.request_digest, new.request_digest)
-            return Submission(existing, created=False)
+            if not_admitted is None:
+                existing = self._find_by_call_node(conn, new.call_node_id)
+                if existing is None:
+                    if refusal is not None:
+                        raise refusal
+                    # The insert conflicted, so the row is committed and can be read.
+                    raise LookupError(
+                        f"call node {new.call_node_id!r} conflicted but cannot be read"
+                    )  # pragma: no cover
+                if existing.request_digest != new.request_digest:
+                    raise CallNodeConflict(new.call_node_id, existing.request_digest, new.request_digest)
+                return Submission(existing, created=False)
+        # Committed: the "not routed" decision (and nothing else) is recorded.
+        raise not_admitted
 
     # ------------------------------------------------------------------------------------------- reads
 
@@ -550,6 +566,36 @@ def insert_submitted(
             "event_detail": {"server": new.server},
         },
     ).first()
+
+
+def _admit_and_record(
+    conn: Connection,
+    new: NewOperation,
+    rollout: Mapping[str, Any],
+    admit: Callable[[Mapping[str, Any]], NewOperation],
+) -> tuple[NewOperation, NotAdmitted | None]:
+    """The admission of a call node that has no operation (under its submission lock): given its recorded
+    decision if it has one, else the rollout alone, whose decision is then recorded when a canary
+    percentage is set. Returns the operation to insert, or the :class:`NotAdmitted` to raise after the
+    commit."""
+    recorded = read_decision(conn, new.call_node_id)
+    given = dict(rollout) if recorded is None else {**rollout, RECORDED_DECISION: recorded.to_json()}
+    set_percent = rollout.get(CANARY_PERCENT)
+    percent = (
+        set_percent
+        if recorded is None and isinstance(set_percent, int | float) and not isinstance(set_percent, bool)
+        else None
+    )
+    try:
+        admitted = admit(given)
+    except NotAdmitted as exc:
+        if percent is not None:
+            record_decision(conn, new.call_node_id, RecordedDecision(routed=False, percent=percent))
+        return new, exc
+    if percent is not None:
+        routed = admitted.routing == "live"
+        record_decision(conn, new.call_node_id, RecordedDecision(routed=routed, percent=percent))
+    return admitted, None
 
 
 #: The advisory lock key of a call node's submission: hashtextextended(prefix || call_node_id, 0).

@@ -19,6 +19,7 @@ from typing import Any
 from adapters import default_registry
 from ledger.digests import NotJson, canonical_json, digest, request_digest
 from ledger.records import NewOperation, Operation
+from ledger.routing import RECORDED_DECISION, NotAdmitted, RecordedDecision
 from ledger.states import TerminalKind
 from workers import __version__
 from workers.errors import InvalidSubmission
@@ -188,9 +189,10 @@ def operation_summary(op: Operation, *, created: bool | None = None) -> dict[str
     return summary
 
 
-class NotRouted(Exception):
-    """The call node is outside the canary: ``longcall.submit`` answers ``routing.answer()`` and writes
-    nothing (raised by the admission inside :meth:`ledger.repository.Ledger.record_submission`)."""
+class NotRouted(NotAdmitted):
+    """The call node is outside the canary: ``longcall.submit`` answers ``routing.answer()``; nothing is
+    written but the decision itself (``routing_decision``), no operation, nothing sent (raised by the
+    admission inside :meth:`ledger.repository.Ledger.record_submission`, again after its commit)."""
 
     def __init__(self, routing: Routing) -> None:
         super().__init__(f"call node not routed ({routing.reason}, {routing.percent} %)")
@@ -210,16 +212,25 @@ def canary_admission(fleet: FleetConfig, new: NewOperation) -> Callable[[Mapping
 
     The reverse (the canary raised while a "not routed" answer is being decided) makes no second
     operation out of that answer: the decision reads the percentage once, after the lock, in the transaction
-    that would insert, and a "not routed" decision inserts nothing, so there is no row a raise could revive
-    and no step ever starts one for that call node (rows are only made here, never by a rollout change).
-    A concurrent submission of the same call node waits for the lock and decides after it. What no lock can
-    close: a submission of the call node that arrives AFTER the raise (a caller's retry, or a redelivered
-    ``longcall.submit`` message) is decided afresh and routed live, since "not routed" leaves no record:
-    a caller must act on one answer per call node.
+    that would insert, and a "not routed" decision inserts no operation, so there is no row a raise could
+    revive and no step ever starts one for that call node (rows are only made here, never by a rollout
+    change). A concurrent submission of the same call node waits for the lock and decides after it.
+
+    A submission that arrives AFTER a raise (a caller's retry, or a redelivered ``longcall.submit``
+    message) is not decided afresh: every decision taken while a canary percentage is set is recorded in
+    ``routing_decision`` in the same transaction (``ledger/routing.py``), and the ledger gives the record
+    back here (``rollout_json["recorded_decision"]``): the call node gets the answer it got first, at the
+    percentage it was decided at, whatever the rollout says now.
     """
     side_effect_free = is_side_effect_free(fleet, new.server, new.tool_name)
 
     def admit(rollout_json: Mapping[str, Any]) -> NewOperation:
+        recorded = rollout_json.get(RECORDED_DECISION)
+        if recorded is not None:
+            decision = RecordedDecision.from_json(recorded)
+            if decision.routed:
+                return new
+            raise NotRouted(Routing("not_routed", "canary", decision.percent))
         rollout = RolloutState.from_control(rollout_json)
         if rollout.canary_percent is None and not rollout.shadow:
             return new  # no rollout configured: everything is routed, as before issue 12

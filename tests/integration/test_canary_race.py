@@ -15,8 +15,10 @@ from sqlalchemy import func, select, text
 
 from ledger.control import read_control
 from ledger.digests import request_digest
+from ledger.errors import AdmissionClosed
 from ledger.records import NewOperation
 from ledger.repository import Ledger, insert_submitted, lock_submission
+from ledger.routing import ROUTING_DECISION
 from ledger.statements import OP
 from tests import support
 from tests.integration.fleet import Fleet
@@ -118,7 +120,7 @@ def test_a_raise_while_a_not_routed_decision_is_in_flight_writes_nothing(ledger:
     B's transaction ends. B answers from the 5 % it read and inserts nothing; the raise inserts nothing
     either (rows are made only by a submission): no operation exists for the call node afterwards, so no
     live operation runs beside the legacy path B's caller is told to take. A concurrent submission of the
-    same call node waits for B's lock meanwhile (see canary_admission for what no lock can close)."""
+    same call node waits for B's lock meanwhile; one after B's end answers from B's recorded decision."""
     ledger.set_canary_percent(5, actor="test", reason="canary at 5")
     call_node_id = node_between(5, 50, "race-raise")
     new = lookup(call_node_id)
@@ -183,19 +185,89 @@ def test_status_shows_the_routing_of_an_operation(
         assert line.split() == ["routing", routing]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="OPEN (reported by H12): 'not routed' writes nothing, so a submission of the same call node after "
-    "a raise (a caller's retry, a redelivered longcall.submit) is routed live beside the legacy path the "
-    "first answer started; closing it needs a durable record of the not-routed answer (a schema change)",
-)
+def decision_of(ledger: Ledger, call_node_id: str) -> tuple[bool, float] | None:
+    """The call node's row of ``routing_decision``: (routed, percent), or None."""
+    with ledger.engine.connect() as conn:
+        row = conn.execute(
+            select(ROUTING_DECISION.c.routed, ROUTING_DECISION.c.percent).where(
+                ROUTING_DECISION.c.call_node_id == call_node_id
+            )
+        ).first()
+    return (row.routed, row.percent) if row is not None else None
+
+
 def test_a_call_node_answered_not_routed_stays_not_routed_after_a_raise(ledger: Ledger) -> None:
+    """Reported by H12: a "not routed" answer wrote nothing, so a submission of the same call node after a
+    raise (a caller's retry, a redelivered longcall.submit) was routed live beside the legacy path the
+    first answer started. The answer is kept in routing_decision and given again, at the first percentage."""
     ledger.set_canary_percent(5, actor="test", reason="canary at 5")
     call_node_id = node_between(5, 50, "race-resubmit")
     new = lookup(call_node_id)
-    with pytest.raises(NotRouted):
+    with pytest.raises(NotRouted) as first:
         ledger.record_submission(new, admit=canary_admission(FLEET, new))
+    assert first.value.routing.answer() == {"routed": False, "reason": "canary", "percent": 5}
+    # The answer is committed on its own: no operation, the decision.
+    assert (rows_of(ledger, call_node_id), decision_of(ledger, call_node_id)) == (0, (False, 5.0))
     ledger.set_canary_percent(50, actor="test", reason="raise")
-    with pytest.raises(NotRouted):  # the caller runs its legacy path for this call node already
+    with pytest.raises(NotRouted) as again:  # the caller runs its legacy path for this call node already
         ledger.record_submission(new, admit=canary_admission(FLEET, new))
-    assert rows_of(ledger, call_node_id) == 0
+    assert again.value.routing.answer() == {"routed": False, "reason": "canary", "percent": 5}
+    assert (rows_of(ledger, call_node_id), decision_of(ledger, call_node_id)) == (0, (False, 5.0))
+    # A call node never answered is decided at the new percentage, and recorded.
+    fresh = node_between(5, 50, "race-resubmit-fresh")
+    created = ledger.record_submission(lookup(fresh), admit=canary_admission(FLEET, lookup(fresh)))
+    assert (created.created, created.operation.routing, decision_of(ledger, fresh)) == (
+        True,
+        "live",
+        (True, 50.0),
+    )
+
+
+def test_a_routed_call_node_stays_routed_after_a_lowering(ledger: Ledger) -> None:
+    ledger.set_canary_percent(50, actor="test", reason="canary at 50")
+    call_node_id = node_between(5, 50, "lower-resubmit")
+    new = lookup(call_node_id)
+    first = ledger.record_submission(new, admit=canary_admission(FLEET, new))
+    assert (first.created, first.operation.routing, decision_of(ledger, call_node_id)) == (
+        True,
+        "live",
+        (True, 50.0),
+    )
+    ledger.set_canary_percent(5, actor="test", reason="lower")
+    again = ledger.record_submission(new, admit=canary_admission(FLEET, new))
+    assert (again.created, again.operation.id) == (False, first.operation.id)
+    assert (rows_of(ledger, call_node_id), decision_of(ledger, call_node_id)) == (1, (True, 50.0))
+
+
+def test_no_decision_is_recorded_without_a_canary_percentage(ledger: Ledger) -> None:
+    new = lookup("no-canary/1")
+    submission = ledger.record_submission(new, admit=canary_admission(FLEET, new))
+    assert (submission.created, submission.operation.routing) == (True, "live")
+    assert decision_of(ledger, "no-canary/1") is None
+
+
+def test_a_refused_submission_records_no_decision(ledger: Ledger) -> None:
+    ledger.set_canary_percent(5, actor="test", reason="canary at 5")
+    ledger.set_admission(open_=False, actor="test", reason="closed")
+    call_node_id = node_between(5, 50, "refused")
+    new = lookup(call_node_id)
+    with pytest.raises(AdmissionClosed):
+        ledger.record_submission(new, admit=canary_admission(FLEET, new))
+    assert decision_of(ledger, call_node_id) is None
+
+
+def test_a_redelivered_submit_after_a_raise_gets_the_first_answer(fleet: Fleet) -> None:
+    """Through longcall.submit on a real worker: answered "not routed" at 5 %, the same call node submitted
+    again after a raise to 50 % is answered "not routed" at 5 % again, and nothing is written or sent."""
+    ledger = fleet.ledger
+    ledger.set_canary_percent(5, actor="test", reason="canary at 5")
+    call_node_id = node_between(5, 50, "redelivered")
+    not_routed = {"routed": False, "reason": "canary", "percent": 5}
+    assert fleet.submit_nowait(call_node_id, "quick_lookup", {ARGS_KEY: call_node_id}).get(timeout=30) == (
+        not_routed
+    )
+    ledger.set_canary_percent(50, actor="test", reason="raise")
+    assert fleet.submit_nowait(call_node_id, "quick_lookup", {ARGS_KEY: call_node_id}).get(timeout=30) == (
+        not_routed
+    )
+    assert (rows_of(ledger, call_node_id), decision_of(ledger, call_node_id)) == (0, (False, 5.0))

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
+from ledger.records import NewOperation
+from ledger.routing import RECORDED_DECISION, RecordedDecision
 from workers.errors import InvalidSubmission
+from workers.rollout import in_canary
 from workers.settings import FleetConfig
-from workers.submission import parse_submit_kwargs, validate_submission
+from workers.submission import NotRouted, canary_admission, parse_submit_kwargs, validate_submission
 
 GOOD: dict[str, Any] = {
     "call_node_id": "pipeline-1/report",
@@ -151,3 +155,37 @@ def test_aip_arguments_that_do_not_fit_the_create_route_are_refused(
 
 def test_mcp_arguments_are_not_held_to_a_route() -> None:
     validate_submission({**GOOD, "arguments": {"project": "a/b"}}, FLEET, max_body_bytes=1024)
+
+
+# ----------------------------------------------------------- the canary answers from a recorded decision
+
+
+def _new() -> NewOperation:
+    return validate_submission(GOOD, FLEET, max_body_bytes=1024)
+
+
+def _outside(low: float, high: float) -> str:
+    """A call node routed at ``high`` % and not at ``low`` %."""
+    return next(f"u/{i}" for i in range(10_000) if in_canary(f"u/{i}", high) and not in_canary(f"u/{i}", low))
+
+
+def test_a_recorded_not_routed_decision_is_answered_whatever_the_rollout_says() -> None:
+    node = _outside(5, 50)
+    new = dataclasses.replace(_new(), call_node_id=node)
+    admit = canary_admission(FLEET, new)
+    recorded = {RECORDED_DECISION: RecordedDecision(routed=False, percent=5).to_json()}
+    for rollout in ({"canary_percent": 50}, {"canary_percent": 100, "shadow": True}, {}):
+        with pytest.raises(NotRouted) as answer:
+            admit({**rollout, **recorded})
+        assert answer.value.routing.answer() == {"routed": False, "reason": "canary", "percent": 5}
+    # Without the record the same call node is decided by the rollout: routed at 50 %.
+    assert admit({"canary_percent": 50}) == new
+
+
+def test_a_recorded_routed_decision_is_answered_whatever_the_rollout_says() -> None:
+    node = _outside(5, 50)
+    new = dataclasses.replace(_new(), call_node_id=node)
+    recorded = {RECORDED_DECISION: RecordedDecision(routed=True, percent=50).to_json()}
+    assert canary_admission(FLEET, new)({"canary_percent": 5, **recorded}) == new
+    with pytest.raises(NotRouted):
+        canary_admission(FLEET, new)({"canary_percent": 5})

@@ -1,5 +1,6 @@
 """Shadow and canary rollout and the launch gate (issue 12): operations routed in shadow, the legacy
-outcome recorded beside a shadow operation, the reason of every control change, and the results of
+outcome recorded beside a shadow operation, the canary's decision of every call node it answered (kept, so a
+later submission gets the same answer), the reason of every control change, and the results of
 simulation runs the gate reads.
 
 Revision ID: 0006
@@ -61,6 +62,17 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("call_node_id", name=op.f("pk_shadow_comparison")),
     )
     op.create_table(
+        "routing_decision",
+        sa.Column("call_node_id", sa.Text(), nullable=False),
+        sa.Column("routed", sa.Boolean(), nullable=False),
+        sa.Column("percent", sa.Float(), nullable=False),
+        sa.Column("decided_at", sa.DateTime(timezone=True), server_default=sa.text("now()"), nullable=False),
+        sa.CheckConstraint(
+            "percent >= 0 AND percent <= 100", name=op.f("ck_routing_decision_percent_in_range")
+        ),
+        sa.PrimaryKeyConstraint("call_node_id", name=op.f("pk_routing_decision")),
+    )
+    op.create_table(
         "simulation_run",
         sa.Column("id", sa.BigInteger(), sa.Identity(always=False), nullable=False),
         sa.Column("started_at", sa.DateTime(timezone=True), nullable=False),
@@ -85,6 +97,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_index("ix_simulation_run_finished_at", table_name="simulation_run")
     op.drop_table("simulation_run")
+    op.drop_table("routing_decision")
     op.drop_table("shadow_comparison")
     op.drop_column("executor_control_audit", "reason")
     op.drop_constraint(op.f("ck_tool_operation_shadow_never_delivered"), "tool_operation", type_="check")
