@@ -158,6 +158,11 @@ def test_a_raise_while_a_not_routed_decision_is_in_flight_writes_nothing(ledger:
         b.join(30)
     assert answers["b"].answer() == {"routed": False, "reason": "canary", "percent": 5}
     assert rows_of(ledger, call_node_id) == 0
+    # A submission after B's end (at 50 % now) is answered from B's recorded decision.
+    with pytest.raises(NotRouted) as later:
+        ledger.record_submission(new, admit=canary_admission(FLEET, new))
+    assert later.value.routing.answer() == {"routed": False, "reason": "canary", "percent": 5}
+    assert rows_of(ledger, call_node_id) == 0
 
 
 # ------------------------------------------------------------------------ longcall status shows the routing
