@@ -21,23 +21,24 @@ Decision for one submission (:func:`decide`)::
     shadow on and the tool side-effect-free ............... shadow (the caller keeps its legacy path)
     no canary set ......................................... live (as before any rollout)
     otherwise ............................................. not routed: {"routed": false, "reason": "canary",
-                                                            "percent": P}, nothing written
+                                                            "percent": P}: no operation, nothing sent
 
-A call node that has its operation already keeps it, whatever the rollout says now (:func:`admit`): a
-duplicate submission is never answered "not routed" while longcall runs its operation.
+The decision is taken inside the ledger's submission transaction, under a lock per call node
+(``workers.submission.canary_admission`` via ``Ledger.record_submission``): a call node that has its
+operation already keeps it, whatever the rollout says now, and every decision taken while a canary is set
+is recorded in ``routing_decision`` and given again to a later submission of the same call node (a retry
+or a redelivered ``longcall.submit`` after a raise never turns a "not routed" answer into a second,
+live operation).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from ledger.control import CANARY_PERCENT, SHADOW
-from ledger.records import NewOperation
-from ledger.repository import Ledger
 from workers.settings import FleetConfig
 
 #: The canary's resolution: a percentage is applied to 10,000 buckets (steps of 0.01 %).
@@ -123,23 +124,3 @@ def side_effect_free_tools(fleet: FleetConfig) -> list[str]:
         for tool, config in server.tools.items()
         if config.side_effect_free
     )
-
-
-def admit(ledger: Ledger, fleet: FleetConfig, new: NewOperation) -> NewOperation | Routing:
-    """The operation to record for a validated submission (a shadow one keeps no downstream signature),
-    or the "not routed" decision when the caller keeps its legacy path and nothing is written."""
-    rollout = RolloutState.from_control(ledger.control().rollout)
-    if rollout.canary_percent is None and not rollout.shadow:
-        return new  # no rollout configured: everything is routed, as before issue 12
-    routing = decide(
-        new.call_node_id,
-        side_effect_free=is_side_effect_free(fleet, new.server, new.tool_name),
-        rollout=rollout,
-    )
-    if routing.route == "live":
-        return new
-    if ledger.find_by_call_node(new.call_node_id) is not None:
-        return new  # the call node's operation exists already: the submission returns it, as it is
-    if routing.route == "shadow":
-        return dataclasses.replace(new, routing="shadow", on_terminal=None, on_input=None)
-    return routing
