@@ -8,6 +8,7 @@ A client that stops waiting never comes here: that is not a cancel.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,6 +21,7 @@ from adapters import (
 )
 from ledger.errors import StaleTransition
 from ledger.events import EventKind
+from ledger.reasons import ReconciliationReason
 from ledger.records import Claim, Fence, Operation
 from ledger.states import CANCEL_WAITS_IN, OpState, TerminalKind
 from workers.errors import NotCancellable
@@ -133,10 +135,11 @@ def send(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
     before it only for a server configured so (``read_status_before_cancel``: one that would answer
     "cancelled" for a task already completed)."""
     adapter = ctx.adapter(op)
-    answered = _answered_already(ctx, op)
+    answered = _answer_event(ctx, op)
     if answered is not None:
         # The server took (or refused) this generation's cancel already: sending it again tells nothing new.
-        # The outcome is polled for, on the control budget, until the operation is done.
+        # The outcome is polled for, on the control budget, until the operation is done or its wait budget
+        # runs out (then an operator decides).
         return _after(
             ctx,
             op,
@@ -144,8 +147,9 @@ def send(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
             adapter,
             None,
             event=EventKind.CANCEL_PENDING,
-            detail={_ANSWER: answered},
+            detail={_ANSWER: answered[0]},
             quiet=True,
+            answered_at=answered[1],
         )
     try:
         outcome = adapter.cancel(
@@ -191,9 +195,10 @@ def send(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
 _ANSWER = "cancel_answer"
 
 
-def _answered_already(ctx: StepContext, op: Operation) -> str | None:
-    """The server's answer to this generation's cancel request in this epoch, when it was an
-    acknowledgement or a refusal (see :data:`_ANSWER`); None when the request is still to be sent."""
+def _answer_event(ctx: StepContext, op: Operation) -> tuple[str, dt.datetime] | None:
+    """The server's answer to this generation's cancel request in this epoch and when it was recorded, when
+    it was an acknowledgement or a refusal (see :data:`_ANSWER`); None when the request is still to be
+    sent."""
     for event in reversed(ctx.ledger.events(op.id)):
         if (
             event["cancel_generation"] != op.cancel_generation
@@ -202,7 +207,8 @@ def _answered_already(ctx: StepContext, op: Operation) -> str | None:
             break
         detail = event.get("detail")
         if isinstance(detail, Mapping) and detail.get(_ANSWER) in ("acknowledged", "refused"):
-            return str(detail[_ANSWER])
+            at: dt.datetime = event["at"]
+            return str(detail[_ANSWER]), at
     return None
 
 
@@ -216,9 +222,14 @@ def _after(
     event: EventKind,
     detail: Mapping[str, Any],
     quiet: bool = False,
+    answered_at: dt.datetime | None = None,
 ) -> StepOutcome:
     """Where the task stands after a cancel request that was not itself the evidence of a cancel.
-    ``quiet``: the server's answer is recorded already (an event with :data:`_ANSWER`)."""
+    ``quiet``: the server's answer is recorded already (an event with :data:`_ANSWER`, at ``answered_at``).
+
+    A terminal answer wins; once the wait budget has run out with the operation still open (or its status
+    unreadable), an operator decides (:func:`_never_carried_out`): a cancel the server acknowledged but never
+    carried out is not polled for ever."""
     if status is None or status.terminal is None:
         try:
             status = adapter.get(
@@ -227,6 +238,10 @@ def _after(
         except NotFound as exc:
             return not_found(ctx, op, fence, exc)
         except AdapterError as exc:
+            if _budget_spent(ctx, op):
+                return _never_carried_out(
+                    ctx, op, fence, detail, answered_at=answered_at, status=None, error=describe(exc)
+                )
             return ctx.retry_later(op, fence, exc, EventKind.CANCEL_READ_FAILED)
     if status.terminal == "cancelled":
         return accept(
@@ -234,6 +249,8 @@ def _after(
         )
     if status.terminal is not None:
         return observed(ctx, op, fence, status)  # the completion won the race
+    if _budget_spent(ctx, op):
+        return _never_carried_out(ctx, op, fence, detail, answered_at=answered_at, status=status)
     interval = ctx.interval_s(op, status)
     if quiet:
         # Polled for since the server's answer was recorded: counted on the row like an unchanged poll (an
@@ -243,3 +260,47 @@ def _after(
         )
         return StepOutcome(op.id, event.value, op.state, detail={"delay_s": round(interval, 3)})
     return ctx.reschedule(op, fence, interval, event, detail)
+
+
+def _budget_spent(ctx: StepContext, op: Operation) -> bool:
+    return op.wait_deadline is not None and op.wait_deadline <= ctx.now()
+
+
+def _never_carried_out(
+    ctx: StepContext,
+    op: Operation,
+    fence: Fence,
+    detail: Mapping[str, Any],
+    *,
+    answered_at: dt.datetime | None,
+    status: RemoteStatus | None,
+    error: str | None = None,
+) -> StepOutcome:
+    """The wait budget ran out in CANCEL_REQUESTED with the operation still open on the server: an operator
+    decides (DEADLINE_EXCEEDED, as :func:`~workers.steps.poll.poll` does for WORKING), told when the server
+    answered the cancel and that it never carried it out."""
+    answer = str(detail.get(_ANSWER) or "sent")
+    at = (answered_at or ctx.now()).astimezone(dt.UTC).isoformat()
+    if answer == "acknowledged":
+        why = f"the cancel was acknowledged at {at} and never carried out"
+    elif answer == "refused":
+        why = f"the cancel was refused at {at} (no cancel on this server) and the operation never ended"
+    else:
+        why = f"the cancel was sent at {at} and never carried out"
+    why += ": the wait budget ran out with the operation still open on the server"
+    if error is not None:
+        why += " (its status could not be read)"
+    op = ctx.hand_to_operator(
+        op,
+        fence,
+        ReconciliationReason.DEADLINE_EXCEEDED,
+        {
+            "why": why,
+            _ANSWER: answer,
+            f"{answer}_at": at,
+            "wait_deadline": op.wait_deadline.isoformat() if op.wait_deadline else None,
+            "server_state": status.server_state if status is not None else None,
+            **({"error": error} if error is not None else {}),
+        },
+    )
+    return StepOutcome(op.id, "wait_budget_exhausted", op.state)
