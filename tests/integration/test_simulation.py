@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from sqlalchemy import text
 
 from ledger import simulation_runs as runs
@@ -22,6 +23,7 @@ from ledger.records import TerminalEvidence
 from ledger.repository import Ledger
 from tests import support
 from workers.settings import Settings
+from workers.simulation.command import simulate
 from workers.simulation.environment import run_many, simulation_for
 from workers.simulation.oracle import expect
 from workers.simulation.runner import Simulation, run
@@ -198,3 +200,13 @@ def test_a_broken_acceptance_makes_the_simulation_fail(
     simulation.tag = uuid.uuid4().hex[:10]
     replay = run(simulation, seed=failure["seed"], indexes=[failure["index"]])
     assert [f["problems"] for f in replay.failures] == [failure["problems"]]
+
+    # The command exits 1 and names the failing series' seed and index.
+    monkeypatch.setenv("LONGCALL_DATABASE_URL", simulation.settings.database_url + "_live")
+    monkeypatch.setenv("LONGCALL_BROKER_KEYPREFIX", simulation.settings.broker_keyprefix)
+    args = ["--seed", str(SEED), "--index", str(chosen[0]), "--workers", "1"]
+    done = CliRunner().invoke(simulate, [*args, "--database-url", simulation.settings.database_url])
+    assert done.exit_code == 1, done.output
+    assert f"--seed {SEED} --index {chosen[0]}" in done.output
+    assert "late completions advanced" in done.output
+    assert "simulation: FAILED" in done.output
