@@ -20,6 +20,7 @@ from ledger.digests import digest
 from ledger.records import NewOperation, OutboxMessage
 from ledger.repository import Ledger
 from ledger.states import FINAL_STATES, OpState, TerminalKind
+from workers.errors import InputRefused
 from workers.executor import Executor
 from workers.hot import HotState
 from workers.remote import RemotePool
@@ -36,6 +37,7 @@ from workers.simulation.servers import (
     SimulatedCrash,
     scripted_server,
 )
+from workers.simulation.servers_ext import ANSWER, McpExtServer
 from workers.steps.dispatch import TASK_FOR_STATE
 from workers.steps.result import accept
 
@@ -143,11 +145,14 @@ class Simulation:
         runtime._remote = ScriptedPool(fleet, server)
         executor = Executor(runtime, jitter=lambda _interval: 0.0)
         delivered: list[OutboxMessage] = []
+        notes: list[str] = []
         try:
-            op_id = self._drive(series, server, executor, delivered)
+            op_id = self._drive(series, server, executor, delivered, notes)
         finally:
             runtime._remote.close()
-        return self._check(series, server, executor, op_id, delivered)
+        result = self._check(series, server, executor, op_id, delivered)
+        result.problems.extend(notes)
+        return result
 
     def server_name(self, series: Series) -> str:
         return f"sim-{series.protocol}-{self.tag}-{series.index}"
@@ -172,7 +177,12 @@ class Simulation:
         )
 
     def _drive(
-        self, series: Series, server: ScriptedServer, executor: Executor, delivered: list[OutboxMessage]
+        self,
+        series: Series,
+        server: ScriptedServer,
+        executor: Executor,
+        delivered: list[OutboxMessage],
+        notes: list[str],
     ) -> uuid.UUID:
         new = self._new(series)
         server.tick = 0
@@ -207,6 +217,8 @@ class Simulation:
                 if claim.state in TASK_FOR_STATE:
                     last = _entry(executor, TASK_FOR_STATE[claim.state], op_id, claim.poll_cursor)
                     self._step(executor, last)
+                elif claim.state is S.INPUT_REQUIRED:
+                    notes.extend(answer_round(executor, op_id))
             if last is not None and tick in series.redeliver_ticks:
                 self._step(executor, last)  # the same message delivered again (same cursor)
             if settled and tick >= actions_until:
@@ -276,12 +288,28 @@ class Simulation:
             problems.append(f"{without} downstream advances without a receipt")
         if late:
             problems.append(f"{late} late completions advanced after an accepted cancel")
+        if isinstance(server, McpExtServer) and server.updates != int(series.ask_input):
+            problems.append(
+                f"{server.updates} input replies reached the server, {int(series.ask_input)} asked"
+            )
         if runs.operations_of_call_node(self.ledger, self.call_node_id(series)) != 1:
             problems.append("more than one operation row for the call node")
         del executor
         return SeriesResult(
             series, expected, outcome, server.truth.tasks, len(receipts), without, late, problems
         )
+
+
+def answer_round(executor: Executor, op_id: uuid.UUID) -> list[str]:
+    """The approval gate answers the current round, then the same answer is replayed (refused)."""
+    op = executor.ledger.get(op_id)
+    round_no = op.input_round
+    executor.provide_input(op_id, round_no, ANSWER)
+    try:
+        executor.provide_input(op_id, round_no, ANSWER)
+    except InputRefused:
+        return []
+    return [f"the replay of the answered input round {round_no} was accepted"]
 
 
 def _entry(executor: Executor, task: str, op_id: uuid.UUID, cursor: int) -> Callable[[], object]:

@@ -61,6 +61,9 @@ class Series:
     redeliver_ticks: tuple[int, ...] = ()
     #: Offer a late completion at the acceptance point after the series ended (an old step's callback).
     late_offer: bool = False
+    #: MCP tasks extension: the task asks for input (one round) before it works on; the client answers at
+    #: once, then replays the answered round (refused). The task's end counts from the answer.
+    ask_input: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -93,6 +96,10 @@ def generate(seed: int, index: int, protocols: tuple[Protocol, ...] = PROTOCOLS)
     duplicate_ticks = tuple(sorted({rng.randint(0, 6) for _ in range(rng.choice((0, 0, 1, 2)))}))
     redeliver_ticks = tuple(sorted({rng.randint(0, 6) for _ in range(rng.choice((0, 0, 1, 2)))}))
     late_offer = rng.random() < 0.3
+    ask_input = protocol == "mcp-ext" and rng.random() < 0.3
+    if ask_input:
+        # The answer's tick is the client's: no cancel, no lost create, no expiry to race it.
+        cancel_tick, create_fault, expiry = None, "none", "none"
     return Series(
         seed=seed,
         index=index,
@@ -110,4 +117,5 @@ def generate(seed: int, index: int, protocols: tuple[Protocol, ...] = PROTOCOLS)
         duplicate_ticks=duplicate_ticks,
         redeliver_ticks=redeliver_ticks,
         late_offer=late_offer,
+        ask_input=ask_input,
     )

@@ -15,7 +15,41 @@ EXTENSION = "io.modelcontextprotocol/tasks"
 VERSION = "2026-07-28"
 
 
+#: The one input round an ``ask_input`` task asks: a form elicitation.
+ROUND = {
+    "confirm": {
+        "method": "elicitation/create",
+        "params": {
+            "mode": "form",
+            "message": "Go on?",
+            "requestedSchema": {
+                "type": "object",
+                "properties": {"ok": {"type": "boolean"}},
+                "required": ["ok"],
+            },
+        },
+    }
+}
+#: The client's answer to :data:`ROUND`.
+ANSWER = {"confirm": {"action": "accept", "content": {"ok": True}}}
+
+
 class McpExtServer(ScriptedServer):
+    #: The tick the answer to the input round arrived (``ask_input``); the task's end counts from it.
+    answered_at: int | None = None
+    updates: int = 0
+
+    def state(self) -> str | None:
+        if self.series.ask_input and self.truth.created_at is not None and self.answered_at is None:
+            return "input_required" if self.tick > self.truth.created_at else "working"
+        return super().state()
+
+    def _done_tick(self) -> int | None:
+        done = super()._done_tick()
+        if done is not None and self.answered_at is not None:
+            return self.answered_at + self.series.term_tick
+        return done
+
     def __call__(self, request: httpx.Request) -> httpx.Response:
         if request.method != "POST":
             return httpx.Response(405)
@@ -65,6 +99,14 @@ class McpExtServer(ScriptedServer):
             if self.state() is None or task_id != self.task_id:
                 return _error(rid, -32602, f"Task not found: {task_id}")
             return _ok(rid, self._task())
+        if method == "tasks/update":
+            self.updates += 1
+            if self.state() != "input_required" or task_id != self.task_id:
+                return _error(rid, -32602, f"Task {task_id} is not waiting for input")
+            if (body.get("params") or {}).get("inputResponses") != ANSWER:
+                return _error(rid, -32602, "inputResponses do not answer the round")
+            self.answered_at = self.tick
+            return _ok(rid, {})
         if method == "tasks/cancel":
             if self.state() is None or task_id != self.task_id:
                 self.truth.cancel_requests += 1
@@ -83,7 +125,9 @@ class McpExtServer(ScriptedServer):
             "ttlMs": 600000,
             "pollIntervalMs": 200,
         }
-        if state == "completed":
+        if state == "input_required":
+            task["inputRequests"] = ROUND
+        elif state == "completed":
             task["result"] = {
                 "content": [{"type": "text", "text": f"completed {self.series.seed}/{self.series.index}"}],
                 "structuredContent": {"index": self.series.index},
