@@ -25,10 +25,13 @@ from workers.hot import HotState
 S = OpState
 
 OPERATIONS = 5
-RETRY_AFTER_S = 3
-#: Slow enough that one poll is sent at a time (one slot every ~0.37 s): no request can be on its way
-#: already when the 429 arrives, so the server must see none inside its window.
-POLL_QPS = 3
+RETRY_AFTER_S = 4
+#: One poll slot every ~1.1 s: a request the fleet sent before the 429 reached it (one on its way already,
+#: which no client can call back) would need the 429's answer to take that long to be recorded, so the
+#: server must see none inside its window.
+POLL_QPS = 1
+#: The same for control traffic (creates, the MCP handshake) where it goes on while the 429 arrives.
+CONTROL_QPS = 1
 
 
 def test_a_hold_refuses_both_buckets_of_its_server_until_it_ends_and_keeps_the_later(
@@ -65,8 +68,8 @@ def first_refused(log: list[dict[str, Any]]) -> dict[str, Any]:
 
 @pytest.mark.slow
 def test_aip_retry_after_holds_the_whole_fleet_and_a_cancel_waits_for_it(fleet_parts: FleetParts) -> None:
-    """Five operations polled on one AIP-151 server; one poll gets a 429 (RetryInfo and Retry-After 3 s):
-    no request of any operation reaches the server inside those 3 s, polling resumes after them, and a
+    """Five operations polled on one AIP-151 server; one poll gets a 429 (RetryInfo and Retry-After 4 s):
+    no request of any operation reaches the server inside those 4 s, polling resumes after them, and a
     cancel asked for inside the window is sent after it and ends its operation cancelled."""
     with running_aip_fleet(
         fleet_parts, exports={"poll_qps": POLL_QPS, "control_qps": 10}, workers=2
@@ -100,7 +103,10 @@ def test_aip_retry_after_holds_the_whole_fleet_and_a_cancel_waits_for_it(fleet_p
 
     after = [e for e in log if e["t"] > refused["t"]]
     inside = [e for e in after if e["inside_retry_after"]]
-    assert inside == [], f"{len(inside)} requests reached the server inside its Retry-After: {inside[:5]}"
+    offsets = [round(e["t"] - refused["t"], 3) for e in inside]
+    assert inside == [], (
+        f"{len(inside)} requests inside the Retry-After, s after the 429: {offsets}: {inside[:5]}"
+    )
     assert first_refused(log) == refused
     cancels = [e for e in log if e["rpc"] == "CancelOperation"]
     assert len(cancels) == 1, cancels
@@ -111,22 +117,20 @@ def test_aip_retry_after_holds_the_whole_fleet_and_a_cancel_waits_for_it(fleet_p
 
 @pytest.mark.slow
 def test_mcp_retry_after_holds_the_whole_fleet(fleet_parts: FleetParts) -> None:
-    """The same on the MCP server: one ``tasks/get`` gets a 429 with ``Retry-After: 3``; no HTTP request
-    (any operation, any budget) reaches the server in the 3 s after it, and polling resumes after them."""
-    with running_fleet(fleet_parts, server={"poll_qps": POLL_QPS, "control_qps": 10}, workers=2) as fleet:
-        op_ids = [fleet.submit(f"n/ra-mcp-{i}", "slow_report", {"seconds": 60}) for i in range(OPERATIONS)]
-        support.wait_for(
-            "every operation to be working",
-            lambda: all(fleet.ledger.get(op_id).state is S.WORKING for op_id in op_ids),
-            timeout=60,
-        )
-        switched = time.time()
+    """The same on the MCP server: the first ``tasks/get`` gets a 429 with ``Retry-After: 4`` while the other
+    operations are still being created and polled; no HTTP request (any operation, any budget) reaches the
+    server in the 4 s after it, and polling resumes after them. The switch is set before any operation
+    exists, so the first ``tasks/get`` in the server's log is the refused one."""
+    with running_fleet(
+        fleet_parts, server={"poll_qps": POLL_QPS, "control_qps": CONTROL_QPS}, workers=2
+    ) as fleet:
         fleet.mcp.faults(status_429={"tasks/get": {"count": 1, "retry_after_s": RETRY_AFTER_S}})
+        answers = [
+            fleet.submit_nowait(f"n/ra-mcp-{i}", "slow_report", {"seconds": 60}) for i in range(OPERATIONS)
+        ]
         refused_at = support.wait_for(
             "the refused tasks/get",
-            lambda: next(
-                (e["t"] for e in fleet.mcp.log() if e["method"] == "tasks/get" and e["t"] >= switched), None
-            ),
+            lambda: next((e["t"] for e in fleet.mcp.log() if e["method"] == "tasks/get"), None),
             timeout=30,
         )
         support.wait_for(
@@ -136,13 +140,17 @@ def test_mcp_retry_after_holds_the_whole_fleet(fleet_parts: FleetParts) -> None:
             ),
             timeout=RETRY_AFTER_S + 20,
         )
+        assert all(answer.get(timeout=30)["op_id"] for answer in answers)
         requests = http_log(fleet)
         switches = httpx.get(f"{fleet.mcp.control}/faults", timeout=5).json()
 
     assert switches["status_429"]["tasks/get"]["count"] == 0  # the 429 was answered
     # The refused request itself is logged a moment before its JSON-RPC entry; everything after it counts.
     inside = [e for e in requests if refused_at + 0.05 < e["t"] < refused_at + RETRY_AFTER_S]
-    assert inside == [], f"{len(inside)} requests reached the server inside its Retry-After: {inside[:5]}"
+    offsets = [round(e["t"] - refused_at, 3) for e in inside]
+    assert inside == [], (
+        f"{len(inside)} requests inside the Retry-After, s after the 429: {offsets}: {inside[:5]}"
+    )
 
 
 def http_log(fleet: Fleet) -> list[dict[str, Any]]:
