@@ -529,13 +529,6 @@ def test_a_real_fleet_run_with_an_mcp_and_an_aip151_server_passes_the_gate(
             Console(width=250).print(launch_gate_table(report.to_json()))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT (workers/steps/cancel.py, not fixed here): with control_qps below one slot per dispatch "
-    "tick, send() spends a control token on CancelOperation, then _after() reads the status with a NEW "
-    "budget whose first charge is not a follow-up, gets NoToken, and the whole step is redone: the cancel "
-    "is sent again on every attempt and the operation stays CANCEL_REQUESTED (a silent stall)",
-)
 def test_an_aip151_cancel_on_a_slow_control_budget_ends(fleet_parts: FleetParts) -> None:
     with running_aip_fleet(fleet_parts, exports={"poll_qps": 3, "control_qps": 2}) as aip_fleet:
         fleet = aip_fleet.fleet

@@ -9,6 +9,7 @@ A client that stops waiting never comes here: that is not a cancel.
 from __future__ import annotations
 
 import datetime as dt
+import random
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,6 +18,7 @@ from adapters import (
     NotFound,
     Rejected,
     RemoteStatus,
+    RequestBudget,
     ToolAdapter,
 )
 from ledger.errors import StaleTransition
@@ -24,7 +26,7 @@ from ledger.events import EventKind
 from ledger.reasons import ReconciliationReason
 from ledger.records import Claim, Fence, Operation
 from ledger.states import CANCEL_WAITS_IN, OpState, TerminalKind
-from workers.errors import NotCancellable
+from workers.errors import NotCancellable, NoToken
 from workers.steps.context import TRY_AGAIN, StepContext, StepOutcome, describe, remote_ref, server_status
 from workers.steps.poll import observed
 from workers.steps.result import accept, not_found
@@ -133,8 +135,18 @@ def send(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
     Every request goes to the control budget (rule 4): a poll storm never delays a cancel. The order is the
     seed's, ``tasks/cancel`` first (a ``-32602`` answer -> the terminal state is read); a status read
     before it only for a server configured so (``read_status_before_cancel``: one that would answer
-    "cancelled" for a task already completed)."""
+    "cancelled" for a task already completed).
+
+    One budget for the step: the status read after the cancel is charged as its follow-up (on a control
+    budget slower than one slot per dispatch tick a fresh budget's first charge would find no token, and
+    the whole step, cancel included, would be redone for ever). A cancel answered whose status read finds
+    no token is recorded as answered: it is read later, never sent again.
+
+    Past the wait deadline, a cancel that cannot be sent (a 5xx, a timeout, a 429) is not retried for ever:
+    the status read decides (a terminal state wins), else an operator (DEADLINE_EXCEEDED, the last
+    error)."""
     adapter = ctx.adapter(op)
+    budget = ctx.request_budget(op.server, "control")
     answered = _answer_event(ctx, op)
     if answered is not None:
         # The server took (or refused) this generation's cancel already: sending it again tells nothing new.
@@ -148,13 +160,14 @@ def send(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
             None,
             event=EventKind.CANCEL_PENDING,
             detail={_ANSWER: answered[0]},
+            budget=budget,
             quiet=True,
             answered_at=answered[1],
         )
     try:
         outcome = adapter.cancel(
             remote_ref(op),
-            budget=ctx.request_budget(op.server, "control"),
+            budget=budget,
             read_status_first=ctx.server(op).read_status_before_cancel,
         )
     except NotFound as exc:
@@ -169,8 +182,22 @@ def send(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
             None,
             event=EventKind.CANCEL_REFUSED,
             detail={"error": describe(exc), _ANSWER: "refused"},
+            budget=budget,
         )
     except TRY_AGAIN as exc:
+        if _budget_spent(ctx, op):
+            # Past the wait deadline: not retried for ever. The status read decides (a terminal state
+            # wins), else an operator, told the cancel could not be sent and why.
+            return _after(
+                ctx,
+                op,
+                fence,
+                adapter,
+                None,
+                event=EventKind.CANCEL_FAILED,
+                detail={_ANSWER: _UNSENT, "error": describe(exc)},
+                budget=budget,
+            )
         # A lost ACK is resolved by asking again: a second cancel finds the task terminal.
         return ctx.retry_later(op, fence, exc, EventKind.CANCEL_FAILED)
     if outcome.kind == "cancelled":
@@ -186,13 +213,27 @@ def send(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
             outcome.status,
             event=EventKind.CANCEL_PENDING,
             detail={_ANSWER: "acknowledged"},
+            budget=budget,
         )
-    return _after(ctx, op, fence, adapter, outcome.status, event=EventKind.CANCEL_PENDING, detail={})
+    return _after(
+        ctx,
+        op,
+        fence,
+        adapter,
+        outcome.status,
+        event=EventKind.CANCEL_PENDING,
+        detail={_ANSWER: "already_terminal"},
+        budget=budget,
+    )
 
 
 #: The event detail that records the server's answer to this generation's cancel request, when it leaves
 #: the outcome to polling and sending the request again would add nothing ("acknowledged", "refused").
 _ANSWER = "cancel_answer"
+#: The answers after which the request is not sent again in this generation and epoch.
+_ANSWERED = ("acknowledged", "refused", "already_terminal")
+#: :data:`_ANSWER` of a cancel that could not be sent (or its answer was lost) past the wait deadline.
+_UNSENT = "unsent"
 
 
 def _answer_event(ctx: StepContext, op: Operation) -> tuple[str, dt.datetime] | None:
@@ -206,7 +247,7 @@ def _answer_event(ctx: StepContext, op: Operation) -> tuple[str, dt.datetime] | 
         ):
             break
         detail = event.get("detail")
-        if isinstance(detail, Mapping) and detail.get(_ANSWER) in ("acknowledged", "refused"):
+        if isinstance(detail, Mapping) and detail.get(_ANSWER) in _ANSWERED:
             at: dt.datetime = event["at"]
             return str(detail[_ANSWER]), at
     return None
@@ -221,20 +262,22 @@ def _after(
     *,
     event: EventKind,
     detail: Mapping[str, Any],
+    budget: RequestBudget,
     quiet: bool = False,
     answered_at: dt.datetime | None = None,
 ) -> StepOutcome:
     """Where the task stands after a cancel request that was not itself the evidence of a cancel.
     ``quiet``: the server's answer is recorded already (an event with :data:`_ANSWER`, at ``answered_at``).
+    ``budget``: the step's, so a status read after the cancel is charged as its follow-up.
 
     A terminal answer wins; once the wait budget has run out with the operation still open (or its status
     unreadable), an operator decides (:func:`_never_carried_out`): a cancel the server acknowledged but never
     carried out is not polled for ever."""
     if status is None or status.terminal is None:
         try:
-            status = adapter.get(
-                remote_ref(op), read_input=False, budget=ctx.request_budget(op.server, "control")
-            )
+            status = adapter.get(remote_ref(op), read_input=False, budget=budget)
+        except NoToken as no_token:
+            return _read_later(ctx, op, fence, no_token, event=event, detail=detail, quiet=quiet)
         except NotFound as exc:
             return not_found(ctx, op, fence, exc)
         except AdapterError as exc:
@@ -262,6 +305,36 @@ def _after(
     return ctx.reschedule(op, fence, interval, event, detail)
 
 
+def _read_later(
+    ctx: StepContext,
+    op: Operation,
+    fence: Fence,
+    no_token: NoToken,
+    *,
+    event: EventKind,
+    detail: Mapping[str, Any],
+    quiet: bool,
+) -> StepOutcome:
+    """No control token for the status read. Its cancel answered in this step: the answer is recorded (an
+    event with :data:`_ANSWER`), so the step that comes back reads the status and never sends the cancel
+    again. Already recorded: the step is rescheduled as any step without a token. A cancel that could
+    not be sent past the wait deadline, whose status cannot be read either: an operator decides."""
+    if detail.get(_ANSWER) == _UNSENT:
+        return _never_carried_out(
+            ctx,
+            op,
+            fence,
+            detail,
+            answered_at=None,
+            status=None,
+            error="no control token for the status read",
+        )
+    if quiet:
+        raise no_token
+    delay = no_token.wait_s + random.uniform(0.0, 0.05)  # noqa: S311 - spreading load, not a secret
+    return ctx.reschedule(op, fence, delay, event, {**detail, "no_token_s": round(no_token.wait_s, 3)})
+
+
 def _budget_spent(ctx: StepContext, op: Operation) -> bool:
     return op.wait_deadline is not None and op.wait_deadline <= ctx.now()
 
@@ -281,7 +354,14 @@ def _never_carried_out(
     answered the cancel and that it never carried it out."""
     answer = str(detail.get(_ANSWER) or "sent")
     at = (answered_at or ctx.now()).astimezone(dt.UTC).isoformat()
-    if answer == "acknowledged":
+    if answer == _UNSENT:
+        why = (
+            f"the cancel could not be sent or confirmed by the wait deadline (last error at {at}: "
+            f"{detail.get('error')})"
+        )
+    elif answer == "already_terminal":
+        why = f"the server answered at {at} that the operation was terminal already, yet it never ended"
+    elif answer == "acknowledged":
         why = f"the cancel was acknowledged at {at} and never carried out"
     elif answer == "refused":
         why = f"the cancel was refused at {at} (no cancel on this server) and the operation never ended"
@@ -289,7 +369,7 @@ def _never_carried_out(
         why = f"the cancel was sent at {at} and never carried out"
     why += ": the wait budget ran out with the operation still open on the server"
     if error is not None:
-        why += " (its status could not be read)"
+        why += f" (its status could not be read: {error})"
     op = ctx.hand_to_operator(
         op,
         fence,
