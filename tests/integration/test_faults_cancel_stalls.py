@@ -4,14 +4,19 @@
    the operation's wait budget ends it is retried (a 503 decided nothing); past it, the status read decides:
    a terminal state wins, an open one goes to an operator (DEADLINE_EXCEEDED, the last error named), never
    retried for ever.
-2. (The slow control budget: ``test_gate.py::test_an_aip151_cancel_on_a_slow_control_budget_ends``.)
+2. A cancel on a control budget slower than one slot per dispatch tick (``control_qps`` 2): the status read
+   after the cancel is charged as the step's follow-up, and a step whose read finds no token reads later
+   and never sends the cancel again. AIP-151: ``test_gate.py::test_an_aip151_cancel_on_a_slow_control_
+   budget_ends``; the MCP tasks extension (its cancel is an acknowledgement too) here.
 
 Real worker processes, beat, Postgres, Redis and the demo server.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
+import uuid
 
 import pytest
 
@@ -19,7 +24,8 @@ from ledger.reasons import ReconciliationReason
 from ledger.states import OpState
 from tests import support
 from tests.integration.aip_fleet import args, running_aip_fleet
-from tests.integration.fleet import FleetParts
+from tests.integration.ext_fleet import EXT_SERVER, ext_config, start_ext_demo_server
+from tests.integration.fleet import FleetParts, fleet_config, running_fleet, start_mcp_server
 
 S = OpState
 
@@ -80,3 +86,35 @@ def test_a_terminal_state_wins_over_a_cancel_that_cannot_be_sent(fleet_parts: Fl
         records = fleet.ledger.reconciliations_for(op_id)
     assert receipt["terminal_state"] == "completed"
     assert records == []
+
+
+@pytest.mark.slow
+def test_an_mcp_tasks_extension_cancel_on_a_slow_control_budget_ends(fleet_parts: FleetParts) -> None:
+    """The extension's ``tasks/cancel`` is only an acknowledgement: its end is read after it, on the same
+    control budget (2 a second, below one slot per 250 ms tick). One ``tasks/cancel``, the task cancelled."""
+    with contextlib.ExitStack() as stack:
+        demo = start_ext_demo_server(fleet_parts.log_dir)
+        stack.callback(demo.process.stop)
+        mcp = start_mcp_server(fleet_parts.log_dir)
+        stack.callback(mcp.process.stop)
+        config = fleet_parts.tmp_path / "longcall-ext-slow.toml"
+        config.write_text(fleet_config(mcp.url) + ext_config(demo.url, poll_qps=3, control_qps=2))
+        fleet = stack.enter_context(running_fleet(fleet_parts, env={"LONGCALL_CONFIG": str(config)}))
+        signature = dict(fleet.pipeline.signature("pipeline.record", queue="pipeline"))
+        answer = fleet.send(
+            "longcall.submit",
+            call_node_id="n/ext-slow-cancel",
+            server=EXT_SERVER,
+            tool="slow_report",
+            arguments={"seconds": 60},
+            on_terminal=signature,
+        )
+        op_id = answer["op_id"]
+        fleet.wait_state(uuid.UUID(op_id), S.WORKING, timeout=30)
+        fleet.send("longcall.cancel", op_id=op_id)
+        try:
+            receipt = fleet.wait_receipt("n/ext-slow-cancel", timeout=30)
+        finally:
+            cancels = [e for e in demo.log() if e["method"] == "tasks/cancel"]
+    assert receipt["terminal_state"] == "cancelled"
+    assert len(cancels) == 1
