@@ -54,12 +54,16 @@ def mask_credentials(text: str) -> str:
 
 @contextlib.contextmanager
 def bind(op_id: object | None = None, call_node_id: str | None = None) -> Iterator[None]:
-    """The operation the enclosed work is about (restored on the way out)."""
-    tokens: list[tuple[ContextVar[str | None], Token[str | None]]] = []
-    if op_id is not None:
-        tokens.append((_op_id, _op_id.set(_clean(op_id))))
-    if call_node_id is not None:
-        tokens.append((_call_node_id, _call_node_id.set(_clean(call_node_id))))
+    """The operation the enclosed work is about. On the way out both values are restored to what they were
+    before, whatever :func:`note_operation` set inside (so work run in process, such as a simulation's
+    steps, leaves nothing bound behind it)."""
+    tokens: list[tuple[ContextVar[str | None], Token[str | None]]] = [
+        (_op_id, _op_id.set(_clean(op_id) if op_id is not None else _op_id.get())),
+        (
+            _call_node_id,
+            _call_node_id.set(_clean(call_node_id) if call_node_id is not None else _call_node_id.get()),
+        ),
+    ]
     try:
         yield
     finally:

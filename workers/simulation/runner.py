@@ -20,6 +20,7 @@ from ledger.digests import digest
 from ledger.records import NewOperation, OutboxMessage
 from ledger.repository import Ledger
 from ledger.states import FINAL_STATES, OpState, TerminalKind
+from workers import logs
 from workers.errors import InputRefused
 from workers.executor import Executor
 from workers.hot import HotState
@@ -139,6 +140,10 @@ class Simulation:
         self.tag = uuid.uuid4().hex[:10]
 
     def run_series(self, series: Series) -> SeriesResult:
+        with logs.bind():  # the steps note their operation: nothing stays bound after the series
+            return self._run_series(series)
+
+    def _run_series(self, series: Series) -> SeriesResult:
         server = scripted_server(series, self.tag)
         fleet = sim_fleet(self.server_name(series), series.protocol)
         runtime = Runtime(settings=self.settings, fleet=fleet, _ledger=self.ledger, _hot=self.hot)
