@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Final
 
 import jsonschema
@@ -38,6 +36,7 @@ from adapters.errors import (
 from adapters.http_answers import Session
 from adapters.jsonrpc import ErrorResponse, Request, Response
 from adapters.mcp_2025_11_25.schema_bounds import bounds_refusal
+from adapters.task_fields import non_negative_int, parse_time
 
 __all__ = [
     "ADAPTER_VERSION",
@@ -188,23 +187,6 @@ def descriptor_digest(descriptor: Mapping[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-def _parse_time(value: object) -> datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value)
-    except ValueError:
-        return None
-
-
-def _non_negative_int(value: object) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    if not math.isfinite(value) or value < 0:
-        return None
-    return int(value)
-
-
 def parse_task(value: object, *, expected_id: str | None = None) -> RemoteStatus:
     """A ``Task`` object (``tasks/get`` result, ``CreateTaskResult.task``, ``tasks/cancel`` result).
 
@@ -230,10 +212,10 @@ def parse_task(value: object, *, expected_id: str | None = None) -> RemoteStatus
         server_state=status,
         terminal=_TERMINAL.get(status),
         status_message=message if isinstance(message, str) else None,
-        poll_interval_ms=_non_negative_int(task.get("pollInterval")),
-        ttl_ms=_non_negative_int(task.get("ttl")),
-        created_at=_parse_time(task.get("createdAt")),
-        last_updated_at=_parse_time(task.get("lastUpdatedAt")),
+        poll_interval_ms=non_negative_int(task.get("pollInterval")),
+        ttl_ms=non_negative_int(task.get("ttl")),
+        created_at=parse_time(task.get("createdAt")),
+        last_updated_at=parse_time(task.get("lastUpdatedAt")),
         # The question itself travels on another stream; the client attaches it when it reads it.
         awaiting_input=status == "input_required",
         raw=dict(task),

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 from collections.abc import Iterable, Mapping
-from datetime import datetime
 from typing import Any, Final
 
 from adapters.base import (
@@ -36,6 +34,7 @@ from adapters.errors import (
 )
 from adapters.mcp_2025_11_25.wire import reply_refusal as elicitation_refusal
 from adapters.mcp_2025_11_25.wire import result_from_payload
+from adapters.task_fields import non_negative_int, parse_time
 
 __all__ = [
     "ADAPTER_VERSION",
@@ -103,23 +102,6 @@ def _object(value: object, what: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise ProtocolViolation(f"{what} is not an object: {str(value)[:200]}")
     return value
-
-
-def _parse_time(value: object) -> datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value)
-    except ValueError:
-        return None
-
-
-def _non_negative_int(value: object) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    if not math.isfinite(value) or value < 0:
-        return None
-    return int(value)
 
 
 def round_id(keys: list[str] | tuple[str, ...] | frozenset[str]) -> str:
@@ -225,10 +207,10 @@ def parse_task(value: object, *, expected_id: str | None = None) -> RemoteStatus
         server_state=status,
         terminal=_TERMINAL.get(status),
         status_message=message,
-        poll_interval_ms=_non_negative_int(task.get("pollIntervalMs")),
-        ttl_ms=_non_negative_int(task.get("ttlMs")),
-        created_at=_parse_time(task.get("createdAt")),
-        last_updated_at=_parse_time(task.get("lastUpdatedAt")),
+        poll_interval_ms=non_negative_int(task.get("pollIntervalMs")),
+        ttl_ms=non_negative_int(task.get("ttlMs")),
+        created_at=parse_time(task.get("createdAt")),
+        last_updated_at=parse_time(task.get("lastUpdatedAt")),
         input_request=request,
         awaiting_input=status == "input_required" and request is None,
         raw=dict(task),
