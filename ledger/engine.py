@@ -15,8 +15,9 @@ def normalize_database_url(url: str) -> str:
     )
 
 
-def make_engine(url: str, *, pool_size: int = 5) -> Engine:
-    """The engine every ledger transaction runs on."""
+def make_engine(url: str, *, pool_size: int = 5, connect_timeout_s: int | None = None) -> Engine:
+    """The engine every ledger transaction runs on. ``connect_timeout_s`` bounds a connect (a reader that
+    must answer even when the database is down, such as a metrics scrape)."""
     return create_engine(
         normalize_database_url(url),
         # No pre-ping: it would double every ledger transaction. A connection the server dropped fails
@@ -26,4 +27,5 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
         pool_size=pool_size,
         max_overflow=pool_size,
         future=True,
+        connect_args={} if connect_timeout_s is None else {"connect_timeout": connect_timeout_s},
     )

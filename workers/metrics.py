@@ -25,10 +25,10 @@ import redis
 from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from ledger.engine import normalize_database_url
+from ledger.engine import make_engine
 from ledger.metrics_reads import LagHistogram, LedgerMetrics, read_metrics
 from ledger.states import OpState
 from workers.app import QUEUES, is_redis
@@ -282,13 +282,7 @@ def metrics(host: str, port: int, once: bool, as_json_flag: bool) -> None:
     try:
         settings = load_settings()
         fleet = settings.fleet()
-        engine = create_engine(
-            normalize_database_url(settings.database_url),
-            pool_size=1,
-            max_overflow=1,
-            pool_recycle=600,
-            connect_args={"connect_timeout": 5},
-        )
+        engine = make_engine(settings.database_url, pool_size=1, connect_timeout_s=5)
     except (ConfigError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
