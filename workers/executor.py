@@ -8,15 +8,17 @@ missing token (rescheduled, never blocked).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from ledger.errors import StaleTransition
 from ledger.records import Fence, NewOperation, Operation, Submission
 from ledger.repository import Ledger
 from ledger.states import OpState
+from workers import logs
 from workers.errors import NoToken
 from workers.lease import keep_lease
 from workers.runtime import Runtime
@@ -32,6 +34,22 @@ log = logging.getLogger("longcall.executor")
 S = OpState
 
 Step = Callable[[StepContext, Operation, Fence], StepOutcome]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _own_log_context(entry: Callable[P, R]) -> Callable[P, R]:
+    """An entry point whose steps note the operation they work on (their log lines name it) and leave the
+    caller's log context as they found it: run in process (a simulation, a test, an application embedding
+    the executor), the caller's next line names no operation of ours."""
+
+    @functools.wraps(entry)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        with logs.bind():
+            return entry(*args, **kwargs)
+
+    return run
 
 
 class Executor:
@@ -51,6 +69,7 @@ class Executor:
     def ledger(self) -> Ledger:
         return self.rt.ledger
 
+    @_own_log_context
     def submit(
         self, new: NewOperation, *, admit: Callable[[Mapping[str, Any]], NewOperation] | None = None
     ) -> tuple[Submission, StepOutcome | None]:
@@ -63,6 +82,7 @@ class Executor:
         op = submission.operation
         return submission, self._guard(op, op.poll_cursor, submit.advance_submission)
 
+    @_own_log_context
     def advance(self, op_id: uuid.UUID, cursor: int) -> StepOutcome:
         """``longcall.poll``: the step for a SUBMITTING, SUBMISSION_UNKNOWN or WORKING operation."""
         op = self.ledger.get(op_id)
@@ -72,6 +92,7 @@ class Executor:
             return self._guard(op, cursor, poll.poll)
         return StepOutcome(op.id, "nothing_to_do", op.state)
 
+    @_own_log_context
     def fetch_result(self, op_id: uuid.UUID, cursor: int) -> StepOutcome:
         """``longcall.fetch_result``: read and accept the result of a TERMINAL_OBSERVED operation."""
         op = self.ledger.get(op_id)
@@ -79,6 +100,7 @@ class Executor:
             return StepOutcome(op.id, "nothing_to_do", op.state)
         return self._guard(op, cursor, result.fetch)
 
+    @_own_log_context
     def send_cancel(self, op_id: uuid.UUID, cursor: int) -> StepOutcome:
         """``longcall.cancel`` with a cursor: send (again) the cancel request of a recorded cancel."""
         op = self.ledger.get(op_id)
@@ -86,6 +108,7 @@ class Executor:
             return StepOutcome(op.id, "nothing_to_do", op.state)
         return self._guard(op, cursor, cancel.send)
 
+    @_own_log_context
     def request_cancel(self, op_id: uuid.UUID) -> StepOutcome:
         """``longcall.cancel``: record the intent (in any state that is not final), then, under a fresh
         claim, send the cancel request at once, or end an operation no create was attempted for cancelled.
@@ -100,6 +123,7 @@ class Executor:
             return self.send_cancel(op_id, recorded.poll_cursor)
         return self.advance(op_id, recorded.poll_cursor)
 
+    @_own_log_context
     def provide_input(self, op_id: uuid.UUID, input_round: int, response: Mapping[str, Any]) -> StepOutcome:
         """``longcall.provide_input``: the current round only, before its deadline, a reply the adapter takes.
 
@@ -109,14 +133,17 @@ class Executor:
         """
         return input_rounds.provide_input(self.ctx, self.ledger.get(op_id), input_round, response)
 
+    @_own_log_context
     def dispatch_due(self, limit: int | None = None) -> list[Dispatch]:
         """``longcall.dispatch_due``: claim what is due, as the messages to publish."""
         return dispatch.dispatch_due(self.ctx, limit)
 
+    @_own_log_context
     def reconcile(self) -> dict[str, int]:
         """``longcall.reconcile``: overdue input rounds to an operator, overdue records flagged once."""
         return reconciliation.reconcile(self.ctx)
 
+    @_own_log_context
     def resolve(self, op_id: uuid.UUID, resolution: Resolution) -> Operation:
         """An operator's decision on an operation in MANUAL_RECONCILIATION (``longcall reconcile``)."""
         return reconciliation.resolve(self.ctx, self.ledger.get(op_id), resolution)

@@ -25,6 +25,7 @@ from ledger.states import OpState, TerminalKind
 from tests import support
 from tests.integration.fleet import FleetParts, McpServer, fleet_config, running_fleet, start_mcp_server
 from tests.integration.helpers import evidence_for, place
+from workers import logs
 from workers.cli import main as cli_main
 from workers.executor import Executor
 from workers.runtime import Runtime
@@ -84,6 +85,22 @@ def submitted(executor: Executor, call_node_id: str, tool: str, arguments: dict[
 
 def event_count(ledger: Ledger, op_id: uuid.UUID) -> int:
     return len(ledger.events(op_id))
+
+
+def test_an_in_process_step_leaves_no_operation_bound_in_its_callers_log_context(
+    in_process: tuple[McpServer, MakeExecutor],
+) -> None:
+    """A step notes the operation it works on so that its log lines name it; run in process (a simulation,
+    a test, an embedding application), it leaves the caller's log context as it found it: the next line
+    the caller logs names no operation (in CI a later test's log lines carried this one's op id)."""
+    _mcp, make = in_process
+    executor = make()
+    assert logs.current() == (None, None)
+    op_id = submitted(executor, "n/bound", "slow_report", {"seconds": 30})
+    assert logs.current() == (None, None)
+    executor.advance(op_id, executor.ledger.get(op_id).poll_cursor)
+    executor.request_cancel(op_id)
+    assert logs.current() == (None, None)
 
 
 # ------------------------------------------------------------------------------ 15. bounded growth
