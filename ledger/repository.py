@@ -44,6 +44,7 @@ from ledger.records import (
     TerminalEvidence,
     adapter_key,
 )
+from ledger.redact import publish_error
 from ledger.results import ResultStorage
 from ledger.retention import HistoryRetention
 from ledger.routing import (
@@ -388,7 +389,7 @@ class Ledger(
                 try:
                     publish(message)
                 except Exception as exc:  # noqa: BLE001 - any publish failure leaves the row ready
-                    failed.append((r.id, f"{type(exc).__name__}: {exc}"[:500]))
+                    failed.append((r.id, publish_error(exc)))
                 else:
                     dispatched.append(r.id)
             if dispatched:
