@@ -22,6 +22,12 @@ Budget = Literal["poll", "control"]
 #: one that left on time; ten percent of headroom keeps the server's own count within ``*_qps``.
 RATE_HEADROOM = 0.9
 
+#: The longest wait a server's Retry-After / RetryInfo is honoured for, in seconds (five minutes). A server
+#: may ask for a day (``Retry-After: 86400``, or an HTTP-date far ahead); held as asked, it would park every
+#: operation on that server, and every step's retry, for that long. Past this, the fleet asks again (and an
+#: operation whose wait budget ends first goes to its deadline path meanwhile).
+MAX_SERVER_WAIT_S = 300.0
+
 
 @dataclass(frozen=True, slots=True)
 class Token:
@@ -70,15 +76,18 @@ class HotState:
     def hold(self, server: str, delay_s: float) -> float:
         """The server asked for no request for ``delay_s`` (a Retry-After or RetryInfo on a 429 or 503): no
         worker sends it anything, poll or control, until then (Redis time). A hold already set that ends
-        later stays. Returns the seconds the hold has left."""
-        delay_us = math.ceil(max(0.0, delay_s) * 1_000_000)
+        later stays. At most :data:`MAX_SERVER_WAIT_S`: a longer wait asked for is held that long, and a
+        longer hold already set (by a worker without this cap) ends then too. Returns the seconds the hold
+        has left."""
+        delay_us = math.ceil(min(max(0.0, delay_s), MAX_SERVER_WAIT_S) * 1_000_000)
         if delay_us <= 0:
             return 0.0
         keys = [self.hold_key(server)]
+        args = [delay_us, math.ceil(MAX_SERVER_WAIT_S * 1_000_000)]
         try:
-            left_us = self._hold(keys=keys, args=[delay_us])
+            left_us = self._hold(keys=keys, args=args)
         except redis.ConnectionError:
-            left_us = self._hold(keys=keys, args=[delay_us])  # one reconnect, as in _call
+            left_us = self._hold(keys=keys, args=args)  # one reconnect, as in _call
         return int(left_us) / 1_000_000
 
     def held_s(self, server: str) -> float:

@@ -16,11 +16,15 @@ import httpx
 import pytest
 import redis
 
+from adapters import RateLimited
+from adapters.jsonrpc import parse_retry_after
+from ledger.reasons import ReconciliationReason
 from ledger.states import OpState
 from tests import support
-from tests.integration.aip_fleet import args, running_aip_fleet
+from tests.integration.aip_fleet import AIP_SERVER, args, running_aip_fleet
 from tests.integration.fleet import Fleet, FleetParts, running_fleet
-from workers.hot import HotState
+from workers.hot import MAX_SERVER_WAIT_S, HotState
+from workers.steps.context import retry_s, server_wait_s
 
 S = OpState
 
@@ -156,3 +160,56 @@ def test_mcp_retry_after_holds_the_whole_fleet(fleet_parts: FleetParts) -> None:
 def http_log(fleet: Fleet) -> list[dict[str, Any]]:
     entries: list[dict[str, Any]] = httpx.get(f"{fleet.mcp.control}/http_log", timeout=5).json()["entries"]
     return entries
+
+
+#: A day: a server that asks for this must not park an operation (or the fleet) on it.
+DAY_S = 86_400
+
+
+def test_a_very_long_retry_after_is_capped_in_the_hold_and_the_step_s_wait(
+    redis_client: redis.Redis, broker_prefix: str
+) -> None:
+    """A day as delta-seconds and an HTTP-date a century ahead: the fleet-wide hold and the step's own pause
+    are both at most ``MAX_SERVER_WAIT_S``."""
+    far = parse_retry_after("Fri, 01 Jan 2100 00:00:00 GMT")
+    assert far is not None
+    assert far > DAY_S
+    for asked in (float(DAY_S), far):
+        refusal = RateLimited("429", retry_after=asked)
+        assert server_wait_s(refusal) == MAX_SERVER_WAIT_S
+        assert retry_s(refusal) == MAX_SERVER_WAIT_S
+    hot = HotState(redis_client, prefix=broker_prefix)
+    assert hot.hold("long", DAY_S) == MAX_SERVER_WAIT_S
+    assert 0 < hot.held_s("long") <= MAX_SERVER_WAIT_S
+
+
+@pytest.mark.slow
+def test_a_retry_after_of_a_day_hands_the_operation_to_the_deadline_path(fleet_parts: FleetParts) -> None:
+    """A poll gets a 429 with Retry-After (and RetryInfo) of a day. The hold is capped, and the operation,
+    whose wait budget ends long before either, goes to an operator at its wait budget (DEADLINE_EXCEEDED),
+    not parked silently on the server's wait; nothing is sent to the server meanwhile."""
+    wait_budget_s = 4.0
+    with running_aip_fleet(fleet_parts) as running:
+        fleet = running.fleet
+        op_id = running.submit("n/ra-day", args(seconds=600), wait_budget_s=wait_budget_s)
+        op = fleet.wait_state(op_id, S.WORKING, timeout=30)
+        assert op.wait_deadline is not None
+        running.aip.faults(status_429={"GetOperation": {"count": 1, "retry_after_s": DAY_S}})
+        refused = support.wait_for(
+            "a poll refused with a day's Retry-After",
+            lambda: next((e for e in running.requests() if e["status"] == 429), None),
+            timeout=10,
+        )
+        deadline = op.wait_deadline.timestamp()
+        fleet.wait_state(op_id, S.MANUAL_RECONCILIATION, timeout=deadline - time.time() + 10)
+        handed_at = time.time()
+        held = HotState(fleet_parts.redis_client, prefix=f"{fleet_parts.broker_prefix}longcall:").held_s(
+            AIP_SERVER
+        )
+        records = fleet.ledger.reconciliations_for(op_id)
+        log = running.requests()
+
+    assert handed_at <= deadline + 5.0, f"handed over {handed_at - deadline:.1f} s after the wait budget"
+    assert 0 < held <= MAX_SERVER_WAIT_S
+    assert [r.reason for r in records] == [ReconciliationReason.DEADLINE_EXCEEDED]
+    assert [e for e in log if e["t"] > refused["t"]] == [], "a request inside the server's wait"

@@ -39,7 +39,7 @@ from ledger.states import OpState
 from workers import logs
 from workers.budget import RequestMeter, TokenBudget
 from workers.errors import NoToken
-from workers.hot import RATE_HEADROOM, Budget
+from workers.hot import MAX_SERVER_WAIT_S, RATE_HEADROOM, Budget
 from workers.runtime import Runtime
 from workers.settings import ServerConfig, Settings
 
@@ -51,6 +51,9 @@ MIN_POLL_S = 0.1
 FOLLOW_UP_SLOTS = 2
 #: The shortest pause after a server's Retry-After.
 RETRY_FLOOR_S = 0.5
+#: How long after an operation's wait deadline a step rescheduled to it comes due: the deadline is then
+#: past by the ledger's clock as well.
+DEADLINE_SLACK_S = 0.05
 #: What a failed read or cancel request leaves undecided: it is asked again later (a create's unknown
 #: outcome is not one of these uses: it is looked up by key).
 TRY_AGAIN: tuple[type[AdapterError], ...] = (Transient, ProtocolViolation, OutcomeUnknown)
@@ -182,9 +185,21 @@ class StepContext:
     def reschedule(
         self, op: Operation, fence: Fence, delay_s: float, event: EventKind, detail: Mapping[str, Any]
     ) -> StepOutcome:
-        """Nothing to decide now: due again in ``delay_s``, the claim let go."""
+        """Nothing to decide now: due again in ``delay_s``, the claim let go; never past the operation's wait
+        deadline while it is ahead (rule 3): a server's long wait, or a hold, that outlasts the deadline
+        hands the operation to its deadline path then (the fleet-wide hold still refuses its requests), not
+        a silent wait past it."""
+        delay_s = self._until_deadline(op, delay_s)
         self.ledger.reschedule(op.id, fence, state=op.state, delay_s=delay_s, event=event, detail=detail)
         return StepOutcome(op.id, event.value, op.state, detail={"delay_s": round(delay_s, 3)})
+
+    def _until_deadline(self, op: Operation, delay_s: float) -> float:
+        if op.wait_deadline is None:
+            return delay_s
+        left = (op.wait_deadline - self.now()).total_seconds()
+        if left <= 0:
+            return delay_s  # the deadline is past: the step that met it decides, never a tight loop
+        return min(delay_s, left + DEADLINE_SLACK_S)
 
     def retry_later(self, op: Operation, fence: Fence, exc: AdapterError, event: EventKind) -> StepOutcome:
         """A failure that decided nothing: again after the server's Retry-After, or a short pause."""
@@ -230,7 +245,7 @@ def server_wait_s(exc: AdapterError) -> float | None:
         return None
     if exc.retry_after is None or exc.retry_after <= 0:
         return None
-    return float(exc.retry_after)
+    return min(float(exc.retry_after), MAX_SERVER_WAIT_S)
 
 
 class _HoldsServerWaits:
@@ -258,10 +273,11 @@ class _HoldsServerWaits:
 
 
 def retry_s(exc: AdapterError) -> float:
-    """Never sooner than the server's Retry-After; without one, a short pause."""
+    """Never sooner than the server's Retry-After (at most :data:`~workers.hot.MAX_SERVER_WAIT_S`: a server
+    asking for a day parks nothing that long); without one, a short pause."""
     retry_after = getattr(exc, "retry_after", None)
     if retry_after is not None:
-        return max(RETRY_FLOOR_S, float(retry_after))
+        return min(max(RETRY_FLOOR_S, float(retry_after)), MAX_SERVER_WAIT_S)
     return 1.0
 
 
