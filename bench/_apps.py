@@ -5,6 +5,15 @@
 * ``noop``: the Celery baseline. ``bench.noop`` does nothing; its app has the Celery settings longcall's
   fleet runs with (``workers/app.py`` ``celery_config``: JSON, late acks, prefetch 1, task events, sent
   events, started state, a Redis result backend), so that the baseline pays what longcall's messages pay.
+* ``longcall``: longcall's own app (``workers.app.app``, the fleet's settings, task events as the fleet
+  configures them) with one more task, ``bench.noop`` on the ``bench.noop`` queue: fire and forget (results
+  ignored), it INCRs a Redis counter so the benchmark can count completions. The longcall workers of
+  ``bench/lifecycle.py`` run from it, so the Celery baseline runs in the very worker processes, with the
+  very settings, that run the operation steps. They start with task events off and the benchmark turns them
+  on by remote control (``enable_events``) when the fleet's config has them on: Celery's ``disable_events``
+  does nothing to a worker started with them on (its event dispatcher's groups are then empty, meaning
+  all), so only a worker started without them can be measured both ways. On, its dispatcher sends the
+  ``worker`` and ``task`` groups: what a worker started with them sends (there are no other groups).
 
 Worker processes build them from the environment (``celery -A _apps:pipeline worker``); the benchmark builds
 its client apps with the same functions.
@@ -75,6 +84,30 @@ def make_noop(broker_url: str, keyprefix: str) -> Celery:
 
     return app
 
+
+def noop_counter(keyprefix: str) -> str:
+    """The Redis key ``bench.noop`` (the fire-and-forget one) INCRs once per run."""
+    return f"{keyprefix}noop-done"
+
+
+def add_counting_noop(app: Celery, redis_url: str, keyprefix: str) -> None:
+    """``bench.noop`` on ``app``: results ignored, one INCR of ``noop_counter`` per run (its only cost)."""
+    clients: dict[int, redis.Redis] = {}
+    counter = noop_counter(keyprefix)
+
+    @app.task(name="bench.noop", ignore_result=True, shared=False)
+    def noop() -> None:
+        client = clients.get(os.getpid())
+        if client is None:
+            client = clients[os.getpid()] = redis.Redis.from_url(redis_url)
+        client.incr(counter)
+
+
+if "BENCH_LONGCALL_NOOP" in os.environ:
+    from workers.app import app as longcall
+
+    add_counting_noop(longcall, os.environ["LONGCALL_REDIS_URL"], os.environ["LONGCALL_BROKER_KEYPREFIX"])
+    longcall.conf.worker_send_task_events = False  # turned on by remote control, see above
 
 if "BENCH_BROKER_URL" in os.environ:
     pipeline = make_pipeline(

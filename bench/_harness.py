@@ -272,3 +272,24 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 def verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
+
+
+def target(name: str, measured: float, op: str, goal: float, unit: str = "") -> bool:
+    """Print one target line, ``TARGET <name>: <measured> (target <op> <goal>; ratio) -> PASS|FAIL``, the form
+    ``bench/run_all.py`` collects into its summary; returns whether it holds. ``op``: ``<=``, ``>=``, ``<``,
+    ``==``."""
+    checks = {
+        "<=": measured <= goal,
+        ">=": measured >= goal,
+        "<": measured < goal,
+        "==": measured == goal,
+    }
+    ok = checks[op]
+    ratio = f"; measured/target {measured / goal:.2f}" if goal else ""
+    print(f"TARGET {name}: {measured:.4g}{unit} (target {op} {goal:.4g}{unit}{ratio}) -> {verdict(ok)}")
+    return ok
+
+
+def scaling_input(key: str, value: float, unit: str, what: str) -> None:
+    """Print one figure the 100,000-operation model (``bench/run_all.py``, docs/scaling.md) is built from."""
+    print(f"SCALING INPUT {key} = {value:.6g} {unit}  # {what}")
