@@ -23,9 +23,10 @@ import pytest
 from ledger.reasons import ReconciliationReason
 from ledger.states import OpState
 from tests import support
-from tests.integration.aip_fleet import args, running_aip_fleet
+from tests.integration.aip_fleet import AIP_SERVER, args, running_aip_fleet
 from tests.integration.ext_fleet import EXT_SERVER, ext_config, start_ext_demo_server
 from tests.integration.fleet import FleetParts, fleet_config, running_fleet, start_mcp_server
+from workers.hot import HotState
 
 S = OpState
 
@@ -118,3 +119,76 @@ def test_an_mcp_tasks_extension_cancel_on_a_slow_control_budget_ends(fleet_parts
             cancels = [e for e in demo.log() if e["method"] == "tasks/cancel"]
     assert receipt["terminal_state"] == "cancelled"
     assert len(cancels) == 1
+
+
+#: A hold far longer than the wait budget (and within the longest hold kept, ``MAX_SERVER_WAIT_S``).
+LONG_HOLD_S = 60.0
+
+
+@pytest.mark.slow
+def test_an_acknowledged_cancel_whose_status_read_never_gets_a_token_ends_at_the_wait_budget(
+    fleet_parts: FleetParts,
+) -> None:
+    """The cancel is acknowledged (and never carried out); from then on the control budget has no token
+    for its status read (the server's fleet-wide hold outlasts the wait budget). The operation still ends
+    at its wait budget: an operator told why (DEADLINE_EXCEEDED, no control token), the cancel sent once,
+    not rescheduled silently for the hold's length."""
+    with running_aip_fleet(fleet_parts) as running:
+        fleet = running.fleet
+        running.aip.faults(cancel_takes_ms=3_600_000)
+        op_id = running.submit("n/ack-no-token", args(seconds=600), wait_budget_s=WAIT_BUDGET_S)
+        op = fleet.wait_state(op_id, S.WORKING, timeout=30)
+        assert op.wait_deadline is not None
+        fleet.send("longcall.cancel", op_id=str(op_id))
+        assert fleet.ledger.get(op_id).state is S.CANCEL_REQUESTED
+        hot = HotState(fleet_parts.redis_client, prefix=f"{fleet_parts.broker_prefix}longcall:")
+        assert hot.hold(AIP_SERVER, LONG_HOLD_S) > LONG_HOLD_S - 1  # no token for anything from here on
+        deadline = op.wait_deadline.timestamp()
+        handed = fleet.wait_state(op_id, S.MANUAL_RECONCILIATION, timeout=deadline - time.time() + 10)
+        handed_at = time.time()
+        records = fleet.ledger.reconciliations_for(op_id)
+        cancels = running.requests("CancelOperation")
+
+    assert handed.state is S.MANUAL_RECONCILIATION
+    assert handed_at <= deadline + 5.0, f"handed over {handed_at - deadline:.1f} s after the wait budget"
+    assert [r.reason for r in records] == [ReconciliationReason.DEADLINE_EXCEEDED]
+    detail = records[0].detail
+    assert "acknowledged" in detail["why"], detail
+    assert "no control token" in detail["why"], detail
+    assert len(cancels) == 1, cancels  # acknowledged once, never sent again
+
+
+@pytest.mark.slow
+def test_a_cancel_refused_with_retry_after_past_the_wait_budget_gets_its_final_status_read(
+    fleet_parts: FleetParts,
+) -> None:
+    """Every CancelOperation gets 503 with a Retry-After of 2 s (held fleet-wide). Past the wait budget the
+    last refused cancel is followed, as every other unsent cancel is, by one status read once the hold is
+    over: the operator is told the operation's server state, and the read was not sent inside the hold."""
+    retry_after_s = 2
+    with running_aip_fleet(fleet_parts) as running:
+        fleet = running.fleet
+        running.aip.faults(status_503={"CancelOperation": {"count": ALWAYS, "retry_after_s": retry_after_s}})
+        op_id = running.submit("n/cancel-503-ra", args(seconds=600), wait_budget_s=WAIT_BUDGET_S)
+        op = fleet.wait_state(op_id, S.WORKING, timeout=30)
+        assert op.wait_deadline is not None
+        fleet.send("longcall.cancel", op_id=str(op_id))
+        deadline = op.wait_deadline.timestamp()
+        handed = fleet.wait_state(op_id, S.MANUAL_RECONCILIATION, timeout=WAIT_BUDGET_S + 20)
+        handed_at = time.time()
+        support.wait_for("a second after the hand-over", lambda: time.time() >= handed_at + 1.0, timeout=5)
+        records = fleet.ledger.reconciliations_for(op_id)
+        log = running.requests()
+
+    assert handed_at <= deadline + retry_after_s + 5.0, f"handed over {handed_at - deadline:.1f} s late"
+    assert [r.reason for r in records] == [ReconciliationReason.DEADLINE_EXCEEDED]
+    detail = records[0].detail
+    assert "could not be sent" in detail["why"], detail
+    assert detail["server_state"] is not None, detail  # the final status read was made
+    cancels = [e for e in log if e["rpc"] == "CancelOperation"]
+    last_cancel = cancels[-1]
+    reads = [e for e in log if e["rpc"] == "GetOperation" and e["t"] > last_cancel["t"]]
+    assert len(reads) == 1, f"one final status read after the last refused cancel: {reads}"
+    assert not reads[0]["inside_retry_after"], reads
+    assert [e for e in log if e["t"] > handed_at] == [], "a request after the hand-over"
+    assert handed.remote_id is not None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import random
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from adapters import (
@@ -148,21 +149,22 @@ def send(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
     adapter = ctx.adapter(op)
     budget = ctx.request_budget(op.server, "control")
     answered = _answer_event(ctx, op)
-    if answered is not None:
+    if answered is not None and (answered.answer != _UNSENT or _budget_spent(ctx, op)):
         # The server took (or refused) this generation's cancel already: sending it again tells nothing new.
         # The outcome is polled for, on the control budget, until the operation is done or its wait budget
-        # runs out (then an operator decides).
+        # runs out (then an operator decides). A cancel that could not be sent past the wait deadline is
+        # not sent again either: its one final status read, put off by the server's wait, is made now.
         return _after(
             ctx,
             op,
             fence,
             adapter,
             None,
-            event=EventKind.CANCEL_PENDING,
-            detail={_ANSWER: answered[0]},
+            event=EventKind.CANCEL_FAILED if answered.answer == _UNSENT else EventKind.CANCEL_PENDING,
+            detail={_ANSWER: answered.answer, **({"error": answered.error} if answered.error else {})},
             budget=budget,
             quiet=True,
-            answered_at=answered[1],
+            answered_at=answered.at,
         )
     try:
         outcome = adapter.cancel(
@@ -234,12 +236,26 @@ _ANSWER = "cancel_answer"
 _ANSWERED = ("acknowledged", "refused", "already_terminal")
 #: :data:`_ANSWER` of a cancel that could not be sent (or its answer was lost) past the wait deadline.
 _UNSENT = "unsent"
+#: Past the wait deadline, how long the one final status read after a cancel that could not be sent may
+#: wait for a control token (the server's Retry-After to that cancel, held fleet-wide); a longer wait, or
+#: no token then either: an operator decides without it.
+FINAL_READ_WAIT_S = 30.0
 
 
-def _answer_event(ctx: StepContext, op: Operation) -> tuple[str, dt.datetime] | None:
-    """The server's answer to this generation's cancel request in this epoch and when it was recorded, when
-    it was an acknowledgement or a refusal (see :data:`_ANSWER`); None when the request is still to be
-    sent."""
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """The server's answer to this generation's cancel request (see :data:`_ANSWER`), when it was recorded,
+    and the error that kept it from being sent (for :data:`_UNSENT`)."""
+
+    answer: str
+    at: dt.datetime
+    error: str | None
+
+
+def _answer_event(ctx: StepContext, op: Operation) -> _Answer | None:
+    """The server's answer to this generation's cancel request in this epoch, when it was an
+    acknowledgement or a refusal, or the request could not be sent past the wait deadline (its final status
+    read put off); None when the request is still to be sent."""
     for event in reversed(ctx.ledger.events(op.id)):
         if (
             event["cancel_generation"] != op.cancel_generation
@@ -247,9 +263,9 @@ def _answer_event(ctx: StepContext, op: Operation) -> tuple[str, dt.datetime] | 
         ):
             break
         detail = event.get("detail")
-        if isinstance(detail, Mapping) and detail.get(_ANSWER) in _ANSWERED:
-            at: dt.datetime = event["at"]
-            return str(detail[_ANSWER]), at
+        if isinstance(detail, Mapping) and detail.get(_ANSWER) in (*_ANSWERED, _UNSENT):
+            error = detail.get("error")
+            return _Answer(str(detail[_ANSWER]), event["at"], str(error) if error is not None else None)
     return None
 
 
@@ -277,7 +293,9 @@ def _after(
         try:
             status = adapter.get(remote_ref(op), read_input=False, budget=budget)
         except NoToken as no_token:
-            return _read_later(ctx, op, fence, no_token, event=event, detail=detail, quiet=quiet)
+            return _read_later(
+                ctx, op, fence, no_token, event=event, detail=detail, quiet=quiet, answered_at=answered_at
+            )
         except NotFound as exc:
             return not_found(ctx, op, fence, exc)
         except AdapterError as exc:
@@ -314,20 +332,31 @@ def _read_later(
     event: EventKind,
     detail: Mapping[str, Any],
     quiet: bool,
+    answered_at: dt.datetime | None,
 ) -> StepOutcome:
     """No control token for the status read. Its cancel answered in this step: the answer is recorded (an
     event with :data:`_ANSWER`), so the step that comes back reads the status and never sends the cancel
-    again. Already recorded: the step is rescheduled as any step without a token. A cancel that could
-    not be sent past the wait deadline, whose status cannot be read either: an operator decides."""
-    if detail.get(_ANSWER) == _UNSENT:
+    again. Already recorded: the step is rescheduled as any step without a token (never past the wait
+    deadline, :meth:`~workers.steps.context.StepContext.reschedule`).
+
+    Past the wait deadline the wait ends here, whatever keeps the token away: an operator decides
+    (DEADLINE_EXCEEDED, no token for the read named). One exception, so that every cancel that could not be
+    sent gets its final status read: a cancel refused just now with a server's wait (its Retry-After, held
+    fleet-wide) is read once after that wait, when it is at most :data:`FINAL_READ_WAIT_S`."""
+    if _budget_spent(ctx, op):
+        if detail.get(_ANSWER) == _UNSENT and not quiet and no_token.wait_s <= FINAL_READ_WAIT_S:
+            delay = no_token.wait_s + random.uniform(0.0, 0.05)  # noqa: S311 - spreading load, not a secret
+            return ctx.reschedule(
+                op, fence, delay, event, {**detail, "no_token_s": round(no_token.wait_s, 3)}
+            )
         return _never_carried_out(
             ctx,
             op,
             fence,
             detail,
-            answered_at=None,
+            answered_at=answered_at,
             status=None,
-            error="no control token for the status read",
+            error=f"no control token for the status read (none for {no_token.wait_s:.1f} s more)",
         )
     if quiet:
         raise no_token
