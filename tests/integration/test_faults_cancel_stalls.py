@@ -1,4 +1,4 @@
-"""Two ways a cancel stalled in CANCEL_REQUESTED (hardening, H14).
+"""Ways a cancel stalled in CANCEL_REQUESTED (hardening, H14 and the brief after it).
 
 1. A cancel that cannot be sent: the AIP-151 demo server answers 503 to every ``CancelOperation``. Before
    the operation's wait budget ends it is retried (a 503 decided nothing); past it, the status read decides:
@@ -8,6 +8,12 @@
    after the cancel is charged as the step's follow-up, and a step whose read finds no token reads later
    and never sends the cancel again. AIP-151: ``test_gate.py::test_an_aip151_cancel_on_a_slow_control_
    budget_ends``; the MCP tasks extension (its cancel is an acknowledgement too) here.
+3. A cancel acknowledged whose status read then never gets a control token (a fleet-wide hold outlasting
+   the wait budget): it ends at the wait budget with an operator (DEADLINE_EXCEEDED, no token named), the
+   cancel sent once; before, it was rescheduled silently for as long as the token stayed away.
+4. A cancel refused past the wait budget with a Retry-After: its one final status read is made after that
+   wait, as for every other cancel that could not be sent; before, the hold made the read find no token
+   and the operator was told nothing of the operation's state.
 
 Real worker processes, beat, Postgres, Redis and the demo server.
 """

@@ -1,6 +1,8 @@
 """A server's Retry-After holds for the whole fleet (hardening, H11 item 1): once a server answers a 429
 with a delay, no worker sends that server anything (poll or control traffic) until the delay is over, and
 a cancel asked for meanwhile is sent right after it, not lost.
+A very long Retry-After (a day, or an HTTP-date far ahead) is held at most ``MAX_SERVER_WAIT_S``, and an
+operation whose wait budget ends inside the hold goes to its deadline path then.
 
 Measured in the demo servers' own logs: the AIP-151 server flags every request that arrived while a
 Retry-After it gave was still running (``inside_retry_after``); for the MCP server the window is taken
