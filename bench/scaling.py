@@ -110,10 +110,12 @@ def report(args: argparse.Namespace, runs: list[dict[str, Any]]) -> bool:
     )
     for r in runs:
         cpu = r["worker_cpu_ms_per_poll"]
+        cpu_text = "-" if cpu is None else f"{cpu:.2f}"
         peaks = ", ".join(f"{budget} {count}" for budget, count in sorted(r["peak_requests_per_s"].items()))
         print(
             f"  {r['processes']} worker process(es), budgets {r['qps']:g}/s:"
-            f" {r['polls_per_s']:.1f} polls/s ({r['polls']} in {r['window_s']:.1f} s), worker CPU {cpu if cpu is None else f'{cpu:.2f}'} ms/poll;"
+            f" {r['polls_per_s']:.1f} polls/s ({r['polls']} in {r['window_s']:.1f} s),"
+            f" worker CPU {cpu_text} ms/poll;"
             f" highest requests in any 1 s by budget: {peaks}"
         )
     print()
