@@ -41,11 +41,10 @@ integration: services browser install
 conformance: services install peers
 	$(BIN)/pytest tests/conformance -v
 
-## bench: the issue-4 benchmarks and issue 10's (AIP-151 vs google-api-core); PASS/FAIL, not in `make test`
+## bench: every benchmark (bench/run_all.py): each figure with its target, the 100k-operation model, a
+## PASS/FAIL summary; exits non-zero when a target fails. `make bench BENCH_ARGS=--quick`: a short run
 bench: services install
-	$(BIN)/python bench/dispatch_scale.py
-	$(BIN)/python bench/lifecycle.py
-	$(BIN)/python bench/aip_vs_api_core.py
+	$(BIN)/python bench/run_all.py $(BENCH_ARGS)
 
 ## fleet: the demo MCP server, a worker and beat on the local Postgres and Redis (see README)
 fleet: services install

@@ -1105,7 +1105,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--idle-s", type=float, default=6.0)
     parser.add_argument("--baseline-s", type=float, default=3.0, help="Postgres baseline duration")
-    parser.add_argument("--noop-n", type=int, default=1500, help="no-op tasks per baseline batch")
+    parser.add_argument("--noop-n", type=int, default=1000, help="no-op tasks per baseline batch")
     parser.add_argument("--noop-reps", type=int, default=3, help="batches per events setting (median)")
     parser.add_argument("--unchanged", type=int, default=60, help="operations polled unchanged")
     parser.add_argument("--unchanged-s", type=float, default=10.0, help="the unchanged-poll window")
