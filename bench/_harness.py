@@ -22,6 +22,7 @@ from typing import TypeVar
 
 import psycopg
 import redis
+from _apps import PIPELINE_QUEUE
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = Path(__file__).resolve().parent
@@ -293,3 +294,47 @@ def target(name: str, measured: float, op: str, goal: float, unit: str = "") -> 
 def scaling_input(key: str, value: float, unit: str, what: str) -> None:
     """Print one figure the 100,000-operation model (``bench/run_all.py``, docs/scaling.md) is built from."""
     print(f"SCALING INPUT {key} = {value:.6g} {unit}  # {what}")
+
+
+# ------------------------------------------------------------------------------------------- a fleet
+
+LONGCALL_QUEUES = "longcall.control,longcall.poll,longcall.outbox"
+
+
+def start_longcall_fleet(
+    children: dict[str, Child],
+    *,
+    log_dir: Path,
+    longcall_env: Mapping[str, str],
+    workers: int,
+    concurrency: int,
+    redis_url: str,
+    prefix: str,
+    sink: str,
+    app: str = "workers.app",
+    queues: str = LONGCALL_QUEUES,
+) -> None:
+    """``workers`` longcall workers (``longcall0``, ...; Celery app ``app`` on ``queues``), beat, and the
+    pipeline worker (``_apps:pipeline``, recording receipts on the Redis list ``sink``), each added to
+    ``children`` once started, so the caller's ``finally`` stops whatever did start."""
+    for index in range(workers):
+        name = f"longcall{index}"
+        children[name] = start_child(
+            celery_worker_argv(app, queues=queues, name=name, concurrency=concurrency),
+            env=longcall_env,
+            log_dir=log_dir,
+            name=name,
+            ready=logged(" ready."),
+        )
+    beat = [sys.executable, "-m", "celery", "-A", "workers.app", "beat"]
+    beat += ["-s", str(log_dir / "beat-schedule"), "--loglevel", "INFO"]
+    children["beat"] = start_child(
+        beat, env=longcall_env, log_dir=log_dir, name="beat", ready=logged("beat: Starting")
+    )
+    children["pipeline"] = start_child(
+        celery_worker_argv("_apps:pipeline", queues=PIPELINE_QUEUE, name="pipeline", concurrency=1),
+        env={"BENCH_BROKER_URL": redis_url, "BENCH_KEYPREFIX": prefix, "BENCH_SINK": sink},
+        log_dir=log_dir,
+        name="pipeline",
+        ready=logged(" ready."),
+    )

@@ -59,12 +59,11 @@ import psycopg
 from _apps import PIPELINE_QUEUE, make_pipeline
 from _harness import (
     Child,
-    celery_worker_argv,
     database_url,
     free_port,
-    logged,
     raise_on_sigterm,
     start_child,
+    start_longcall_fleet,
     verdict,
     wait_for,
 )
@@ -72,7 +71,7 @@ from celery import Celery
 from google.api_core import exceptions as api_exceptions
 from google.api_core import operation as api_operation
 from google.api_core import retry as api_retry
-from lifecycle import LONGCALL_QUEUES, Services, alarm, services
+from lifecycle import Services, alarm, services
 
 from demo_server.aip151_command import command as aip_server_command
 
@@ -280,34 +279,16 @@ def running_fleet(
             "LONGCALL_BROKER_KEYPREFIX": svc.prefix,
             "LONGCALL_CONFIG": str(config),
         }
-        for index in range(args.workers):
-            name = f"longcall{index}"
-            argv = celery_worker_argv(
-                "workers.app", queues=LONGCALL_QUEUES, name=name, concurrency=args.concurrency
-            )
-            children[name] = start_child(argv, env=env, log_dir=log_dir, name=name, ready=logged(" ready."))
-        beat = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "workers.app",
-            "beat",
-            "-s",
-            str(log_dir / "beat-schedule"),
-            "--loglevel",
-            "INFO",
-        ]
-        children["beat"] = start_child(
-            beat, env=env, log_dir=log_dir, name="beat", ready=logged("beat: Starting")
-        )
         sink = f"{svc.prefix}sink"
-        children["pipeline"] = start_child(
-            celery_worker_argv("_apps:pipeline", queues=PIPELINE_QUEUE, name="pipeline", concurrency=1),
-            env={"BENCH_BROKER_URL": svc.redis_url, "BENCH_KEYPREFIX": svc.prefix, "BENCH_SINK": sink},
+        start_longcall_fleet(
+            children,
             log_dir=log_dir,
-            name="pipeline",
-            ready=logged(" ready."),
+            longcall_env=env,
+            workers=args.workers,
+            concurrency=args.concurrency,
+            redis_url=svc.redis_url,
+            prefix=svc.prefix,
+            sink=sink,
         )
         client = make_pipeline(svc.redis_url, svc.prefix, sink)
         yield Fleet(client, sink, svc, children)

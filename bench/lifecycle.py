@@ -77,20 +77,20 @@ import psycopg
 import redis
 from _apps import NOOP_QUEUE, PIPELINE_QUEUE, make_pipeline, noop_counter
 from _harness import (
+    LONGCALL_QUEUES,
     Child,
     backend_pids,
-    celery_worker_argv,
     command_calls,
     cpu_seconds,
     database_url,
     delete_prefixed,
     free_port,
     fresh_database,
-    logged,
     percentile,
     raise_on_sigterm,
     scaling_input,
     start_child,
+    start_longcall_fleet,
     start_private_redis,
     target,
     wait_for,
@@ -103,7 +103,6 @@ from ledger.repository import Ledger
 from workers.app import celery_config
 from workers.settings import Settings
 
-LONGCALL_QUEUES = "longcall.control,longcall.poll,longcall.outbox"
 RECEIVED = re.compile(r"Task (\S+)\[[^\]]+\] received")
 BEAT_SENT = re.compile(r"Sending due task \S+ \((\S+)\)")
 SUCCEEDED = re.compile(
@@ -311,47 +310,20 @@ def running_fleet(args: argparse.Namespace, log_dir: Path, svc: Services) -> Ite
             "LONGCALL_BROKER_KEYPREFIX": svc.prefix,
             "LONGCALL_CONFIG": str(config),
         }
-        for index in range(args.workers):
-            name = f"longcall{index}"
-            # longcall's own app plus the counting no-op (bench/_apps.py): the Celery baseline runs in
-            # these very processes.
-            children[name] = start_child(
-                celery_worker_argv(
-                    "_apps:longcall",
-                    queues=f"{LONGCALL_QUEUES},{NOOP_QUEUE}",
-                    name=name,
-                    concurrency=args.concurrency,
-                ),
-                env={**longcall_env, "BENCH_LONGCALL_NOOP": "1"},
-                log_dir=log_dir,
-                name=name,
-                ready=logged(" ready."),
-            )
-        children["beat"] = start_child(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "workers.app",
-                "beat",
-                "-s",
-                str(log_dir / "beat-schedule"),
-                "--loglevel",
-                "INFO",
-            ],
-            env=longcall_env,
-            log_dir=log_dir,
-            name="beat",
-            ready=logged("beat: Starting"),
-        )
         sink = f"{svc.prefix}sink"
-        children["pipeline"] = start_child(
-            celery_worker_argv("_apps:pipeline", queues=PIPELINE_QUEUE, name="pipeline", concurrency=1),
-            env={"BENCH_BROKER_URL": svc.redis_url, "BENCH_KEYPREFIX": svc.prefix, "BENCH_SINK": sink},
+        # longcall's own app plus the counting no-op (bench/_apps.py): the Celery baseline runs in the
+        # very processes that run the steps.
+        start_longcall_fleet(
+            children,
             log_dir=log_dir,
-            name="pipeline",
-            ready=logged(" ready."),
+            longcall_env={**longcall_env, "BENCH_LONGCALL_NOOP": "1"},
+            workers=args.workers,
+            concurrency=args.concurrency,
+            redis_url=svc.redis_url,
+            prefix=svc.prefix,
+            sink=sink,
+            app="_apps:longcall",
+            queues=f"{LONGCALL_QUEUES},{NOOP_QUEUE}",
         )
         client = make_pipeline(svc.redis_url, svc.prefix, sink)
         settings = Settings(
