@@ -142,7 +142,8 @@ def test_an_acknowledged_cancel_whose_status_read_never_gets_a_token_ends_at_the
     with running_aip_fleet(fleet_parts) as running:
         fleet = running.fleet
         running.aip.faults(cancel_takes_ms=3_600_000)
-        op_id = running.submit("n/ack-no-token", args(seconds=600), wait_budget_s=WAIT_BUDGET_S)
+        # A longer budget than the others': the hold is set well before it ends, even on a loaded machine.
+        op_id = running.submit("n/ack-no-token", args(seconds=600), wait_budget_s=2 * WAIT_BUDGET_S)
         op = fleet.wait_state(op_id, S.WORKING, timeout=30)
         assert op.wait_deadline is not None
         fleet.send("longcall.cancel", op_id=str(op_id))
@@ -150,6 +151,7 @@ def test_an_acknowledged_cancel_whose_status_read_never_gets_a_token_ends_at_the
         hot = HotState(fleet_parts.redis_client, prefix=f"{fleet_parts.broker_prefix}longcall:")
         assert hot.hold(AIP_SERVER, LONG_HOLD_S) > LONG_HOLD_S - 1  # no token for anything from here on
         deadline = op.wait_deadline.timestamp()
+        assert time.time() < deadline - 1.0, "the hold was set too late to test the wait for a token"
         handed = fleet.wait_state(op_id, S.MANUAL_RECONCILIATION, timeout=deadline - time.time() + 10)
         handed_at = time.time()
         records = fleet.ledger.reconciliations_for(op_id)
