@@ -20,8 +20,10 @@ What each figure means (``workers.launch_gate`` sets them against the targets):
   ``accepted_at`` (cancelled, or the completion that won the race); a cancel with no receipt yet counts
   with its age so far (a lower bound), so a cancel that never ends cannot hide.
 - UNKNOWN age: each reconciliation record (what no rule decided), from ``opened_at`` to ``resolved_at``
-  (open: to now), and each operation in SUBMISSION_UNKNOWN without an open record (from the event that
-  moved it there); overdue = an open record past its ``deadline``.
+  (open: to now); each SUBMISSION_UNKNOWN that ended without an operator (an AIP-151 create found by its
+  request id, a proof of never created: no record), from the event into it to the event out of it (one
+  handed to an operator counts once, by its record); and each operation in SUBMISSION_UNKNOWN now without
+  an open record (from the event that moved it there); overdue = an open record past its ``deadline``.
 - Downstream advances: dispatched ``terminal`` outbox rows of live operations (a shadow operation's row
   names no task: nothing reaches the pipeline); traceable = its receipt exists, belongs to the same
   operation, and is the receipt its payload delivered (``payload.receipt.receipt_id``).
@@ -226,6 +228,20 @@ SELECT 'op ' || c.op_id || ' (record ' || c.id || ', ' || c.reason
   greatest(0.0, extract(epoch FROM coalesce(c.resolved_at, now()) - c.opened_at)::float8) AS lag_s,
   c.resolved_at IS NULL AS open
 FROM reconciliation c
+UNION ALL
+SELECT 'op ' || o.id || ' (SUBMISSION_UNKNOWN, ' || o.server || ', resolved: ' || x.kind || ')' AS name,
+  greatest(0.0, extract(epoch FROM x.at - e.at)::float8) AS lag_s,
+  false AS open
+FROM operation_event e
+JOIN tool_operation o ON o.id = e.op_id
+CROSS JOIN LATERAL (
+  SELECT l.kind, l.at, l.to_state FROM operation_event l
+  WHERE l.op_id = e.op_id AND l.seq > e.seq AND l.from_state = 'SUBMISSION_UNKNOWN'
+    AND l.to_state IS DISTINCT FROM 'SUBMISSION_UNKNOWN'
+  ORDER BY l.seq LIMIT 1
+) x
+WHERE e.to_state = 'SUBMISSION_UNKNOWN' AND e.from_state IS DISTINCT FROM 'SUBMISSION_UNKNOWN'
+  AND x.to_state IS DISTINCT FROM 'MANUAL_RECONCILIATION'
 UNION ALL
 SELECT 'op ' || o.id || ' (SUBMISSION_UNKNOWN, ' || o.server || ')' AS name,
   greatest(0.0, extract(epoch FROM now() - coalesce(

@@ -219,7 +219,8 @@ def _unknown_age(lags: LagFigures) -> Criterion:
     passed = lags.p99_s is None or lags.p99_s < UNKNOWN_P99_S
     return Criterion(
         "UNKNOWN reconciliation age p99",
-        f"{_p99(lags)} (records opened to resolved; open ones, SUBMISSION_UNKNOWN by age)",
+        f"{_p99(lags)} (records opened to resolved; SUBMISSION_UNKNOWN ended without an operator, in to out; "
+        "open ones by age)",
         f"< {UNKNOWN_P99_S / 60:g} min",
         passed,
         [] if passed else _named(lags.over),

@@ -132,8 +132,18 @@ def add_shadow(ledger: Ledger, call_node_id: str, legacy: str, longcall: str) ->
         )
 
 
-def add_event(ledger: Ledger, op_id: uuid.UUID, kind: str, *, ago_s: float = 0.0, **detail: Any) -> None:
-    """One event appended to the operation's series (setup only), ``ago_s`` seconds ago."""
+def add_event(
+    ledger: Ledger,
+    op_id: uuid.UUID,
+    kind: str,
+    *,
+    ago_s: float = 0.0,
+    moved: tuple[S, S] | None = None,
+    **detail: Any,
+) -> None:
+    """One event appended to the operation's series (setup only), ``ago_s`` seconds ago; ``moved``: the
+    transition it records (from, to)."""
+    from_state, to_state = (moved[0].value, moved[1].value) if moved is not None else (None, None)
     with ledger.engine.begin() as conn:
         seq = conn.execute(
             text("UPDATE tool_operation SET event_seq = event_seq + 1 WHERE id = :id RETURNING event_seq"),
@@ -141,10 +151,19 @@ def add_event(ledger: Ledger, op_id: uuid.UUID, kind: str, *, ago_s: float = 0.0
         ).scalar_one()
         conn.execute(
             text(
-                "INSERT INTO operation_event (op_id, seq, at, kind, detail) "
-                "VALUES (:id, :seq, now() - make_interval(secs => :ago), :kind, CAST(:detail AS jsonb))"
+                "INSERT INTO operation_event (op_id, seq, at, kind, from_state, to_state, detail) "
+                "VALUES (:id, :seq, now() - make_interval(secs => :ago), :kind, :from_state, :to_state, "
+                "CAST(:detail AS jsonb))"
             ),
-            {"id": op_id, "seq": seq, "ago": ago_s, "kind": kind, "detail": json.dumps(detail)},
+            {
+                "id": op_id,
+                "seq": seq,
+                "ago": ago_s,
+                "kind": kind,
+                "from_state": from_state,
+                "to_state": to_state,
+                "detail": json.dumps(detail),
+            },
         )
 
 
@@ -379,6 +398,38 @@ def test_old_and_overdue_unknowns_fail_naming_the_operations(
         )
     criterion = gate(ledger, settings, redis_client)["UNKNOWN reconciliation age p99"]
     assert f"op {stuck.id} (SUBMISSION_UNKNOWN, reports)" in " ".join(criterion.behind)
+
+
+def test_an_unknown_resolved_without_an_operator_counts_with_its_age_and_an_operator_one_once(
+    ledger: Ledger, settings: Settings, redis_client: redis.Redis
+) -> None:
+    """An AIP-151 create whose answer was lost goes SUBMISSION_UNKNOWN and is found by its request id, with
+    no reconciliation record: that UNKNOWN's age (into SUBMISSION_UNKNOWN to out of it) counts even after it
+    ended. (Before: only an operation still in SUBMISSION_UNKNOWN counted, so a 20-minute UNKNOWN vanished
+    from the gate the moment it resolved.) An UNKNOWN handed to an operator counts once, by its record."""
+    add_simulation(ledger)
+    slow = place(ledger, S.WORKING)
+    add_event(ledger, slow.id, "submission_unknown", ago_s=1300, moved=(S.SUBMITTING, S.SUBMISSION_UNKNOWN))
+    add_event(ledger, slow.id, "found_by_key", ago_s=100, moved=(S.SUBMISSION_UNKNOWN, S.WORKING))
+    quick = place(ledger, S.WORKING)
+    add_event(ledger, quick.id, "submission_unknown", ago_s=30, moved=(S.SUBMITTING, S.SUBMISSION_UNKNOWN))
+    add_event(ledger, quick.id, "found_by_key", ago_s=28, moved=(S.SUBMISSION_UNKNOWN, S.WORKING))
+    operator = place(ledger, S.WORKING)
+    add_event(ledger, operator.id, "submission_unknown", ago_s=61, moved=(S.SUBMITTING, S.SUBMISSION_UNKNOWN))
+    add_event(
+        ledger,
+        operator.id,
+        "manual_reconciliation",
+        ago_s=60,
+        moved=(S.SUBMISSION_UNKNOWN, S.MANUAL_RECONCILIATION),
+    )
+    add_record(ledger, operator.id, opened_ago_s=60, resolved_ago_s=10, deadline_in_s=840)
+    criterion = gate(ledger, settings, redis_client)["UNKNOWN reconciliation age p99"]
+    assert not criterion.passed
+    assert criterion.measured.startswith("1200.")  # each event's now() is its own transaction's
+    assert " s over 3 " in criterion.measured  # slow, quick, and the operator's record (not its episode)
+    [named] = criterion.behind
+    assert named.startswith(f"op {slow.id} (SUBMISSION_UNKNOWN, reports, resolved: found_by_key): 1200.")
 
 
 def test_an_advance_that_does_not_carry_its_receipt_fails_naming_the_outbox_row(
