@@ -49,15 +49,48 @@ def last_run(ledger: Ledger) -> SimulationRunRow | None:
     return SimulationRunRow(**row._mapping) if row is not None else None
 
 
-def receipts_of_call_node(ledger: Ledger, call_node_id: str) -> list[dict[str, Any]]:
-    with ledger.engine.begin() as conn:
-        rows = conn.execute(select(RECEIPT).where(RECEIPT.c.call_node_id == call_node_id)).mappings()
-        return [dict(r) for r in rows]
+@dataclass(frozen=True)
+class SeriesFacts:
+    """What the per-series checks read of the ledger, in one transaction (one snapshot, one round of
+    BEGIN/COMMIT instead of one per read)."""
+
+    state: str
+    receipts: list[dict[str, Any]]
+    operations: int
+    cancel_accepted: bool
+    deliveries: list[dict[str, Any]]
 
 
-def operations_of_call_node(ledger: Ledger, call_node_id: str) -> int:
+def series_facts(ledger: Ledger, op_id: uuid.UUID, call_node_id: str) -> SeriesFacts:
+    """The operation's state, its call node's receipts and operation rows, whether a cancel was accepted in
+    its history, and its terminal outbox rows (ready or dispatched: every row is delivered at
+    least once), each terminal row's receipt as its payload names it."""
     with ledger.engine.begin() as conn:
-        return int(conn.execute(select(func.count()).where(OP.c.call_node_id == call_node_id)).scalar_one())
+        state = conn.execute(select(OP.c.state).where(OP.c.id == op_id)).scalar_one()
+        receipts = [
+            dict(r)
+            for r in conn.execute(select(RECEIPT).where(RECEIPT.c.call_node_id == call_node_id)).mappings()
+        ]
+        operations = conn.execute(select(func.count()).where(OP.c.call_node_id == call_node_id)).scalar_one()
+        cancels = conn.execute(
+            select(func.count()).where(EVENT.c.op_id == op_id, EVENT.c.to_state == "CANCELLED_ACCEPTED")
+        ).scalar_one()
+        rows = conn.execute(
+            select(OUTBOX.c.receipt_id, OUTBOX.c.payload).where(
+                OUTBOX.c.op_id == op_id, OUTBOX.c.kind == "terminal"
+            )
+        ).all()
+    return SeriesFacts(
+        state=str(state),
+        receipts=receipts,
+        operations=int(operations),
+        cancel_accepted=int(cancels) > 0,
+        deliveries=[_delivery(r.receipt_id, r.payload) for r in rows],
+    )
+
+
+def _delivery(receipt_id: Any, payload: Any) -> dict[str, Any]:
+    return {**dict((payload or {}).get("receipt") or {}), "row_receipt_id": receipt_id}
 
 
 def open_reasons(ledger: Ledger, op_id: uuid.UUID) -> list[str]:
@@ -86,27 +119,3 @@ def relax_durability(ledger: Ledger) -> None:
         name = conn.execute(select(func.current_database())).scalar_one()
         conn.exec_driver_sql(f'ALTER DATABASE "{name}" SET synchronous_commit = off')
     ledger.engine.dispose()
-
-
-def terminal_deliveries(ledger: Ledger, op_id: uuid.UUID) -> list[dict[str, Any]]:
-    """What the outbox holds to advance downstream for ``op_id`` (ready or dispatched: every row is
-    delivered at least once): each terminal row's receipt as its payload names it."""
-    with ledger.engine.begin() as conn:
-        rows = conn.execute(
-            select(OUTBOX.c.receipt_id, OUTBOX.c.payload).where(
-                OUTBOX.c.op_id == op_id, OUTBOX.c.kind == "terminal"
-            )
-        ).all()
-    return [{**dict((r.payload or {}).get("receipt") or {}), "row_receipt_id": r.receipt_id} for r in rows]
-
-
-def cancel_was_accepted(ledger: Ledger, op_id: uuid.UUID) -> bool:
-    """Whether the operation's history holds an accepted cancel (whatever its receipt says now)."""
-    with ledger.engine.begin() as conn:
-        found = conn.execute(
-            select(func.count()).where(
-                EVENT.c.op_id == op_id,
-                EVENT.c.to_state == "CANCELLED_ACCEPTED",
-            )
-        ).scalar_one()
-    return int(found) > 0

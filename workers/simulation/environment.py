@@ -3,13 +3,14 @@ settings' Redis under a prefix of its own, and the series spread over worker pro
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import multiprocessing
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from sqlalchemy.engine import make_url
@@ -56,35 +57,53 @@ def prepare_database(database_url: str) -> None:
         ledger.dispose()
 
 
+def run_prefix(settings: Settings) -> str:
+    """A run's Redis key prefix: the settings' broker prefix, then one of the run's own."""
+    return f"{settings.broker_keyprefix}longcall-sim-{uuid.uuid4().hex[:8]}:"
+
+
+def clear_prefix(hot: HotState, prefix: str) -> None:
+    """Every series has a server of its own: their buckets and holds go with the run."""
+    for batch in _batches(hot.client.scan_iter(match=f"{prefix}*", count=1000), 1000):
+        hot.client.delete(*batch)
+
+
 @contextmanager
-def simulation_for(settings: Settings, database_url: str, *, prepare: bool = True) -> Iterator[Simulation]:
+def simulation_for(
+    settings: Settings, database_url: str, *, prepare: bool = True, prefix: str | None = None
+) -> Iterator[Simulation]:
     """A :class:`Simulation` on ``database_url`` (created and migrated unless ``prepare`` is False) and the
-    settings' Redis, under a key prefix of its own."""
+    settings' Redis, under a key prefix of its own, cleared on the way out (unless ``prefix`` is given: the
+    run's, which its owner clears)."""
     if prepare:
         prepare_database(database_url)
     ledger = Ledger.from_url(database_url, reconcile_deadline_s=settings.reconcile_deadline_s, pool_size=2)
-    prefix = f"{settings.broker_keyprefix}longcall-sim-{uuid.uuid4().hex[:8]}:"
-    hot = HotState.from_url(settings.redis_url, prefix=prefix)
+    hot = HotState.from_url(settings.redis_url, prefix=prefix or run_prefix(settings))
     try:
         yield Simulation(settings, ledger, hot)
     finally:
-        # Every series has a server of its own: their buckets and meters go with the run.
-        for batch in _batches(hot.client.scan_iter(match=f"{prefix}*", count=1000), 1000):
-            hot.client.delete(*batch)
+        if prefix is None:
+            clear_prefix(hot, hot.prefix)
         hot.close()
         ledger.dispose()
 
 
-def _chunk(
-    settings_json: dict[str, Any],
-    database_url: str,
-    seed: int,
-    indexes: list[int],
-    protocols: tuple[Protocol, ...],
-) -> list[SeriesResult]:
+#: A worker process's one simulation (its engine, its statement caches, its connections), kept for every
+#: chunk the process runs, closed when the process exits.
+_PROCESS: dict[str, Simulation] = {}
+
+
+def _start_worker(settings_json: dict[str, Any], database_url: str, prefix: str) -> None:
+    stack = ExitStack()
     settings = Settings.model_validate(settings_json)
-    with simulation_for(settings, database_url, prepare=False) as simulation:
-        return run(simulation, seed=seed, indexes=indexes, protocols=protocols).results
+    _PROCESS["simulation"] = stack.enter_context(
+        simulation_for(settings, database_url, prepare=False, prefix=prefix)
+    )
+    atexit.register(stack.close)
+
+
+def _chunk(seed: int, indexes: list[int], protocols: tuple[Protocol, ...]) -> list[SeriesResult]:
+    return run(_PROCESS["simulation"], seed=seed, indexes=indexes, protocols=protocols).results
 
 
 def run_many(
@@ -107,16 +126,26 @@ def run_many(
     results: list[SeriesResult] = []
     chunks = [indexes[i : i + CHUNK] for i in range(0, len(indexes), CHUNK)]
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        futures = [
-            pool.submit(_chunk, settings.model_dump(mode="json"), database_url, seed, chunk, protocols)
-            for chunk in chunks
-        ]
-        for future in as_completed(futures):
-            for result in future.result():
-                results.append(result)
-                if progress is not None:
-                    progress(result)
+    prefix = run_prefix(settings)
+    try:
+        with ProcessPoolExecutor(
+            max_workers=workers,
+            mp_context=context,
+            initializer=_start_worker,
+            initargs=(settings.model_dump(mode="json"), database_url, prefix),
+        ) as pool:
+            futures = [pool.submit(_chunk, seed, chunk, protocols) for chunk in chunks]
+            for future in as_completed(futures):
+                for result in future.result():
+                    results.append(result)
+                    if progress is not None:
+                        progress(result)
+    finally:
+        hot = HotState.from_url(settings.redis_url, prefix=prefix)
+        try:
+            clear_prefix(hot, prefix)
+        finally:
+            hot.close()
     results.sort(key=lambda r: r.series.index)
     return Report(seed, len(results), protocols, time.monotonic() - started, results)
 

@@ -205,7 +205,7 @@ class Simulation:
         actions_until = max(series.cancel_tick or 0, *(series.duplicate_ticks or (0,)))
         for tick in range(MAX_TICKS):
             server.tick = tick
-            self._run_out_hold(series)
+            self._run_out_hold(series, server)
             for _ in range(series.duplicate_ticks.count(tick)):
                 self.ledger.record_submission(new)  # a second row would fail the check of rows per call node
             if tick == series.cancel_tick:
@@ -236,12 +236,14 @@ class Simulation:
             self.ledger.drain_outbox(delivered.append)
         return op_id
 
-    def _run_out_hold(self, series: Series) -> None:
+    def _run_out_hold(self, series: Series, server: ScriptedServer) -> None:
         """The series' clock moved on one tick: a wait its server asked for (Retry-After, held fleet-wide in
-        Redis time) has run out, as the executor's ledger schedule already assumes (never sooner than it)."""
-        hold_key = getattr(self.hot, "hold_key", None)
-        if callable(hold_key):
-            self.hot.client.delete(str(hold_key(self.server_name(series))))
+        Redis time) has run out, as the executor's ledger schedule already assumes (never sooner than it).
+        Only a server that asked for a wait since the last tick can have a hold to run out."""
+        if not server.asked_wait:
+            return
+        server.asked_wait = False
+        self.hot.client.delete(self.hot.hold_key(self.server_name(series)))
 
     @staticmethod
     def _step(executor: Executor, call: Callable[[], object]) -> None:
@@ -260,23 +262,22 @@ class Simulation:
         delivered: list[OutboxMessage],
     ) -> SeriesResult:
         expected = expect(series)
-        op = self.ledger.get(op_id)
-        receipts = runs.receipts_of_call_node(self.ledger, self.call_node_id(series))
+        facts = runs.series_facts(self.ledger, op_id, self.call_node_id(series))
+        receipts = facts.receipts
         if receipts:
             outcome = str(receipts[0]["terminal_state"])
-        elif op.state is S.MANUAL_RECONCILIATION:
+        elif facts.state == S.MANUAL_RECONCILIATION.value:
             outcome = "manual"
         else:
-            outcome = f"stalled in {op.state.value}"
+            outcome = f"stalled in {facts.state}"
         receipt_ids = {str(r["id"]) for r in receipts}
         without = 0
         late = 0
-        cancelled = runs.cancel_was_accepted(self.ledger, op_id)
-        for delivery in runs.terminal_deliveries(self.ledger, op_id):
+        for delivery in facts.deliveries:
             named = {str(delivery.get("receipt_id")), str(delivery.get("row_receipt_id"))}
             if not named <= receipt_ids:
                 without += 1
-            if cancelled and delivery.get("terminal_state") != "cancelled":
+            if facts.cancel_accepted and delivery.get("terminal_state") != "cancelled":
                 late += 1
         problems: list[str] = []
         if outcome != expected.outcome:
@@ -297,7 +298,7 @@ class Simulation:
             problems.append(
                 f"{server.updates} input replies reached the server, {int(series.ask_input)} asked"
             )
-        if runs.operations_of_call_node(self.ledger, self.call_node_id(series)) != 1:
+        if facts.operations != 1:
             problems.append("more than one operation row for the call node")
         del executor
         return SeriesResult(

@@ -52,6 +52,9 @@ class ScriptedServer:
     reads: int = 0
     result_reads: int = 0
     created_wall: str = field(default_factory=lambda: dt.datetime.now(dt.UTC).isoformat())
+    #: Whether an answer since the last tick asked the client to wait (a Retry-After): the series' clock
+    #: then runs the hold it set out (:meth:`Simulation._run_out_hold`); no other tick needs to.
+    asked_wait: bool = False
 
     @property
     def task_id(self) -> str:
@@ -104,6 +107,7 @@ class ScriptedServer:
         if self.truth.create_requests == 1:
             if fault in ("429", "429_retry_after"):
                 headers = {"retry-after": "1"} if fault == "429_retry_after" else {}
+                self.asked_wait = self.asked_wait or bool(headers)
                 return httpx.Response(
                     429, headers=headers, json={"error": {"code": 429, "message": "slow down"}}
                 )
@@ -134,6 +138,7 @@ def fault_response(fault: str, server: ScriptedServer) -> httpx.Response:
     if fault in ("429", "429_retry_after", "503", "503_retry_after"):
         status = 429 if fault.startswith("429") else 503
         headers = {"retry-after": "1"} if fault.endswith("retry_after") else {}
+        server.asked_wait = server.asked_wait or bool(headers)
         return httpx.Response(status, headers=headers, json={"error": {"code": status, "message": fault}})
     if fault == "truncated":
         return httpx.Response(
