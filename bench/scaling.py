@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--window-s", type=float, default=10.0)
     parser.add_argument("--wait-s", type=float, default=90, help="bound on every wait")
-    parser.add_argument("--max-s", type=int, default=300, help="bound on the whole run")
+    parser.add_argument("--max-s", type=int, default=540, help="bound on the whole run")
     parser.add_argument("--quick", action="store_true", help="a short run: a 5 s window")
     parser.add_argument("--keep-logs", action="store_true")
     args = parser.parse_args(argv)
