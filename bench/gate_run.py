@@ -658,7 +658,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--poll-qps", type=float, default=5, help="every server's poll budget")
     parser.add_argument("--control-qps", type=float, default=5, help="every server's control budget")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--max-s", type=int, default=420, help="bound on the whole run")
+    parser.add_argument(
+        "--max-s",
+        type=int,
+        default=800,
+        help="bound on the whole run (about 4 min unloaded; 500 series ~ 3 min at load 10)",
+    )
     parser.add_argument("--keep-logs", action="store_true", help="keep the processes' logs")
     args = parser.parse_args(argv)
     raise_on_sigterm()
