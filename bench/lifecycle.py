@@ -123,6 +123,8 @@ class Counters:
     redis_calls: int
     lpush: int
     own_calls: int
+    #: ``calls`` per Redis command (``INFO commandstats``).
+    by_command: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -151,7 +153,12 @@ class Fleet:
         calls = command_calls(self.redis)
         self.own_calls += 1
         return Counters(
-            time.time(), xact_commit(self.db_name), sum(calls.values()), calls.get("lpush", 0), self.own_calls
+            time.time(),
+            xact_commit(self.db_name),
+            sum(calls.values()),
+            calls.get("lpush", 0),
+            self.own_calls,
+            calls,
         )
 
     def receipts_count(self) -> int:
@@ -873,6 +880,13 @@ def figures(
         "ledger_calls_per_op": xact_net / xact_per_call,
         "redis_calls_per_op": redis_net,
         "redis_calls_per_op_raw": redis_raw,
+        "redis_commands_per_op_raw": {
+            name: (count - before.by_command.get(name, 0)) / n
+            for name, count in sorted(
+                settled.by_command.items(), key=lambda kv: before.by_command.get(kv[0], 0) - kv[1]
+            )
+            if count > before.by_command.get(name, 0)
+        },
         "messages_per_op": messages,
         "messages_by_task_per_op": {k: v / n for k, v in by_task.items()},
         "lpush_per_op": (settled.lpush - before.lpush - burst_figures["beat_sent"]) / n,
@@ -909,6 +923,13 @@ def figures(
             "cpu_ms_per_poll_raw": u_cpu_raw_ms,
             "ledger_tx_per_poll": (u1.xact - u0.xact - idle_xact * u_s) / u_polls,
             "redis_calls_per_poll": (u_redis_calls - idle_redis * u_s) / u_polls,
+            "redis_commands_per_poll_raw": {
+                name: (count - u0.by_command.get(name, 0)) / u_polls
+                for name, count in sorted(
+                    u1.by_command.items(), key=lambda kv: u0.by_command.get(kv[0], 0) - kv[1]
+                )
+                if count > u0.by_command.get(name, 0)
+            },
             "broker_messages_per_poll": (u1.lpush - u0.lpush - u["beat_sent"]) / u_polls,
             "event_rows": u["event_rows"],
             "operation_row_updates_per_poll": u["operation_row_updates"] / u_polls,
@@ -986,6 +1007,8 @@ def report(f: dict[str, Any]) -> bool:
         f"  Redis calls/op: {f['redis_calls_per_op']:.1f} net of idle ({f['redis_calls_per_op_raw']:.1f} raw;"
         f" idle fleet {f['idle']['redis_calls_per_s']:.1f}/s; broker, results, events, buckets)"
     )
+    commands = ", ".join(f"{k} {v:.1f}" for k, v in list(f["redis_commands_per_op_raw"].items())[:10])
+    print(f"    by command (raw, the ten largest): {commands}")
     by_task = ", ".join(f"{k} {v:.2f}" for k, v in f["messages_by_task_per_op"].items() if v)
     print(
         f"  Celery messages/op: {f['messages_per_op']:.2f} ({by_task}; LPUSH count {f['lpush_per_op']:.2f})"
@@ -1034,6 +1057,8 @@ def report_unchanged(f: dict[str, Any]) -> bool:
         f" tool_operation row updates {u['operation_row_updates_per_poll']:.2f}, event rows written"
         f" {u['event_rows']} in the window"
     )
+    commands = ", ".join(f"{k} {v:.1f}" for k, v in list(u["redis_commands_per_poll_raw"].items())[:10])
+    print(f"    Redis calls by command (raw, the ten largest): {commands}")
     print(
         "  operations in flight one worker core sustains at a 5 s poll interval:"
         f" {5.0 / (worker_ms / 1000):.0f} (= 5 s / {worker_ms:.2f} ms worker CPU per unchanged poll)"
