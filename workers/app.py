@@ -13,6 +13,7 @@ from kombu import Queue
 
 from beat_schedule import beat_schedule
 from workers import logs
+from workers.broker import TRANSPORT as REDIS_TRANSPORT
 from workers.errors import ConfigError
 from workers.runtime import RuntimeHolder
 from workers.settings import REDIS_VISIBILITY_TIMEOUT_S, Settings
@@ -49,6 +50,7 @@ def is_redis(broker_url: str) -> bool:
 
 def celery_config(settings: Settings) -> dict[str, Any]:
     transport_options: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
     if is_amqp(settings.broker):
         # The outbox marks a row dispatched when the publish returns: on RabbitMQ that return must mean the
         # broker has taken the message (publisher confirms), not that it left this process.
@@ -81,7 +83,12 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # skipped by every other drainer) for ever. The consumer's BRPOP waits 1 s, well inside this.
         transport_options["socket_timeout"] = BROKER_SOCKET_TIMEOUT_S
         transport_options["socket_connect_timeout"] = BROKER_SOCKET_TIMEOUT_S
+        if settings.broker.partition("://")[0].lower() == "redis":
+            # kombu's Redis transport, keeping one client per channel (workers/broker.py): kombu builds a
+            # client for every ack, unacked record and event otherwise.
+            extra["broker_transport"] = REDIS_TRANSPORT
     return {
+        **extra,
         "broker_url": settings.broker,
         "result_backend": settings.redis_url,
         "result_expires": 24 * 3600,
