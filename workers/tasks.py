@@ -41,6 +41,8 @@ log = logging.getLogger("longcall")
 
 #: A dispatch due sooner than this is sent without a countdown.
 COUNTDOWN_FLOOR_S = 0.005
+#: The most outbox rows one ``longcall.drain_outbox`` run (and a step's own drain) publishes.
+OUTBOX_DRAIN_LIMIT = 200
 
 
 def publish_dispatches(app: Celery, dispatches: Sequence[Dispatch]) -> int:
@@ -77,8 +79,25 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:  # noqa: PLR0915
         return Executor(holder.get())
 
     def follow(step: StepOutcome | None) -> None:
-        if step is not None and step.drain_now:
+        """A step left a receipt or an input request in the outbox (committed with its state): drain it now,
+        in this task, rather than as one more message (``longcall.drain_outbox``: a broker round trip, its
+        events and a task's CPU for every operation; issue 13). The drain is the beat's own
+        (``Ledger.drain_outbox``: SKIP LOCKED, at-least-once); if it fails, the message is sent instead, and
+        the beat's drain still runs every ``outbox_interval_s``."""
+        if step is None or not step.drain_now:
+            return
+        try:
+            report = holder.get().ledger.drain_outbox(publisher(app), limit=OUTBOX_DRAIN_LIMIT)
+        except Exception:
+            log.warning(
+                "draining the outbox after %s failed; sending longcall.drain_outbox",
+                step.op_id,
+                exc_info=True,
+            )
             app.send_task("longcall.drain_outbox", queue="longcall.outbox")
+            return
+        if report.failed:
+            log.warning("outbox rows %s could not be published; they stay ready", list(report.failed))
 
     @app.task(name="longcall.submit", shared=False)
     def submit(**kwargs: Any) -> dict[str, Any]:
@@ -173,7 +192,7 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:  # noqa: PLR0915
         return {"dispatched": publish_dispatches(app, executor().dispatch_due())}
 
     @app.task(name="longcall.drain_outbox", shared=False, ignore_result=True)
-    def drain_outbox(limit: int = 200) -> dict[str, int]:
+    def drain_outbox(limit: int = OUTBOX_DRAIN_LIMIT) -> dict[str, int]:
         report = holder.get().ledger.drain_outbox(publisher(app), limit=limit)
         if report.failed:
             log.warning("outbox rows %s could not be published; they stay ready", list(report.failed))
