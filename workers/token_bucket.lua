@@ -12,11 +12,13 @@ local now = tonumber(now_parts[1]) * 1000000 + tonumber(now_parts[2])
 local interval = tonumber(ARGV[1])
 local tolerance = tonumber(ARGV[2])
 local horizon = tonumber(ARGV[3])
-local hold = tonumber(redis.call('GET', KEYS[2]) or '0')
+-- One read of both keys (the hold, then the bucket's theoretical arrival time).
+local read = redis.call('MGET', KEYS[2], KEYS[1])
+local hold = tonumber(read[1] or '0')
 if hold > now then
   return {0, hold - now}
 end
-local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
+local tat = tonumber(read[2] or '0')
 if tat < now then
   tat = now
 end
