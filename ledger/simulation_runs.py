@@ -11,6 +11,7 @@ from typing import Any, cast
 
 from sqlalchemy import Table, func, insert, select, update
 
+from ledger.events import EventKind
 from ledger.models import SimulationRun
 from ledger.repository import Ledger
 from ledger.statements import EVENT, OP, OUTBOX, RECEIPT, RECON
@@ -73,7 +74,12 @@ def series_facts(ledger: Ledger, op_id: uuid.UUID, call_node_id: str) -> SeriesF
         ]
         operations = conn.execute(select(func.count()).where(OP.c.call_node_id == call_node_id)).scalar_one()
         cancels = conn.execute(
-            select(func.count()).where(EVENT.c.op_id == op_id, EVENT.c.to_state == "CANCELLED_ACCEPTED")
+            # A refused acceptance's stale_write_rejected event names the state it tried for: not a cancel.
+            select(func.count()).where(
+                EVENT.c.op_id == op_id,
+                EVENT.c.to_state == "CANCELLED_ACCEPTED",
+                EVENT.c.kind != EventKind.STALE_WRITE_REJECTED.value,
+            )
         ).scalar_one()
         rows = conn.execute(
             select(OUTBOX.c.receipt_id, OUTBOX.c.payload).where(

@@ -6,6 +6,7 @@ simulation fail."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import subprocess
 import sys
@@ -76,6 +77,8 @@ def test_five_hundred_series_pass_every_check(settings: Settings, database_url: 
             assert outcomes[(protocol, outcome)] > 0, (protocol, outcome, outcomes)
     # MCP tasks extension input rounds: answered once each, their replay refused (or the series failed).
     assert sum(r.series.ask_input and r.passed for r in report.results) > 10
+    # Old-epoch callbacks reached the acceptance point and were refused (or the series failed).
+    assert sum(r.old_epoch is not None and r.passed for r in report.results) > 20
     faults = collections.Counter(r.series.create_fault for r in report.results)
     assert set(faults) >= {
         "none",
@@ -212,3 +215,33 @@ def test_a_broken_acceptance_makes_the_simulation_fail(
     assert f"--seed {SEED} --index {chosen[0]}" in done.output
     assert "late completions advanced" in done.output
     assert "simulation: FAILED" in done.output
+
+
+def _ignoring_the_epoch(original: Any) -> Any:
+    """A broken fence: the acceptance point takes the evidence's execution epoch to be the row's."""
+
+    def accept_terminal(self: Ledger, op_id: uuid.UUID, evidence: TerminalEvidence) -> Any:
+        now = self.get(op_id).execution_epoch
+        return original(self, op_id, dataclasses.replace(evidence, execution_epoch=now))
+
+    return accept_terminal
+
+
+def test_an_old_epoch_callback_changes_nothing_and_a_fence_that_ignores_the_epoch_fails_the_simulation(
+    simulation: Simulation, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chosen = [i for i in range(400) if generate(SEED, i).old_epoch_tick is not None][:60]
+    assert len(chosen) == 60
+    healthy = run(simulation, seed=SEED, indexes=chosen)
+    assert healthy.passed, healthy.failures
+
+    monkeypatch.setattr(Ledger, "accept_terminal", _ignoring_the_epoch(Ledger.accept_terminal))
+    simulation.tag = uuid.uuid4().hex[:10]
+    broken = run(simulation, seed=SEED, indexes=chosen)
+    assert not broken.passed
+    old_epoch = [f for f in broken.failures if any("old-epoch callback" in p for p in f["problems"])]
+    assert old_epoch, broken.failures
+    # The failing series replays alone and fails the same way.
+    simulation.tag = uuid.uuid4().hex[:10]
+    replay = run(simulation, seed=SEED, indexes=[old_epoch[0]["index"]])
+    assert [f["problems"] for f in replay.failures] == [old_epoch[0]["problems"]]

@@ -5,7 +5,8 @@ The rules it applies are the protocol's (DESIGN §5), stated on the series' tick
 step per tick, a create answered "slow down" is made again on the next tick, a worker that died between
 the create attempt and its answer is replaced on the next tick, a client's cancel reaches the server in the
 tick it is made (when there is a remote operation to cancel), and the server's task ends ``term_tick``
-ticks after it was created.
+ticks after it was created. A late completion from a fenced execution epoch (``old_epoch_tick``) changes
+nothing: the outcome is the one the series would have without it.
 """
 
 from __future__ import annotations

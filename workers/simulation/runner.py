@@ -5,6 +5,7 @@ the real ledger and Redis, its server scripted at the wire; then the checks agai
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -17,7 +18,7 @@ from adapters import AdapterConfig, ToolAdapter, default_registry
 from adapters.base import ToolRoute
 from ledger import simulation_runs as runs
 from ledger.digests import digest
-from ledger.records import NewOperation, OutboxMessage
+from ledger.records import Acceptance, NewOperation, OutboxMessage, TerminalEvidence
 from ledger.repository import Ledger
 from ledger.states import FINAL_STATES, OpState, TerminalKind
 from workers import logs
@@ -97,6 +98,44 @@ class ScriptedPool(RemotePool):
         return self._built[name]
 
 
+class OldEpochFirst(Ledger):
+    """A series' ledger when it has an old-epoch callback (``old_epoch_tick``): just before the first
+    acceptance its executor asks for at or after that tick, the same terminal evidence from the previous
+    execution epoch (a step a rollback or a take-over fenced, arriving late), carrying that old step's own
+    result, is offered first. It must change nothing: the operation, its receipts and its deliveries stay
+    as they were, and the current step's acceptance goes on as without it."""
+
+    def __init__(self, ledger: Ledger, server: ScriptedServer, tick: int, call_node_id: str) -> None:
+        super().__init__(ledger.engine)
+        self.reconcile_deadline = ledger.reconcile_deadline
+        self._server = server
+        self._tick = tick
+        self._node = call_node_id
+        #: The acceptance's outcome for the old-epoch evidence, once offered.
+        self.offered: str | None = None
+        self.problems: list[str] = []
+
+    def accept_terminal(self, op_id: uuid.UUID, evidence: TerminalEvidence) -> Acceptance:
+        if self.offered is None and self._server.tick >= self._tick:
+            old_result = None if evidence.result is None else {"old_epoch": True, "node": self._node}
+            old = dataclasses.replace(
+                evidence,
+                execution_epoch=evidence.execution_epoch - 1,
+                result=old_result,
+                result_digest=None if old_result is None else digest(old_result),
+            )
+            before = runs.series_facts(self, op_id, self._node)
+            offered = super().accept_terminal(op_id, old)
+            after = runs.series_facts(self, op_id, self._node)
+            self.offered = offered.outcome
+            if offered.accepted or after != before:
+                self.problems.append(
+                    f"an old-epoch callback changed the operation: {offered.outcome}, {before.state} -> "
+                    f"{after.state}, receipts {len(before.receipts)} -> {len(after.receipts)}"
+                )
+        return super().accept_terminal(op_id, evidence)
+
+
 @dataclass
 class SeriesResult:
     series: Series
@@ -107,6 +146,8 @@ class SeriesResult:
     advances_without_receipt: int
     late_completions_advanced: int
     problems: list[str] = field(default_factory=list)
+    #: The acceptance point's answer to the series' old-epoch callback (None: none was offered).
+    old_epoch: str | None = None
 
     @property
     def second_operations(self) -> int:
@@ -146,7 +187,10 @@ class Simulation:
     def _run_series(self, series: Series) -> SeriesResult:
         server = scripted_server(series, self.tag)
         fleet = sim_fleet(self.server_name(series), series.protocol)
-        runtime = Runtime(settings=self.settings, fleet=fleet, _ledger=self.ledger, _hot=self.hot)
+        ledger = self.ledger
+        if series.old_epoch_tick is not None:
+            ledger = OldEpochFirst(self.ledger, server, series.old_epoch_tick, self.call_node_id(series))
+        runtime = Runtime(settings=self.settings, fleet=fleet, _ledger=ledger, _hot=self.hot)
         runtime._remote = ScriptedPool(fleet, server)
         executor = Executor(runtime, jitter=lambda _interval: 0.0)
         delivered: list[OutboxMessage] = []
@@ -157,6 +201,9 @@ class Simulation:
             runtime._remote.close()
         result = self._check(series, server, executor, op_id, delivered)
         result.problems.extend(notes)
+        if isinstance(ledger, OldEpochFirst):
+            result.old_epoch = ledger.offered
+            result.problems.extend(ledger.problems)
         return result
 
     def server_name(self, series: Series) -> str:
@@ -195,11 +242,14 @@ class Simulation:
             op_id = self.ledger.record_submission(new).operation.id  # queued, no worker has it yet
             executor.request_cancel(op_id)
         else:
-            self._step(executor, lambda: executor.submit(new))
-            found = self.ledger.find_by_call_node(new.call_node_id)
-            if found is None:
-                raise RuntimeError(f"the submission of {new.call_node_id} left no operation row")
-            op_id = found.id
+            submitted: list[uuid.UUID] = []
+            self._step(executor, lambda: submitted.append(executor.submit(new)[0].operation.id))
+            if not submitted:  # the worker died in the create call: the row is read back as the caller would
+                found = self.ledger.find_by_call_node(new.call_node_id)
+                if found is None:
+                    raise RuntimeError(f"the submission of {new.call_node_id} left no operation row")
+                submitted.append(found.id)
+            op_id = submitted[0]
         last: Callable[[], object] | None = None
         settled = False
         actions_until = max(series.cancel_tick or 0, *(series.duplicate_ticks or (0,)))

@@ -3,7 +3,8 @@
 A series is a timeline on a tick clock (the driver runs one executor step per tick): the server's task
 works until ``term_tick`` and ends in ``terminal``; the faults it meets on the wire; the client's actions
 (a cancel at a tick, duplicate submissions, a replayed old step) and the delivery effects (a step delivered
-twice, a worker crash between the create attempt and its answer, a late completion offered after the end).
+twice, a worker crash between the create attempt and its answer, a late completion offered after the end, a
+completion from a fenced execution epoch).
 """
 
 from __future__ import annotations
@@ -64,6 +65,10 @@ class Series:
     #: MCP tasks extension: the task asks for input (one round) before it works on; the client answers at
     #: once, then replays the answered round (refused). The task's end counts from the answer.
     ask_input: bool = False
+    #: From this tick on, the first acceptance the executor asks for is preceded by the same evidence from
+    #: the previous execution epoch (a step a rollback or a take-over fenced, arriving late, with its own
+    #: result) at the acceptance point (None: none arrives). It changes nothing.
+    old_epoch_tick: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -97,6 +102,8 @@ def generate(seed: int, index: int, protocols: tuple[Protocol, ...] = PROTOCOLS)
     redeliver_ticks = tuple(sorted({rng.randint(0, 6) for _ in range(rng.choice((0, 0, 1, 2)))}))
     late_offer = rng.random() < 0.3
     ask_input = protocol == "mcp-ext" and rng.random() < 0.3
+    # Drawn after every other field: a seed's earlier series keep their timelines.
+    old_epoch_tick = rng.randint(0, 6) if rng.random() < 0.2 else None
     if ask_input:
         # The answer's tick is the client's: no cancel, no lost create, no expiry to race it.
         cancel_tick, create_fault, expiry = None, "none", "none"
@@ -118,4 +125,5 @@ def generate(seed: int, index: int, protocols: tuple[Protocol, ...] = PROTOCOLS)
         redeliver_ticks=redeliver_ticks,
         late_offer=late_offer,
         ask_input=ask_input,
+        old_epoch_tick=old_epoch_tick,
     )
