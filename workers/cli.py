@@ -382,7 +382,13 @@ def input_(ref: str, input_round: int, response: str, timeout: float, as_json: b
 @click.option(
     "--found", "remote_id", default=None, help="Evidence says it exists on the server as REMOTE_ID."
 )
-@click.option("--session", "session_ref", default=None, help="With --found: the MCP session it is bound to.")
+@click.option(
+    "--session",
+    "session_ref",
+    default=None,
+    help="With --found: the MCP session it is bound to (needed by MCP 2025-11-25 when none is recorded; "
+    "'' for a server that keeps no sessions).",
+)
 @click.option("--never-created", is_flag=True, help="Evidence says the server never created it: resubmit.")
 @click.option("--terminal", type=click.Choice(["completed", "failed", "cancelled"]), default=None)
 @click.option(

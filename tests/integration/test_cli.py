@@ -89,12 +89,23 @@ def test_reconcile_lists_and_resolves_with_evidence(cli_env: None, ledger: Ledge
     code, output = run("reconcile", str(op.id), "--found", "task-abc")
     assert code == 2
     assert "needs --evidence" in output
+    # MCP 2025-11-25 reads a task on the session that created it, and none is recorded: it is named.
+    code, output = run("reconcile", str(op.id), "--found", "task-abc", "--evidence", "x")
+    assert code == 1
+    assert "give --session" in output
     code, output = run(
-        "reconcile", str(op.id), "--found", "task-abc", "--evidence", "seen in the server's tasks/list"
+        "reconcile",
+        str(op.id),
+        "--found",
+        "task-abc",
+        "--session",
+        "session-1",
+        "--evidence",
+        "seen in the server's tasks/list",
     )
     assert code == 0, output
     after = ledger.get(op.id)
-    assert (after.state, after.remote_id) == (OpState.WORKING, "task-abc")
+    assert (after.state, after.remote_id, after.session_ref) == (OpState.WORKING, "task-abc", "session-1")
     assert ledger.open_reconciliations() == []
     [closed] = ledger.reconciliations_for(op.id)
     assert "seen in the server's tasks/list" in (closed.resolution or "")

@@ -7,8 +7,9 @@ anything else schedules the next poll from the server's hint plus jitter.
 
 from __future__ import annotations
 
+from typing import Any
+
 from adapters import (
-    AdapterError,
     NotFound,
     RateLimited,
     Rejected,
@@ -19,7 +20,14 @@ from ledger.reasons import ReconciliationReason
 from ledger.records import Fence, Operation
 from ledger.states import OpState, TerminalKind
 from workers.errors import NoToken
-from workers.steps.context import TRY_AGAIN, StepContext, StepOutcome, remote_ref, server_status
+from workers.steps.context import (
+    TRY_AGAIN,
+    StepContext,
+    StepOutcome,
+    describe,
+    remote_ref,
+    server_status,
+)
 from workers.steps.input_rounds import (
     AWAITING_INPUT_RECHECK_S,
     answered_already,
@@ -28,8 +36,15 @@ from workers.steps.input_rounds import (
 )
 from workers.steps.result import fetch, not_found
 
-#: A status read that failed (a refusal included) decided nothing: read again later.
-POLL_AGAIN: tuple[type[AdapterError], ...] = (*TRY_AGAIN, Rejected)
+#: How many status reads in a row the server may refuse (:class:`Rejected`: a 4xx other than 404, 408 and
+#: 429, or a JSON-RPC error) before an operator gets the operation (PROTOCOL_VIOLATION, the server's answer
+#: in the record). A refusal is definitive by the adapters' contract (the same read gets the same answer:
+#: a task read without its session, a revoked credential), so it is not retried for ever, nor until a wait
+#: budget of an hour (or none) runs out; the few reads allowed, paused 1, 2, 4 and 8 s, let a gateway's
+#: passing refusal go by (about 15 s in all). Only refusals in a row count: any answer ends the run.
+MAX_POLL_REJECTIONS = 5
+#: The longest pause between two refused status reads.
+REJECTION_PAUSE_MAX_S = 30.0
 
 
 def poll(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
@@ -48,9 +63,57 @@ def poll(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
         return ctx.retry_later(op, fence, exc, EventKind.RATE_LIMITED)
     except NotFound as exc:
         return not_found(ctx, op, fence, exc)
-    except POLL_AGAIN as exc:
+    except Rejected as exc:
+        return _rejected(ctx, op, fence, exc)
+    except TRY_AGAIN as exc:
         return ctx.retry_later(op, fence, exc, EventKind.POLL_FAILED)
     return observed(ctx, op, fence, status)
+
+
+def _rejected(ctx: StepContext, op: Operation, fence: Fence, exc: Rejected) -> StepOutcome:
+    """The server refused the status read: read again after a growing pause, unless it refused the last
+    :data:`MAX_POLL_REJECTIONS` - 1 reads as well; then an operator decides (``longcall reconcile``)."""
+    rejections = _rejections_in_a_row(ctx, op) + 1
+    detail: dict[str, Any] = {
+        "error": describe(exc),
+        "http_status": exc.http_status,
+        "code": exc.code,
+        "rejections": rejections,
+        # An answer that changed nothing is counted on the row, not written as an event: the count tells
+        # whether one came after the previous refusal.
+        "unchanged_polls": op.unchanged_polls,
+    }
+    if rejections >= MAX_POLL_REJECTIONS:
+        op = ctx.hand_to_operator(
+            op,
+            fence,
+            ReconciliationReason.PROTOCOL_VIOLATION,
+            {
+                **detail,
+                "why": f"the server refused {rejections} status reads in a row",
+                "remote_id": op.remote_id,
+                "session_ref": op.session_ref,
+            },
+        )
+        return StepOutcome(op.id, "manual_reconciliation", op.state)
+    delay = min(REJECTION_PAUSE_MAX_S, 2.0 ** (rejections - 1))
+    return ctx.reschedule(op, fence, delay, EventKind.POLL_FAILED, detail)
+
+
+def _rejections_in_a_row(ctx: StepContext, op: Operation) -> int:
+    """How many refused status reads (``poll_failed`` events with a ``rejections`` count) came last, with
+    no answer since: a read that failed without an answer (a timeout, a 5xx, a 429) neither counts nor
+    ends the run; any other event, or an unchanged answer counted on the row since, ends it. Read only
+    on a refusal: the events of one operation."""
+    for event in reversed(ctx.ledger.events(op.id)):
+        detail = event["detail"] if isinstance(event["detail"], dict) else {}
+        if event["kind"] == EventKind.POLL_FAILED.value and "rejections" in detail:
+            if detail.get("unchanged_polls") != op.unchanged_polls:
+                return 0
+            return int(detail["rejections"])
+        if event["kind"] not in (EventKind.POLL_FAILED.value, EventKind.RATE_LIMITED.value):
+            return 0
+    return 0
 
 
 def observed(ctx: StepContext, op: Operation, fence: Fence, status: RemoteStatus) -> StepOutcome:

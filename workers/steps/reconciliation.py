@@ -17,6 +17,13 @@ from workers.steps.context import StepContext
 
 log = logging.getLogger("longcall.executor")
 
+#: The protocols, by (protocol, version), whose tasks are bound to the session that created them: MCP
+#: 2025-11-25 over Streamable HTTP (a stateful server answers every read of a task without its
+#: ``Mcp-Session-Id`` "400 Missing session ID", one on another session "not found"). The session is
+#: recorded on the operation from the create's answer; when that answer was lost, only the operator's
+#: evidence can name it.
+SESSION_BOUND: frozenset[tuple[str, str]] = frozenset({("mcp", "2025-11-25")})
+
 
 @dataclass(frozen=True, slots=True)
 class Resolution:
@@ -70,7 +77,10 @@ def reconcile(ctx: StepContext) -> dict[str, int]:
 def resolve(ctx: StepContext, op: Operation, resolution: Resolution) -> Operation:
     """Apply an operator's decision; open records of the operation are closed with the evidence.
 
-    ``found``: the operation exists on the server under ``remote_id`` -> WORKING, polled at once.
+    ``found``: the operation exists on the server under ``remote_id`` -> WORKING, polled at once. On a
+    protocol whose tasks are bound to a session (:data:`SESSION_BOUND`) with none recorded, the resolution
+    names it (``session_ref``; an empty one says the server keeps no sessions): without it every status
+    read would be refused.
     ``never_created``: the operator proved it never ran -> NOT_FOUND_SAFE -> SUBMITTING with the same
     submission key (the only resubmission there is). ``terminal``: it ended on the server -> its result is
     fetched and accepted like any other. With a cancel requested (rule 6): ``found`` goes to
@@ -89,6 +99,17 @@ def resolve(ctx: StepContext, op: Operation, resolution: Resolution) -> Operatio
     if resolution.kind == "found":
         if not resolution.remote_id:
             raise ValueError("a 'found' resolution names the remote id")
+        if (
+            resolution.session_ref is None
+            and op.session_ref is None
+            and (op.protocol, op.protocol_version) in SESSION_BOUND
+        ):
+            raise ValueError(
+                f"operation {op.id} is on {op.server} ({op.protocol} {op.protocol_version}), whose tasks are "
+                "read on the session that created them, and no session is recorded: give --session "
+                "SESSION_ID (the Mcp-Session-Id the task was created on; --session '' if the server keeps "
+                "no sessions)"
+            )
         return ctx.ledger.resolve_found(
             op.id,
             fence,
