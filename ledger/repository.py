@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Row, func, literal, select, update
@@ -71,6 +71,7 @@ from ledger.statements import (
     select_operation_by_id,
     select_ready_outbox,
     update_claim_due,
+    update_claim_due_by_server,
     update_claim_one,
     update_outbox_dispatched,
 )
@@ -244,6 +245,36 @@ class Ledger(
                 {
                     "claim_horizon": dt.timedelta(seconds=horizon_s),
                     "claim_server": server,
+                    "claim_limit": limit,
+                    "claim_lease": dt.timedelta(seconds=lease_s),
+                    "claim_epoch": epoch,
+                },
+            ).all()
+        return [Claim.from_row(r) for r in rows]
+
+    def claim_due_by_server(
+        self,
+        rooms: Sequence[tuple[str, int]],
+        *,
+        limit: int,
+        lease_s: float,
+        epoch: int | None = None,
+        horizon_s: float = 0.0,
+    ) -> list[Claim]:
+        """:meth:`claim_due` for many servers in one statement and one transaction: each ``(server, room)``
+        claims at most ``room`` of that server's due rows, in due order, and all of them together at most
+        ``limit``, filled server by server in the order of ``rooms`` (issue 13: one claim per tick, not one
+        per configured server)."""
+        rooms = [(server, room) for server, room in rooms if room > 0]
+        if limit <= 0 or not rooms:
+            return []
+        with self._tx() as conn:
+            rows = conn.execute(
+                STATEMENTS.get(update_claim_due_by_server, epoch is not None),
+                {
+                    "claim_servers": [server for server, _ in rooms],
+                    "claim_rooms": [min(room, limit) for _, room in rooms],
+                    "claim_horizon": dt.timedelta(seconds=horizon_s),
                     "claim_limit": limit,
                     "claim_lease": dt.timedelta(seconds=lease_s),
                     "claim_epoch": epoch,

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from sqlalchemy import (
+    ARRAY,
     Boolean,
+    Integer,
     Interval,
     Table,
     Text,
@@ -26,6 +28,7 @@ from sqlalchemy import (
     or_,
     select,
     text,
+    true,
     union_all,
     update,
 )
@@ -451,6 +454,42 @@ def update_claim_due(with_server: bool, with_epoch: bool) -> Any:
         .order_by(OP.c.next_poll_at)
         .limit(bindparam("claim_limit"))
         .with_for_update(skip_locked=True)
+        .cte("due")
+    )
+    return update(OP).where(OP.c.id == due.c.id).values(_claim_values(with_epoch)).returning(*CLAIM_COLUMNS)
+
+
+def update_claim_due_by_server(with_epoch: bool) -> Any:
+    """``update_claim_due`` for many servers in one statement: for each ``claim_servers[i]``, at most
+    ``claim_rooms[i]`` of its due rows (in due order, SKIP LOCKED, an index scan on
+    ``ix_tool_operation_server_due`` each), and at most ``claim_limit`` over all of them, taken server by
+    server in the order given. Rows a server's scan locked beyond ``claim_limit`` are not claimed; their lock
+    ends with the transaction."""
+    rooms = (
+        func.unnest(
+            bindparam("claim_servers", type_=ARRAY(Text())),
+            bindparam("claim_rooms", type_=ARRAY(Integer())),
+        )
+        .table_valued("server", "room", with_ordinality="ord")
+        .render_derived(name="rooms")
+    )
+    per_server = (
+        select(OP.c.id, OP.c.next_poll_at)
+        .where(
+            OP.c.server == rooms.c.server,
+            OP.c.next_poll_at <= func.now() + bindparam("claim_horizon", type_=Interval()),
+            or_(OP.c.lease_until.is_(None), OP.c.lease_until < func.now()),
+        )
+        .order_by(OP.c.next_poll_at)
+        .limit(rooms.c.room)
+        .with_for_update(skip_locked=True)
+        .lateral("per_server")
+    )
+    due = (
+        select(per_server.c.id)
+        .select_from(rooms.join(per_server, true()))
+        .order_by(rooms.c.ord, per_server.c.next_poll_at)
+        .limit(bindparam("claim_limit"))
         .cte("due")
     )
     return update(OP).where(OP.c.id == due.c.id).values(_claim_values(with_epoch)).returning(*CLAIM_COLUMNS)

@@ -1,4 +1,4 @@
-"""Rules 3 and 13: claim what is due, server by server, as the messages the dispatcher publishes.
+"""Rules 3 and 13: claim what is due, each server up to its room, as the messages the dispatcher publishes.
 
 Only rows of the current execution epoch are claimed; each claim bumps the row's poll cursor, which names
 the message (its task id) and fences the step it runs.
@@ -43,28 +43,26 @@ class Dispatch:
 
 
 def dispatch_due(ctx: StepContext, limit: int | None = None) -> list[Dispatch]:
-    """Claim what is due, server by server, at most what each server's budgets can take before the next
-    tick (twice that, for slack): a poll storm then waits in the ledger, ordered by due time, instead of
-    churning through the broker and the buckets. The buckets remain the guarantee (rule 4)."""
+    """Claim what is due, at most what each server's budgets can take before the next tick (twice that, for
+    slack), and at most ``limit`` (``dispatch_batch``) in all, servers taken by name: a poll storm then waits
+    in the ledger, ordered by due time, instead of churning through the broker and the buckets. The buckets
+    remain the guarantee (rule 4). One statement claims for every server (issue 13: a tick's cost must not
+    grow with the number of configured servers)."""
     settings = ctx.settings
     epoch = ctx.ledger.control().execution_epoch
-    dispatches: list[Dispatch] = []
-    budget = limit or settings.dispatch_batch
-    for name, server in sorted(ctx.runtime.fleet.servers.items()):
-        share = math.ceil((server.poll_qps + server.control_qps) * settings.dispatch_interval_s * 2)
-        room = min(budget - len(dispatches), max(1, share))
-        if room <= 0:
-            break
-        claims = ctx.ledger.claim_due(
-            limit=room,
-            lease_s=settings.lease_s,
-            epoch=epoch,
-            server=name,
-            horizon_s=settings.dispatch_interval_s,
-        )
-        dispatches.extend(
-            Dispatch(TASK_FOR_STATE[c.state], c.op_id, c.poll_cursor, c.delay_s)
-            for c in claims
-            if c.state in TASK_FOR_STATE
-        )
-    return dispatches
+    rooms = [
+        (name, max(1, math.ceil((server.poll_qps + server.control_qps) * settings.dispatch_interval_s * 2)))
+        for name, server in sorted(ctx.runtime.fleet.servers.items())
+    ]
+    claims = ctx.ledger.claim_due_by_server(
+        rooms,
+        limit=limit or settings.dispatch_batch,
+        lease_s=settings.lease_s,
+        epoch=epoch,
+        horizon_s=settings.dispatch_interval_s,
+    )
+    return [
+        Dispatch(TASK_FOR_STATE[c.state], c.op_id, c.poll_cursor, c.delay_s)
+        for c in claims
+        if c.state in TASK_FOR_STATE
+    ]
