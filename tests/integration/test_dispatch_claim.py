@@ -19,7 +19,7 @@ from workers.runtime import Runtime
 from workers.settings import Settings
 
 #: With the default 0.25 s dispatch interval a server's room is ceil((poll_qps + control_qps) * 0.25 * 2).
-MakeExecutor = Callable[[Mapping[str, int]], Executor]
+MakeExecutor = Callable[..., Executor]
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def make_executor(database_url: str, broker_prefix: str, tmp_path: Path) -> Iter
     """An executor whose fleet has the given servers, each with ``poll_qps = control_qps = qps``."""
     runtimes: list[Runtime] = []
 
-    def make(servers: Mapping[str, int]) -> Executor:
+    def make(servers: Mapping[str, int], interval_s: float = 0.25) -> Executor:
         config = tmp_path / f"longcall-{len(runtimes)}.toml"
         config.write_text(
             "".join(
@@ -41,7 +41,7 @@ def make_executor(database_url: str, broker_prefix: str, tmp_path: Path) -> Iter
             redis_url=support.REDIS_URL,
             broker_keyprefix=broker_prefix,
             config=config,
-            dispatch_interval_s=0.25,
+            dispatch_interval_s=interval_s,
         )
         runtimes.append(Runtime.from_settings(settings))
         return Executor(runtimes[-1])
@@ -123,12 +123,13 @@ def test_each_server_gets_at_most_its_room_and_all_at_most_the_budget(
 def test_a_row_due_within_the_tick_is_claimed_with_its_delay(
     make_executor: MakeExecutor, ledger: Ledger
 ) -> None:
-    executor = make_executor({"a": 10, "b": 10})
-    soon = due_row(ledger, "b", 0.2)
-    beyond = due_row(ledger, "b", 5.0)
+    # A 5 s tick: the row due in 2 s is claimed now, to be sent with a countdown; the one due in 30 s waits.
+    executor = make_executor({"a": 10, "b": 10}, interval_s=5.0)
+    soon = due_row(ledger, "b", 2.0)
+    beyond = due_row(ledger, "b", 30.0)
 
     [dispatch] = executor.dispatch_due()
 
     assert dispatch.op_id == soon
     assert ledger.get(beyond).lease_until is None
-    assert 0.0 < dispatch.delay_s <= 0.25
+    assert 0.0 < dispatch.delay_s <= 2.0
