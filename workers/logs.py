@@ -30,6 +30,7 @@ import click
 from celery import signals
 from celery._state import get_current_task
 
+from ledger.redact import mask_credentials
 from workers.errors import ConfigError
 
 #: The ticks beat sends every few hundred milliseconds or seconds: logged at INFO only when they did work.
@@ -41,15 +42,9 @@ CELERY_TICK_LOGGERS = ("celery.worker.strategy", "celery.app.trace", "celery.bea
 _op_id: ContextVar[str | None] = ContextVar("longcall_op_id", default=None)
 _call_node_id: ContextVar[str | None] = ContextVar("longcall_call_node_id", default=None)
 
-_CREDENTIALS = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*):[^\s@/]*@")
 
 #: The format asked for on the command line (``--log-format``); None: the environment decides.
 _requested_format: str | None = None
-
-
-def mask_credentials(text: str) -> str:
-    """``text`` with the password of every ``scheme://user:password@`` in it replaced by ``***``."""
-    return _CREDENTIALS.sub(r"\g<head>:***@", text)
 
 
 @contextlib.contextmanager

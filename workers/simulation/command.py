@@ -11,8 +11,8 @@ import sys
 import click
 
 from ledger import simulation_runs as runs
+from ledger.redact import error_line, mask_credentials
 from ledger.repository import Ledger
-from workers import logs
 from workers.settings import Settings, load_settings
 from workers.simulation.environment import run_many, same_database, scratch_url
 from workers.simulation.runner import Report, SeriesResult
@@ -154,11 +154,9 @@ def _record_live(settings: Settings, report: Report, started: dt.datetime) -> No
     try:
         record(ledger, report, started)
     except Exception as exc:  # noqa: BLE001 - the live ledger may be absent; the scratch copy stands
-        text = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-        why = logs.mask_credentials(text[0] if text else repr(exc))
         click.echo(
             f"note: the run was not recorded in the live ledger at "
-            f"{logs.mask_credentials(settings.database_url)} ({type(exc).__name__}: {why}); "
+            f"{mask_credentials(settings.database_url)} ({error_line(getattr(exc, 'orig', None) or exc)}); "
             "`longcall gate` reads simulation runs from there (LONGCALL_DATABASE_URL)",
             err=True,
         )
