@@ -404,23 +404,35 @@ class Ledger(
 
     # ------------------------------------------------------------------------------------------ outbox
 
-    def drain_outbox(self, publish: Callable[[OutboxMessage], None], *, limit: int = 100) -> DrainReport:
+    def drain_outbox(
+        self,
+        publish: Callable[[OutboxMessage], None],
+        *,
+        limit: int = 100,
+        op_id: uuid.UUID | None = None,
+    ) -> DrainReport:
         """Claim ready outbox rows (SKIP LOCKED), hand each to ``publish`` and mark it dispatched.
 
         The rows stay locked until the transaction commits, so two drainers never deliver the same row; a
         crash after ``publish`` and before the commit leaves the row ready, and it is delivered again:
-        delivery is at-least-once, and the outbox id is the consumer's dedupe key.
+        delivery is at-least-once, and the outbox id is the consumer's dedupe key. With ``op_id``: that
+        operation's rows only, and the drain stops at the first failed publish (the rest stays ready, for
+        the beat's drain): a step draining what it wrote never waits behind a backlog or a slow broker.
         """
         dispatched: list[int] = []
         failed: list[tuple[int, str]] = []
         with self._tx() as conn:
-            rows = conn.execute(STATEMENTS.get(select_ready_outbox), {"limit": limit}).all()
+            rows = conn.execute(
+                STATEMENTS.get(select_ready_outbox, op_id is not None), {"limit": limit, "op_id": op_id}
+            ).all()
             for r in rows:
                 message = OutboxMessage(r.id, r.kind, r.op_id, r.input_round, r.payload, r.attempts)
                 try:
                     publish(message)
                 except Exception as exc:  # noqa: BLE001 - any publish failure leaves the row ready
                     failed.append((r.id, publish_error(exc)))
+                    if op_id is not None:
+                        break
                 else:
                     dispatched.append(r.id)
             if dispatched:

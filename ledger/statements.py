@@ -523,14 +523,12 @@ def select_operation_by_call_node() -> Any:
     return select(OP).where(OP.c.call_node_id == bindparam("call_node_id"))
 
 
-def select_ready_outbox() -> Any:
-    return (
-        select(OUTBOX)
-        .where(OUTBOX.c.status == "ready")
-        .order_by(OUTBOX.c.id)
-        .limit(bindparam("limit"))
-        .with_for_update(skip_locked=True)
-    )
+def select_ready_outbox(with_op: bool = False) -> Any:
+    """Ready rows in order, SKIP LOCKED; ``with_op``: one operation's only (``:op_id``)."""
+    query = select(OUTBOX).where(OUTBOX.c.status == "ready")
+    if with_op:
+        query = query.where(OUTBOX.c.op_id == bindparam("op_id"))
+    return query.order_by(OUTBOX.c.id).limit(bindparam("limit")).with_for_update(skip_locked=True)
 
 
 def update_outbox_dispatched() -> Any:

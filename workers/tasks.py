@@ -43,6 +43,8 @@ log = logging.getLogger("longcall")
 COUNTDOWN_FLOOR_S = 0.005
 #: The most outbox rows one ``longcall.drain_outbox`` run (and a step's own drain) publishes.
 OUTBOX_DRAIN_LIMIT = 200
+#: What a step drains of its own operation's rows (a receipt, an input request or two).
+OWN_ROWS_DRAIN_LIMIT = 10
 
 
 def publish_dispatches(app: Celery, dispatches: Sequence[Dispatch]) -> int:
@@ -83,21 +85,25 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:  # noqa: PLR0915
         in this task, rather than as one more message (``longcall.drain_outbox``: a broker round trip, its
         events and a task's CPU for every operation; issue 13). The drain is the beat's own
         (``Ledger.drain_outbox``: SKIP LOCKED, at-least-once); if it fails, the message is sent instead, and
-        the beat's drain still runs every ``outbox_interval_s``."""
+        the beat's drain still runs every ``outbox_interval_s``. Only the step's own operation's rows, up to
+        the first failed publish: a backlog of others' rows, or a broker that fails slowly, stays with the
+        beat's drain on ``longcall.outbox`` and never holds a poll or control slot."""
         if step is None or not step.drain_now:
             return
         try:
-            report = holder.get().ledger.drain_outbox(publisher(app), limit=OUTBOX_DRAIN_LIMIT)
-        except Exception:
-            log.warning(
-                "draining the outbox after %s failed; sending longcall.drain_outbox",
-                step.op_id,
-                exc_info=True,
+            report = holder.get().ledger.drain_outbox(
+                publisher(app), limit=OWN_ROWS_DRAIN_LIMIT, op_id=step.op_id
             )
-            app.send_task("longcall.drain_outbox", queue="longcall.outbox")
-            return
-        if report.failed:
+        except Exception:
+            log.warning("draining the outbox after %s failed", step.op_id, exc_info=True)
+        else:
+            if not report.failed:
+                return
             log.warning("outbox rows %s could not be published; they stay ready", list(report.failed))
+        try:
+            app.send_task("longcall.drain_outbox", queue="longcall.outbox")
+        except Exception:  # the beat's drain runs every outbox_interval_s anyway
+            log.warning("could not send longcall.drain_outbox; the beat's drain will publish", exc_info=True)
 
     @app.task(name="longcall.submit", shared=False)
     def submit(**kwargs: Any) -> dict[str, Any]:

@@ -8,7 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from ledger.states import OpState, TerminalKind
 from tests.integration.fleet import Fleet, FleetParts, running_fleet
+from tests.integration.helpers import evidence_for, place
 
 
 @pytest.fixture
@@ -27,3 +29,21 @@ def test_receipts_are_published_by_the_step_that_wrote_them(fleet_without_beat_d
     assert fleet.wait_receipt("n/lookup", timeout=60)["result"]["content"][0]["text"] == "value:k1"
     assert fleet.drains_run() == 0
     assert fleet.ledger.ready_outbox_count() == 0
+
+
+def test_a_step_publishes_its_own_operations_rows_and_leaves_the_rest_to_the_beat(
+    fleet_without_beat_drains: Fleet,
+) -> None:
+    """The step drains only what it wrote: a backlog of other operations' rows (a broker that was down, a
+    crashed drainer) stays with the beat's drain (``longcall.outbox``), so a poll or a cancel never waits
+    behind it, nor holds its row locks for as long as a slow broker takes."""
+    fleet = fleet_without_beat_drains
+    other = place(fleet.ledger, OpState.FETCHING_RESULT)
+    assert fleet.ledger.accept_terminal(other.id, evidence_for(other, TerminalKind.COMPLETED)).accepted
+    backlog = fleet.ledger.ready_outbox_count()
+    assert backlog >= 1
+
+    fleet.submit("n/report", "slow_report", {"seconds": 0.3})
+    assert fleet.wait_receipt("n/report", timeout=60)["terminal_state"] == "completed"
+    assert fleet.drains_run() == 0
+    assert fleet.ledger.ready_outbox_count() == backlog  # the other operation's row is still the beat's
