@@ -69,7 +69,12 @@ class HotState:
         granted, wait_us = self._call(
             self._bucket,
             [key, self.hold_key(server)],
-            [interval_us, burst_for(rate_per_s) * interval_us, math.floor(max(0.0, horizon_s) * 1_000_000)],
+            [
+                interval_us,
+                burst_for(rate_per_s) * interval_us,
+                math.floor(max(0.0, horizon_s) * 1_000_000),
+                math.ceil(MAX_SERVER_WAIT_S * 1_000_000),
+            ],
         )
         return Token(bool(granted), int(wait_us) / 1_000_000)
 
@@ -98,7 +103,7 @@ class HotState:
         pipe.time()
         until, (seconds, micros) = pipe.execute()
         left_us = int(float(until or 0)) - (int(seconds) * 1_000_000 + int(micros))
-        return max(0, left_us) / 1_000_000
+        return min(max(0, left_us) / 1_000_000, MAX_SERVER_WAIT_S)  # a longer hold is cut (token_bucket.lua)
 
     def hold_key(self, server: str) -> str:
         return f"{self.prefix}hold:{server}"

@@ -4,6 +4,8 @@
 -- ARGV[1]  emission interval in microseconds (1e6 / rate)
 -- ARGV[2]  burst tolerance in microseconds (how far ahead of its schedule a call may go)
 -- ARGV[3]  reservation horizon in microseconds (how far ahead a caller may book a slot and wait for it)
+-- ARGV[4]  the longest hold kept, in microseconds from now (workers.hot.MAX_SERVER_WAIT_S): a hold set
+--          longer (by a worker without that cap, during a rolling deploy) is cut to it here too
 -- Returns {1, delay_us}: granted; make the call after delay_us (0 = now). {0, wait_us}: refused; the next
 -- slot within reach is wait_us away, so ask again then.
 -- Redis TIME is the one clock, so worker clocks never matter.
@@ -15,6 +17,11 @@ local horizon = tonumber(ARGV[3])
 -- One read of both keys (the hold, then the bucket's theoretical arrival time).
 local read = redis.call('MGET', KEYS[2], KEYS[1])
 local hold = tonumber(read[1] or '0')
+local longest = tonumber(ARGV[4])
+if hold > now + longest then
+  hold = now + longest
+  redis.call('SET', KEYS[2], hold, 'PX', math.ceil(longest / 1000) + 1000)
+end
 if hold > now then
   return {0, hold - now}
 end

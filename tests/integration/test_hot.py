@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from tests import support
-from workers.hot import HotState, burst_for
+from workers.hot import MAX_SERVER_WAIT_S, HotState, burst_for
 
 
 def _hammer(url: str, prefix: str, rate: float, seconds: float, out: Any) -> None:
@@ -66,6 +66,27 @@ def test_a_slot_is_booked_only_within_the_horizon(redis_client: redis.Redis, bro
     assert 0.4 < refused.wait_s <= 1 / (2.0 * 0.9)
     assert booked.granted
     assert 0.4 < booked.wait_s <= 1 / (2.0 * 0.9)  # the caller waits for its slot
+
+
+def test_a_hold_longer_than_the_cap_set_by_an_older_worker_is_cut_where_it_is_read(
+    redis_client: redis.Redis, broker_prefix: str
+) -> None:
+    """A worker without the cap (a rolling deploy) wrote a day-long hold: no request goes out, so no new
+    Retry-After comes to cut it through ``hold``. The bucket and ``held_s`` cut it to MAX_SERVER_WAIT_S
+    where they read it, and the key itself is cut, so the server is asked again within the cap."""
+    hot = HotState(redis_client, prefix=broker_prefix)
+    seconds, micros = redis_client.time()
+    now_us = seconds * 1_000_000 + micros
+    redis_client.set(hot.hold_key("reports"), now_us + 86_400 * 1_000_000, px=86_400_000)
+
+    assert hot.held_s("reports") <= MAX_SERVER_WAIT_S
+    refused = hot.take("reports", "poll", 10.0)
+    assert not refused.granted
+    assert MAX_SERVER_WAIT_S - 5 < refused.wait_s <= MAX_SERVER_WAIT_S
+    assert (
+        int(float(redis_client.get(hot.hold_key("reports")) or 0)) <= now_us + (MAX_SERVER_WAIT_S + 5) * 1e6
+    )
+    assert redis_client.pttl(hot.hold_key("reports")) <= (MAX_SERVER_WAIT_S + 1) * 1000 + 1000
 
 
 def test_burst_keeps_the_window_within_the_rate() -> None:
