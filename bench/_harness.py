@@ -8,10 +8,12 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -63,6 +65,38 @@ def create_database() -> str:
 
 def drop_database(name: str) -> None:
     admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextlib.contextmanager
+def alarm(seconds: int) -> Iterator[None]:
+    """The whole run is bounded: past ``seconds``, unwind (and clean up) like Ctrl-C."""
+
+    def expired(signum: int, frame: FrameType | None) -> None:
+        raise TimeoutError(f"the benchmark ran past its {seconds}s bound")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@contextlib.contextmanager
+def log_directory(prefix: str, *, keep: bool = False) -> Iterator[Path]:
+    """A fresh directory for a run's logs: removed when the run ends well (unless ``keep``), kept and named
+    on stderr when it does not (or when asked to)."""
+    log_dir = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield log_dir
+    except BaseException:
+        print(f"logs kept in {log_dir}", file=sys.stderr)
+        raise
+    if keep:
+        print(f"logs kept in {log_dir}", file=sys.stderr)
+    else:
+        shutil.rmtree(log_dir, ignore_errors=True)
 
 
 @contextlib.contextmanager

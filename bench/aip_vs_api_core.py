@@ -41,10 +41,8 @@ import concurrent.futures
 import contextlib
 import importlib
 import json
-import shutil
 import statistics
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -59,8 +57,10 @@ import psycopg
 from _apps import PIPELINE_QUEUE, make_pipeline
 from _harness import (
     Child,
+    alarm,
     database_url,
     free_port,
+    log_directory,
     raise_on_sigterm,
     start_child,
     start_longcall_fleet,
@@ -71,7 +71,7 @@ from celery import Celery
 from google.api_core import exceptions as api_exceptions
 from google.api_core import operation as api_operation
 from google.api_core import retry as api_retry
-from lifecycle import Services, alarm, services
+from lifecycle import Services, services
 
 from demo_server.aip151_command import command as aip_server_command
 
@@ -535,17 +535,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.expire_after_done_s is None:
         args.expire_after_done_s = args.poll_interval_ms / 1000 + 1.0
     raise_on_sigterm()
-    log_dir = Path(tempfile.mkdtemp(prefix="lc-bench-aip-"))
-    ok = False
-    try:
-        with alarm(int(max(durations(args)) + args.wait_s + 180)):
-            result = measure(args, log_dir)
-        ok = True
-    finally:
-        if ok and not args.keep_logs:
-            shutil.rmtree(log_dir, ignore_errors=True)
-        else:
-            print(f"logs kept in {log_dir}", file=sys.stderr)
+    with (
+        log_directory("lc-bench-aip-", keep=args.keep_logs) as log_dir,
+        alarm(int(max(durations(args)) + args.wait_s + 180)),
+    ):
+        result = measure(args, log_dir)
     report(result)
     if args.json:
         print(json.dumps(result, indent=2, default=str))

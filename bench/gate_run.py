@@ -37,18 +37,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import httpx
@@ -57,6 +53,7 @@ from _apps import PIPELINE_QUEUE
 from _harness import (
     REPO,
     Child,
+    alarm,
     celery_worker_argv,
     child_env,
     database_url,
@@ -64,6 +61,7 @@ from _harness import (
     drop_database,
     free_port,
     fresh_database,
+    log_directory,
     logged,
     raise_on_sigterm,
     start_child,
@@ -599,20 +597,6 @@ def ledger_summary(fleet: Fleet) -> list[str]:
 # ------------------------------------------------------------------------------------------- the run
 
 
-@contextlib.contextmanager
-def alarm(seconds: int) -> Iterator[None]:
-    def expired(signum: int, frame: FrameType | None) -> None:
-        raise TimeoutError(f"the run went past its {seconds}s bound")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def run(args: argparse.Namespace, log_dir: Path) -> int:
     started = time.monotonic()
     with running_fleet(args, log_dir) as fleet:
@@ -667,18 +651,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--keep-logs", action="store_true", help="keep the processes' logs")
     args = parser.parse_args(argv)
     raise_on_sigterm()
-    log_dir = Path(tempfile.mkdtemp(prefix="lc-gate-run-"))
-    ok = False
-    try:
-        with alarm(args.max_s):
-            code = run(args, log_dir)
-        ok = True
-    finally:
-        if ok and not args.keep_logs:
-            shutil.rmtree(log_dir, ignore_errors=True)
-        else:
-            print(f"logs kept in {log_dir}", file=sys.stderr)
-    return code
+    with log_directory("lc-gate-run-", keep=args.keep_logs) as log_dir, alarm(args.max_s):
+        return run(args, log_dir)
 
 
 if __name__ == "__main__":

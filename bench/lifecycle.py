@@ -58,18 +58,14 @@ import multiprocessing
 import os
 import random
 import re
-import shutil
-import signal
 import socket
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import httpx
@@ -79,6 +75,7 @@ from _apps import NOOP_QUEUE, PIPELINE_QUEUE, make_pipeline, noop_counter
 from _harness import (
     LONGCALL_QUEUES,
     Child,
+    alarm,
     backend_pids,
     command_calls,
     cpu_seconds,
@@ -86,6 +83,7 @@ from _harness import (
     delete_prefixed,
     free_port,
     fresh_database,
+    log_directory,
     percentile,
     raise_on_sigterm,
     scaling_input,
@@ -241,22 +239,6 @@ def fleet_config(server_url: str, qps: float) -> str:
         f'url = "{server_url}"\n'
         f"poll_qps = {qps}\ncontrol_qps = {qps}\n"
     )
-
-
-@contextlib.contextmanager
-def alarm(seconds: int) -> Iterator[None]:
-    """The whole run is bounded: past ``seconds``, unwind (and clean up) like Ctrl-C."""
-
-    def expired(signum: int, frame: FrameType | None) -> None:
-        raise TimeoutError(f"the benchmark ran past its {seconds}s bound")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @dataclass
@@ -1126,17 +1108,8 @@ def main(argv: list[str] | None = None) -> int:
         args.n, args.paced, args.cancels, args.idle_s = 60, 30, 10, 3.0
         args.noop_n, args.noop_reps, args.unchanged_s, args.baseline_s = 600, 1, 5.0, 2.0
     raise_on_sigterm()
-    log_dir = Path(tempfile.mkdtemp(prefix="lc-bench-lifecycle-"))
-    ok = False
-    try:
-        with alarm(args.max_s):
-            result = measure(args, log_dir)
-        ok = True
-    finally:
-        if ok and not args.keep_logs:
-            shutil.rmtree(log_dir, ignore_errors=True)
-        else:
-            print(f"logs kept in {log_dir}", file=sys.stderr)
+    with log_directory("lc-bench-lifecycle-", keep=args.keep_logs) as log_dir, alarm(args.max_s):
+        result = measure(args, log_dir)
     ok = report(result)
     if args.json:
         print(json.dumps(result, indent=2, default=str))

@@ -21,9 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -31,8 +29,8 @@ from typing import Any
 
 import httpx
 import psycopg
-from _harness import database_url, raise_on_sigterm, target, wait_for
-from lifecycle import Fleet, alarm, running_fleet, services
+from _harness import alarm, database_url, log_directory, raise_on_sigterm, target, wait_for
+from lifecycle import Fleet, running_fleet, services
 
 
 def peak_per_second(times: list[float]) -> int:
@@ -168,19 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.window_s = 5.0
     raise_on_sigterm()
-    log_dir = Path(tempfile.mkdtemp(prefix="lc-bench-scaling-"))
-    ok = False
-    try:
-        with alarm(args.max_s):
-            runs = [one_size(args, processes, args.qps, log_dir) for processes in args.processes]
-            if args.cap_qps:
-                runs.append(one_size(args, max(args.processes), args.cap_qps, log_dir))
-        ok = True
-    finally:
-        if ok and not args.keep_logs:
-            shutil.rmtree(log_dir, ignore_errors=True)
-        else:
-            print(f"logs kept in {log_dir}", file=sys.stderr)
+    with log_directory("lc-bench-scaling-", keep=args.keep_logs) as log_dir, alarm(args.max_s):
+        runs = [one_size(args, processes, args.qps, log_dir) for processes in args.processes]
+        if args.cap_qps:
+            runs.append(one_size(args, max(args.processes), args.cap_qps, log_dir))
     passed = report(args, runs)
     if args.json:
         print(json.dumps(runs, indent=2))
