@@ -110,6 +110,12 @@ def current() -> tuple[str | None, str | None]:
     return _op_id.get(), _call_node_id.get()
 
 
+#: Libraries whose INFO lines repeat what a step's own lines say: httpx writes "HTTP Request: POST ..." for
+#: every request, a line per poll (and its formatting cost, in every step). Shown from WARNING unless the
+#: application set the logger's level itself (``logging.getLogger("httpx").setLevel(logging.INFO)``).
+QUIET_LIBRARY_LOGGERS = ("httpx", "httpcore")
+
+
 class LogContext(logging.Filter):
     """Adds ``op_id``, ``call_node_id``, ``task_name`` and ``task_id`` to every record (None when none)."""
 
@@ -238,6 +244,10 @@ def install(logger: logging.Logger) -> None:
             handler.setFormatter(JsonFormatter())
         elif chosen == "plain" and not isinstance(current_formatter, PlainFormatter):
             handler.setFormatter(PlainFormatter(current_formatter))
+    for name in QUIET_LIBRARY_LOGGERS:
+        library = logging.getLogger(name)
+        if library.level == logging.NOTSET:  # not configured by the application: longcall's default
+            library.setLevel(logging.WARNING)
     if idle_ticks_shown():
         return
     for name in CELERY_TICK_LOGGERS:

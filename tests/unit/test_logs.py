@@ -165,3 +165,30 @@ def test_the_format_comes_from_the_option_else_the_environment(monkeypatch: pyte
     monkeypatch.setenv("LONGCALL_LOG_FORMAT", "xml")
     with pytest.raises(ConfigError, match="'xml' is not one of plain, json"):
         logs.log_format()
+
+
+@pytest.fixture
+def library_levels() -> Iterator[None]:
+    """httpx's and httpcore's logger levels, restored after."""
+    before = {name: logging.getLogger(name).level for name in logs.QUIET_LIBRARY_LOGGERS}
+    try:
+        yield
+    finally:
+        for name, level in before.items():
+            logging.getLogger(name).setLevel(level)
+
+
+def test_httpx_request_lines_are_not_shown_at_info_unless_the_application_asks(
+    info_level: None, library_levels: None
+) -> None:
+    """A worker at INFO does not write httpx's "HTTP Request: POST ..." line for every poll; an application
+    that set httpx's level itself keeps it."""
+    for name in logs.QUIET_LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET)
+    logs.install(logging.getLogger("longcall-test-install"))
+    assert not logging.getLogger("httpx").isEnabledFor(logging.INFO)
+    assert logging.getLogger("httpx").isEnabledFor(logging.WARNING)
+
+    logging.getLogger("httpx").setLevel(logging.INFO)
+    logs.install(logging.getLogger("longcall-test-install"))
+    assert logging.getLogger("httpx").isEnabledFor(logging.INFO)
