@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import Connection, Engine, Row, func, literal, select, update
 
@@ -258,26 +258,29 @@ class Ledger(
         *,
         limit: int,
         lease_s: float,
-        epoch: int | None = None,
+        epoch: int | Literal["current"] | None = None,
         horizon_s: float = 0.0,
     ) -> list[Claim]:
         """:meth:`claim_due` for many servers in one statement and one transaction: each ``(server, room)``
         claims at most ``room`` of that server's due rows, in due order, and all of them together at most
         ``limit``, filled server by server in the order of ``rooms`` (issue 13: one claim per tick, not one
-        per configured server)."""
+        per configured server). ``epoch="current"`` takes the claimed rows over into the control row's
+        epoch as the statement reads it (the dispatcher's tick: no control read of its own)."""
         rooms = [(server, room) for server, room in rooms if room > 0]
         if limit <= 0 or not rooms:
             return []
         with self._tx() as conn:
             rows = conn.execute(
-                STATEMENTS.get(update_claim_due_by_server, epoch is not None),
+                STATEMENTS.get(
+                    update_claim_due_by_server, "current" if epoch == "current" else epoch is not None
+                ),
                 {
                     "claim_servers": [server for server, _ in rooms],
                     "claim_rooms": [min(room, limit) for _, room in rooms],
                     "claim_horizon": dt.timedelta(seconds=horizon_s),
                     "claim_limit": limit,
                     "claim_lease": dt.timedelta(seconds=lease_s),
-                    "claim_epoch": epoch,
+                    "claim_epoch": None if epoch == "current" else epoch,
                 },
             ).all()
         return [Claim.from_row(r) for r in rows]

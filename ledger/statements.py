@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 from sqlalchemy import (
     ARRAY,
@@ -427,14 +427,17 @@ def insert_operation() -> Any:
     return select(inserted).add_cte(appended)
 
 
-def _claim_values(with_epoch: bool) -> dict[str, Any]:
+def _claim_values(with_epoch: bool | Literal["current"]) -> dict[str, Any]:
     """A claim bumps the cursor and sets the lease (``claim_lease``); with ``claim_epoch``, it takes the row
-    over into that execution epoch (rule 13)."""
+    over into that execution epoch (rule 13); with ``"current"``, into the control row's epoch as the
+    statement itself reads it (no read of the control row before the claim)."""
     values: dict[str, Any] = {
         "poll_cursor": OP.c.poll_cursor + 1,
         "lease_until": func.now() + bindparam("claim_lease", type_=Interval()),
     }
-    if with_epoch:
+    if with_epoch == "current":
+        values["execution_epoch"] = func.greatest(OP.c.execution_epoch, current_epoch())
+    elif with_epoch:
         values["execution_epoch"] = func.greatest(
             OP.c.execution_epoch, bindparam("claim_epoch", type_=OP.c.execution_epoch.type)
         )
@@ -459,7 +462,7 @@ def update_claim_due(with_server: bool, with_epoch: bool) -> Any:
     return update(OP).where(OP.c.id == due.c.id).values(_claim_values(with_epoch)).returning(*CLAIM_COLUMNS)
 
 
-def update_claim_due_by_server(with_epoch: bool) -> Any:
+def update_claim_due_by_server(with_epoch: bool | Literal["current"]) -> Any:
     """``update_claim_due`` for many servers in one statement: for each ``claim_servers[i]``, at most
     ``claim_rooms[i]`` of its due rows (in due order, SKIP LOCKED, an index scan on
     ``ix_tool_operation_server_due`` each), and at most ``claim_limit`` over all of them, taken server by

@@ -133,3 +133,30 @@ def test_a_row_due_within_the_tick_is_claimed_with_its_delay(
     assert dispatch.op_id == soon
     assert ledger.get(beyond).lease_until is None
     assert 0.0 < dispatch.delay_s <= 2.0
+
+
+def test_a_tick_is_one_transaction_and_takes_an_older_epochs_row_into_the_current_one(
+    make_executor: MakeExecutor, ledger: Ledger
+) -> None:
+    """The claim reads the control row's epoch itself (rule 13): no control read of its own before it, and a
+    row the epoch take-over could not see (still of the older epoch) is claimed into the current one."""
+    executor = make_executor({"reports": 100})
+    op_id = due_row(ledger, "reports", -1.0)
+    assert ledger.bump_epoch(actor="test").execution_epoch == 2
+    with ledger.engine.begin() as conn:  # as if inserted by a transaction the take-over could not see
+        conn.execute(text("UPDATE tool_operation SET execution_epoch = 1 WHERE id = :id"), {"id": op_id})
+    transactions: list[object] = []
+
+    def began(conn: object) -> None:
+        transactions.append(conn)
+
+    event.listen(executor.rt.ledger.engine, "begin", began)
+    try:
+        [dispatch] = executor.dispatch_due()
+    finally:
+        event.remove(executor.rt.ledger.engine, "begin", began)
+
+    assert dispatch.op_id == op_id
+    assert len(transactions) == 1
+    claimed = ledger.get(op_id)
+    assert (claimed.execution_epoch, claimed.poll_cursor) == (2, dispatch.cursor)
