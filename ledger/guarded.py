@@ -16,10 +16,11 @@ from typing import Any, Literal
 
 from sqlalchemy import Connection, Engine, insert
 
+from ledger.errors import AdapterDisabled
 from ledger.events import EventKind
-from ledger.records import DueIn, Fence, NewReconciliation, Operation
+from ledger.records import DueIn, Fence, NewReconciliation, Operation, adapter_key
 from ledger.side_rows import open_reconciliation, record_stale, resolve_open_reconciliations
-from ledger.statements import OUTBOX, STATEMENTS, WriteShape, guarded_update
+from ledger.statements import OUTBOX, STATEMENTS, WriteShape, guarded_update, select_control
 from ledger.states import FINAL_STATES, NEVER_POLLED, IllegalTransition, OpState, TerminalKind, check_edges
 
 #: The columns the generic edge move (tests only) may set; identity, fencing and bookkeeping columns are
@@ -79,6 +80,9 @@ class GuardedWrite:
     #: above ``route_above``.
     after_intent: Literal["strict", "tolerate", "route"] = "strict"
     route_above: int = 0
+    #: ``(protocol, protocol_version)``: the write is refused (:class:`AdapterDisabled`, nothing written)
+    #: when this adapter is in ``executor_control.disabled_adapters`` as the write's own transaction reads it.
+    unless_disabled: tuple[str, str] | None = None
 
 
 class GuardedWrites:
@@ -171,6 +175,10 @@ class GuardedWrites:
             if isinstance(value, DueIn):
                 params[f"new_{name}_capped"] = value.capped
         with self._tx() as conn:
+            if write.unless_disabled is not None:
+                disabled = conn.execute(STATEMENTS.get(select_control)).one().disabled_adapters
+                if adapter_key(*write.unless_disabled) in disabled:
+                    raise AdapterDisabled(*write.unless_disabled)
             row = conn.execute(STATEMENTS.get(guarded_update, shape), params).first()
             if row is not None:
                 op = Operation.from_row(row)  # its event (or two) went in with the same statement

@@ -38,14 +38,26 @@ class OperationMoves(GuardedWrites):
     # ------------------------------------------------------------------------------ create (rules 1, 2)
 
     def record_create_attempt(
-        self, op_id: uuid.UUID, fence: Fence, *, descriptor_version: str | None, detail: Mapping[str, Any]
+        self,
+        op_id: uuid.UUID,
+        fence: Fence,
+        *,
+        descriptor_version: str | None,
+        detail: Mapping[str, Any],
+        unless_disabled: tuple[str, str] | None = None,
     ) -> Operation:
         """SUBMITTING stays: the create call is about to be made (``submit_attempted_at`` is set, so it is
-        never made again blindly) for the tool descriptor of this version. Event ``create_attempted``."""
+        never made again blindly) for the tool descriptor of this version. Event ``create_attempted``.
+
+        Raises:
+            AdapterDisabled: ``unless_disabled`` names an adapter (protocol, version) that is disabled for new
+                operations (rule 14), as this same transaction reads the control row: nothing is written.
+        """
         sets = {"submit_attempted_at": dt.datetime.now(dt.UTC), "tool_descriptor_version": descriptor_version}
-        return self._write(
-            op_id, fence, GuardedWrite((S.SUBMITTING,), None, EventKind.CREATE_ATTEMPTED, detail, sets)
+        write = GuardedWrite(
+            (S.SUBMITTING,), None, EventKind.CREATE_ATTEMPTED, detail, sets, unless_disabled=unless_disabled
         )
+        return self._write(op_id, fence, write)
 
     def undo_create_attempt(
         self, op_id: uuid.UUID, fence: Fence, *, retry_in_s: float, detail: Mapping[str, Any]

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 from sqlalchemy import text
 
+from ledger.errors import AdapterDisabled
 from ledger.repository import Ledger
+from ledger.states import OpState
 from tests import support
+from tests.integration.helpers import place
 
 
 def _waiting_on_a_lock(ledger: Ledger) -> int:
@@ -69,3 +73,32 @@ def test_disable_is_idempotent_and_enable_removes_only_its_own(ledger: Ledger) -
     ledger.set_adapter_disabled("mcp", "2025-11-25", disabled=False, actor="a")
     ledger.set_adapter_disabled("mcp", "2025-11-25", disabled=False, actor="a")
     assert ledger.control().disabled_adapters == ("aip151/v1",)
+
+
+def test_a_create_attempt_is_refused_in_its_own_transaction_once_its_adapter_is_disabled(
+    ledger: Ledger,
+) -> None:
+    """Rule 14 at the attempt itself: the control row is read in the transaction that would record the
+    create attempt, so an attempt after a disable has committed is refused with nothing written, and the
+    other adapters' attempts go on."""
+    op = place(ledger, OpState.SUBMITTING)
+    ledger.set_adapter_disabled(op.protocol, op.protocol_version, disabled=True, actor="operator")
+    events_before = len(ledger.events(op.id))
+    with pytest.raises(AdapterDisabled):
+        ledger.record_create_attempt(
+            op.id,
+            op.fence,
+            descriptor_version=None,
+            detail={},
+            unless_disabled=(op.protocol, op.protocol_version),
+        )
+    assert ledger.get(op.id).submit_attempted_at is None
+    assert len(ledger.events(op.id)) == events_before
+
+    ledger.set_adapter_disabled(op.protocol, op.protocol_version, disabled=False, actor="operator")
+    ledger.set_adapter_disabled("aip151", "v1", disabled=True, actor="operator")
+    adapter = (op.protocol, op.protocol_version)
+    attempted = ledger.record_create_attempt(
+        op.id, op.fence, descriptor_version=None, detail={}, unless_disabled=adapter
+    )
+    assert attempted.submit_attempted_at is not None

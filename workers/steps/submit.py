@@ -25,7 +25,7 @@ from adapters import (
 from ledger.errors import AdapterDisabled, UnstorableResult
 from ledger.events import EventKind
 from ledger.reasons import ReconciliationReason
-from ledger.records import Fence, Operation, adapter_key
+from ledger.records import Fence, Operation
 from ledger.states import OpState, TerminalKind
 from workers.errors import NoToken
 from workers.steps.cancel import send as send_cancel
@@ -63,11 +63,6 @@ def create(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved
         # Rule 6: a cancel was requested before any create was attempted (or before the resubmission that
         # followed a proof of "never created"): nothing runs on the server, and no create is made.
         return accept(ctx, op, TerminalKind.CANCELLED, None, audit={"why": "cancelled before any create"})
-    if adapter_key(op.protocol, op.protocol_version) in ctx.ledger.control().disabled_adapters:
-        # Rule 14: a disabled adapter version makes no new remote operation, a queued create or a
-        # resubmission included. Answered at once (no remote call): the pipeline hears why.
-        refusal = AdapterDisabled(op.protocol, op.protocol_version)
-        return _answered_at_once(ctx, op, fence, _refused_here(str(refusal)), EventKind.ADAPTER_DISABLED)
     server = ctx.server(op)
     adapter = ctx.adapter(op)
     budget = ctx.request_budget(op.server, "control")
@@ -78,12 +73,19 @@ def create(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved
     except ASK_AGAIN as exc:
         return ctx.retry_later(op, fence, exc, EventKind.CAPABILITIES_FAILED)
     tool = server.tools.get(op.tool_name)
-    op = ctx.ledger.record_create_attempt(
-        op.id,
-        fence,
-        descriptor_version=capabilities.descriptor_digest,
-        detail={"use_task": capabilities.use_task, "task_support": capabilities.task_support},
-    )
+    try:
+        op = ctx.ledger.record_create_attempt(
+            op.id,
+            fence,
+            descriptor_version=capabilities.descriptor_digest,
+            detail={"use_task": capabilities.use_task, "task_support": capabilities.task_support},
+            unless_disabled=(op.protocol, op.protocol_version),
+        )
+    except AdapterDisabled as refusal:
+        # Rule 14: a disabled adapter version makes no new remote operation, a queued create or a
+        # resubmission included; the control row is read in the attempt's own transaction, so no attempt is
+        # recorded after a disable has committed. Answered at once (no create call): the pipeline hears why.
+        return _answered_at_once(ctx, op, fence, _refused_here(str(refusal)), EventKind.ADAPTER_DISABLED)
     try:
         created = adapter.create(
             op.tool_name,
