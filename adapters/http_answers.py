@@ -174,8 +174,7 @@ def read_answer(
     if content_type == "application/json" and not resuming:
         body = read_bounded(answer, max_body_bytes, deadline)
         messages = parse_messages(decode_json(body))
-        exchange = _collect(messages, request_id, method, session_header, from_stream=False)
-        return replace(exchange, content_type=content_type)
+        return _collect(messages, request_id, method, session_header, from_stream=False)
     if content_type == "text/event-stream":
         return read_stream(
             answer,
@@ -310,7 +309,7 @@ def _collect(
         server_requests=tuple(requests),
         notifications=tuple(notifications),
         session_id=session_header,
-        content_type="" if not from_stream else "text/event-stream",
+        content_type="text/event-stream" if from_stream else "application/json",
     )
 
 
