@@ -63,33 +63,33 @@ class SseDecoder:
         return events
 
     def _feed_text(self, text: str) -> list[SseEvent]:
-        if self._at_start and text:
+        if not text:
+            return []  # (a chunk that ends inside a UTF-8 character) a CR before it still awaits its LF
+        if self._at_start:
             self._at_start = False
             text = text.removeprefix("\ufeff")
-        events: list[SseEvent] = []
-        start = 0
         if self._after_cr and text.startswith("\n"):
-            start = 1
-        self._after_cr = False
-        length = len(text)
-        i = start
-        while i < length:
-            char = text[i]
-            if char in "\r\n":
-                line = self._line + text[start:i]
-                self._line = ""
-                event = self._process_line(line)
-                if event is not None:
-                    events.append(event)
-                if char == "\r":
-                    if i + 1 < length:
-                        if text[i + 1] == "\n":
-                            i += 1
-                    else:
-                        self._after_cr = True
-                start = i + 1
-            i += 1
-        self._line += text[start:]
+            text = text[1:]  # the second half of a CRLF split between chunks
+        self._after_cr = text.endswith("\r")
+        # Split by str methods at one character at a time (memchr, not a Python loop over every character
+        # nor a search for "\r\n", slow on long lines): every poll of a server answering in SSE decodes an
+        # event, which may be large. A CR just before an LF is a CRLF; any other CR ends a line of its own.
+        pieces = text.split("\n")
+        lines: list[str] = []
+        for piece in pieces[:-1]:
+            lines += piece.removesuffix("\r").split("\r")
+        *ended, rest = pieces[-1].split("\r")
+        lines += ended
+        if not lines:
+            self._line += rest
+            return []
+        lines[0] = self._line + lines[0]
+        self._line = rest
+        events: list[SseEvent] = []
+        for line in lines:
+            event = self._process_line(line)
+            if event is not None:
+                events.append(event)
         return events
 
     def _process_line(self, line: str) -> SseEvent | None:
