@@ -103,6 +103,31 @@ def add_counting_noop(app: Celery, redis_url: str, keyprefix: str) -> None:
         client.incr(counter)
 
 
+def profile_worker_processes(directory: str) -> None:
+    """Profile every pool process of this worker on its CPU clock (``cProfile`` with ``time.process_time``)
+    from its start to its shutdown, one ``<pid>.prof`` each in ``directory`` (``lifecycle.py --profile``)."""
+    import cProfile  # noqa: PLC0415 - only when asked
+
+    from celery.signals import worker_process_init, worker_process_shutdown  # noqa: PLC0415
+
+    profiles: dict[int, cProfile.Profile] = {}
+
+    @worker_process_init.connect(weak=False)
+    def start(**_: Any) -> None:
+        profiles[os.getpid()] = profile = cProfile.Profile(time.process_time)
+        profile.enable()
+
+    @worker_process_shutdown.connect(weak=False)
+    def stop(**_: Any) -> None:
+        profile = profiles.pop(os.getpid(), None)
+        if profile is not None:
+            profile.disable()
+            profile.dump_stats(os.path.join(directory, f"{os.getpid()}.prof"))
+
+
+if "BENCH_PROFILE_DIR" in os.environ:
+    profile_worker_processes(os.environ["BENCH_PROFILE_DIR"])
+
 if "BENCH_LONGCALL_NOOP" in os.environ:
     from workers.app import app as longcall
 

@@ -305,7 +305,11 @@ def running_fleet(args: argparse.Namespace, log_dir: Path, svc: Services) -> Ite
         start_longcall_fleet(
             children,
             log_dir=log_dir,
-            longcall_env={**longcall_env, "BENCH_LONGCALL_NOOP": "1"},
+            longcall_env={
+                **longcall_env,
+                "BENCH_LONGCALL_NOOP": "1",
+                **({"BENCH_PROFILE_DIR": str(args.profile)} if args.profile else {}),
+            },
             workers=args.workers,
             concurrency=args.concurrency,
             redis_url=svc.redis_url,
@@ -634,13 +638,16 @@ def set_task_events(fleet: Fleet, enabled: bool) -> None:
         raise RuntimeError(f"task events {'on' if enabled else 'off'}: {answers}")
 
 
-def noop_rate(fleet: Fleet, count: int, idle_cpu_per_s: float) -> tuple[float, float]:
+def noop_rate(fleet: Fleet, count: int, idle_cpu_per_s: float) -> tuple[float, float, float]:
     """``count`` fire-and-forget ``bench.noop`` tasks through the longcall workers: tasks/s from the first
-    send to the last completion (the Redis counter every run INCRs), and worker CPU seconds per task net of
-    what the idle workers spend in as long (``idle_cpu_per_s``), as the unchanged-poll figure is."""
+    send to the last completion (the Redis counter every run INCRs), worker CPU seconds per task net of
+    what the idle workers spend in as long (``idle_cpu_per_s``), as the unchanged-poll figure is, and the
+    Redis commands per task other than the task's own INCR: what one Celery message costs the broker
+    (send, receive, the late-ack bookkeeping, the task events), idle calls included."""
     counter = noop_counter(fleet.prefix)
     fleet.redis.delete(counter)
     fleet.own_calls += 1
+    calls0 = fleet.counters()
     cpu0 = fleet.cpu()["longcall workers"]
     started = time.perf_counter()
     for _ in range(count):
@@ -653,7 +660,9 @@ def noop_rate(fleet: Fleet, count: int, idle_cpu_per_s: float) -> tuple[float, f
     wait_for(f"{count} no-op tasks", done, timeout=fleet.args.wait_s, interval=0.005)
     elapsed = time.perf_counter() - started
     cpu = fleet.cpu()["longcall workers"] - cpu0 - idle_cpu_per_s * elapsed
-    return count / elapsed, cpu / count
+    calls1 = fleet.counters()
+    calls = calls1.redis_calls - calls0.redis_calls - (calls1.own_calls - calls0.own_calls) - count
+    return count / elapsed, cpu / count, calls / count
 
 
 def noop_baseline(fleet: Fleet, idle_cpu_per_s: float) -> dict[str, Any]:
@@ -669,6 +678,7 @@ def noop_baseline(fleet: Fleet, idle_cpu_per_s: float) -> dict[str, Any]:
             out["on" if enabled else "off"] = {
                 "per_s": statistics.median(r[0] for r in runs),
                 "cpu_s_per_task": statistics.median(r[1] for r in runs),
+                "redis_calls_per_message": statistics.median(r[2] for r in runs),
             }
     finally:
         set_task_events(fleet, fleet.events_configured)
@@ -862,6 +872,9 @@ def figures(
         "ledger_calls_per_op": xact_net / xact_per_call,
         "redis_calls_per_op": redis_net,
         "redis_calls_per_op_raw": redis_raw,
+        # What the broker's own handling of the op's messages accounts for, at a no-op message's cost.
+        "redis_calls_per_message": noop[configured]["redis_calls_per_message"],
+        "redis_calls_per_op_transport": messages * noop[configured]["redis_calls_per_message"],
         "redis_commands_per_op_raw": {
             name: (count - before.by_command.get(name, 0)) / n
             for name, count in sorted(
@@ -989,6 +1002,13 @@ def report(f: dict[str, Any]) -> bool:
         f"  Redis calls/op: {f['redis_calls_per_op']:.1f} net of idle ({f['redis_calls_per_op_raw']:.1f} raw;"
         f" idle fleet {f['idle']['redis_calls_per_s']:.1f}/s; broker, results, events, buckets)"
     )
+    transport = f["redis_calls_per_op_transport"]
+    print(
+        f"    of which the Celery transport's own, at a no-op message's cost: {transport:.1f}"
+        f" (= {f['messages_per_op']:.2f} messages x {f['redis_calls_per_message']:.1f} Redis calls per no-op"
+        f" message, same run); the rest, longcall's own (buckets, CAS, results, drains):"
+        f" {f['redis_calls_per_op'] - transport:.1f}"
+    )
     commands = ", ".join(f"{k} {v:.1f}" for k, v in list(f["redis_commands_per_op_raw"].items())[:10])
     print(f"    by command (raw, the ten largest): {commands}")
     by_task = ", ".join(f"{k} {v:.2f}" for k, v in f["messages_by_task_per_op"].items() if v)
@@ -1089,6 +1109,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--unchanged", type=int, default=60, help="operations polled unchanged")
     parser.add_argument("--unchanged-s", type=float, default=10.0, help="the unchanged-poll window")
     parser.add_argument("--quick", action="store_true", help="a short run: smaller phases")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="profile the longcall pool processes on their CPU clock: one <pid>.prof each in this directory",
+    )
     parser.add_argument(
         "--qps",
         type=float,
