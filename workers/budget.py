@@ -15,6 +15,11 @@ bucket and second, kept :data:`RATE_KEEP_S` seconds, so the requests a server re
 set against its ``poll_qps`` / ``control_qps`` without any state in a worker. The same script also raises
 the highest count of any one second per server, bucket and hour (:func:`peak_key`, kept :data:`PEAK_KEEP_S`),
 which the launch gate (``longcall gate``) sets against the budgets over the last week.
+
+A charge is one Redis round trip when it can be: a token granted for now counts its request in the script
+that grants it (:func:`~workers.hot.counted_by_take`). A request whose token was prepaid, or whose slot was
+booked ahead and waited for, is counted when it is sent (``request_meter.lua``), so each request still
+counts in the second it leaves.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from pathlib import Path
 import httpx
 import redis
 
-from workers.hot import Budget
+from workers.hot import Budget, MeterCount, counted_by_take
 
 __all__ = [
     "BUDGET_HEADER",
@@ -86,14 +91,24 @@ class TokenBudget:
         self._meter = meter
 
     def charge(self) -> None:
+        counted = False
         if self._prepaid > 0:
             self._prepaid -= 1
         else:
-            self._take(follow_up=self._paid > 0)
+            counted = self._take_and_count(follow_up=self._paid > 0)
         self._paid += 1
-        if self._meter is not None:
+        if self._meter is not None and not counted:
             self._meter()
         _charged.set(self.bucket)
+
+    def _take_and_count(self, *, follow_up: bool) -> bool:
+        """Take a token; True if the take counted the request as well (a token granted for now)."""
+        if not isinstance(self._meter, RequestMeter):
+            self._take(follow_up=follow_up)
+            return False
+        with counted_by_take(self._meter.count()) as count:
+            self._take(follow_up=follow_up)
+        return count.counted
 
     def __repr__(self) -> str:
         return f"TokenBudget({self.bucket!r})"
@@ -123,15 +138,21 @@ class RequestMeter:
         self._script = client.register_script(_METER_LUA)
 
     def __call__(self) -> None:
-        second = int(time.time())
-        keys = [
-            rate_key(self._prefix, self._server, self._bucket, second),
-            peak_key(self._prefix, self._server, self._bucket, second),
-        ]
+        count = self.count()
         try:
-            self._script(keys=keys, args=[RATE_KEEP_S, PEAK_KEEP_S])
+            self._script(keys=list(count.keys), args=list(count.keep_s))
         except redis.RedisError as exc:
             log.debug("request rate not counted for %s/%s: %s", self._server, self._bucket, exc)
+
+    def count(self) -> MeterCount:
+        """The request about to be sent, as a token take may count it (:func:`~workers.hot.counted_by_take`):
+        the keys of this second, and how long each is kept."""
+        second = int(time.time())
+        keys = (
+            rate_key(self._prefix, self._server, self._bucket, second),
+            peak_key(self._prefix, self._server, self._bucket, second),
+        )
+        return MeterCount(keys, (RATE_KEEP_S, PEAK_KEEP_S))
 
 
 def label_request(request: httpx.Request) -> None:

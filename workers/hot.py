@@ -8,8 +8,11 @@ generation is re-seeded from the ledger, which stays the record of truth.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import uuid
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from importlib import resources
 from typing import Literal
@@ -38,6 +41,34 @@ class Token:
     wait_s: float
 
 
+@dataclass(slots=True)
+class MeterCount:
+    """One request for the request meter (``workers.budget.RequestMeter``): its second's counter and its
+    hour's highest (named by the meter, on the worker's clock) and how long each is kept. ``counted`` is
+    set by the :meth:`HotState.take` that counted it (see :func:`counted_by_take`)."""
+
+    keys: tuple[str, str]
+    keep_s: tuple[int, int]
+    counted: bool = False
+
+
+#: The request the take under way pays for (see :func:`counted_by_take`).
+_counting: ContextVar[MeterCount | None] = ContextVar("longcall_meter_count", default=None)
+
+
+@contextlib.contextmanager
+def counted_by_take(count: MeterCount) -> Iterator[MeterCount]:
+    """While the block runs, a :meth:`HotState.take` that grants a token for now also counts ``count``, in
+    the same script and round trip, and sets ``count.counted``; a refusal or a slot booked ahead leaves it
+    uncounted (the caller meters the request when it sends it). Ambient rather than an argument: the take
+    is reached through the step's own ``take`` (the budget's callable), which knows nothing of the meter."""
+    reset = _counting.set(count)
+    try:
+        yield count
+    finally:
+        _counting.reset(reset)
+
+
 class HotState:
     def __init__(self, client: redis.Redis, *, prefix: str = "longcall:") -> None:
         self.client = client
@@ -62,20 +93,24 @@ class HotState:
         that comes due is never wasted because no caller happened to ask at that instant.
 
         While the server's hold (:meth:`hold`) runs, every call to it is refused, on either bucket, with the
-        hold's time left as the wait: the same script, the same round trip.
+        hold's time left as the wait: the same script, the same round trip. Inside :func:`counted_by_take`,
+        a token granted for now also counts its request for the meter, again in the same round trip.
         """
         interval_us = max(1, math.ceil(1_000_000 / (rate_per_s * RATE_HEADROOM)))
-        key = f"{self.prefix}bucket:{server}:{budget}"
-        granted, wait_us = self._call(
-            self._bucket,
-            [key, self.hold_key(server)],
-            [
-                interval_us,
-                burst_for(rate_per_s) * interval_us,
-                math.floor(max(0.0, horizon_s) * 1_000_000),
-                math.ceil(MAX_SERVER_WAIT_S * 1_000_000),
-            ],
-        )
+        keys = [f"{self.prefix}bucket:{server}:{budget}", self.hold_key(server)]
+        args = [
+            interval_us,
+            burst_for(rate_per_s) * interval_us,
+            math.floor(max(0.0, horizon_s) * 1_000_000),
+            math.ceil(MAX_SERVER_WAIT_S * 1_000_000),
+        ]
+        count = _counting.get()
+        if count is not None and not count.counted:
+            keys.extend(count.keys)
+            args.extend(count.keep_s)
+        granted, wait_us, *counted = self._call(self._bucket, keys, args)
+        if count is not None and counted:
+            count.counted = True
         return Token(bool(granted), int(wait_us) / 1_000_000)
 
     def hold(self, server: str, delay_s: float) -> float:

@@ -6,9 +6,15 @@
 -- ARGV[3]  reservation horizon in microseconds (how far ahead a caller may book a slot and wait for it)
 -- ARGV[4]  the longest hold kept, in microseconds from now (workers.hot.MAX_SERVER_WAIT_S): a hold set
 --          longer (by a worker without that cap, during a rolling deploy) is cut to it here too
+-- KEYS[3], KEYS[4], ARGV[5], ARGV[6], optional: request_meter.lua's keys and expiries for the request this
+--          token pays for. A token granted for now counts the request there too (the caller sends it at
+--          once), so a charge is one round trip; a slot booked ahead counts nothing (the caller meters the
+--          request when it sends it, in that second). Without them the script is what it was.
 -- Returns {1, delay_us}: granted; make the call after delay_us (0 = now). {0, wait_us}: refused; the next
--- slot within reach is wait_us away, so ask again then.
--- Redis TIME is the one clock, so worker clocks never matter.
+-- slot within reach is wait_us away, so ask again then. {1, 0, count}: granted for now and counted, the
+-- request's second now at count.
+-- Redis TIME is the one clock, so worker clocks never matter (the meter's second is the worker's: its keys
+-- come named).
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000000 + tonumber(now_parts[2])
 local interval = tonumber(ARGV[1])
@@ -37,4 +43,24 @@ redis.call('SET', KEYS[1], tat + interval, 'PX', math.ceil((tat + interval - now
 if ahead < 0 then
   ahead = 0
 end
-return {1, ahead}
+if ahead > 0 or #KEYS < 4 then
+  return {1, ahead}
+end
+-- request_meter.lua, step for step. A metric is never worth a request: its failure leaves the grant as is.
+local counted, n = pcall(function()
+  local count = redis.call('INCR', KEYS[3])
+  if count == 1 then
+    redis.call('EXPIRE', KEYS[3], tonumber(ARGV[5]))
+    redis.call('SET', KEYS[4], 1, 'NX', 'EX', tonumber(ARGV[6]))
+    return count
+  end
+  local highest = tonumber(redis.call('GET', KEYS[4]) or '0')
+  if count > highest then
+    redis.call('SET', KEYS[4], count, 'EX', tonumber(ARGV[6]))
+  end
+  return count
+end)
+if not counted then
+  return {1, 0}
+end
+return {1, 0, n}
