@@ -13,6 +13,7 @@ import httpx
 
 from adapters import AdapterConfig, AdapterRegistry, Timeouts, ToolAdapter, default_registry
 from adapters.base import ToolRoute
+from adapters.streamable_http import parse_cookies_only_when_set
 from workers.budget import label_request
 from workers.errors import UnknownServer
 from workers.settings import FleetConfig, ServerConfig
@@ -68,6 +69,7 @@ class RemotePool:
                     timeout=httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool),
                     event_hooks={"request": [label_request]},  # names the bucket each request was charged to
                 )
+                parse_cookies_only_when_set(client)  # every protocol's client, not only MCP 2025-11-25's
                 self._clients.append(client)
                 adapter = factory(config, client)
                 self._adapters[key] = adapter
