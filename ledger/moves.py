@@ -14,11 +14,12 @@ name columns. ``Ledger`` inherits these moves; its other transactions live in ``
 from __future__ import annotations
 
 import datetime as dt
+import math
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import func, update
+from sqlalchemy import func, text, update
 
 from ledger.digests import digest
 from ledger.errors import OperationNotFound
@@ -30,6 +31,9 @@ from ledger.statements import OP
 from ledger.states import IllegalTransition, OpState, TerminalKind
 
 S = OpState
+
+#: A lease renewal's own statement timeout (``set_config(..., is_local)``: this transaction only).
+RENEWAL_TIMEOUT = text("SELECT set_config('statement_timeout', :ms, true)")
 
 
 class OperationMoves(GuardedWrites):
@@ -288,6 +292,9 @@ class OperationMoves(GuardedWrites):
             .returning(OP.c.id)
         )
         with self._tx() as conn:
+            # Bounded: one process renews all its claims one after another (workers/lease.py), so a renewal
+            # stuck behind a lock must not hold the others past their next due time.
+            conn.execute(RENEWAL_TIMEOUT, {"ms": str(max(100, math.ceil(lease_s * 1000 / 3)))})
             return conn.execute(renewal).first() is not None
 
     # ------------------------------------------------------------------------- result, accept (7, 8)

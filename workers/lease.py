@@ -86,9 +86,11 @@ class _LeaseKeeper:
     def register(self, claim: _Claim) -> None:
         with self._lock:
             self._claims.add(claim)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=KEEPER_NAME, daemon=True)
-                self._thread.start()
+            if self._thread is None or not self._thread.is_alive():
+                # The first claim, or a keeper that died: a new one (assigned only once it runs).
+                keeper = threading.Thread(target=self._run, name=KEEPER_NAME, daemon=True)
+                keeper.start()
+                self._thread = keeper
             elif claim.due < self._wakes_at:
                 self._wake.notify()
 
@@ -101,6 +103,17 @@ class _LeaseKeeper:
                 self._settled.wait_for(lambda: self._renewing is not claim, timeout=claim.lease_s)
 
     def _run(self) -> None:
+        try:
+            self._renew_forever()
+        except BaseException:
+            # Never expected (a renewal's own errors are caught below); the next step that registers a claim
+            # starts a new keeper.
+            log.error("the lease keeper stopped; the next claim starts another", exc_info=True)
+            with self._lock:
+                self._renewing = None
+                self._settled.notify_all()
+
+    def _renew_forever(self) -> None:
         while True:
             claim = self._next_due()
             renewed = True

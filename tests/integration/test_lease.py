@@ -252,3 +252,47 @@ def _exit_with(failure: Path, body: Callable[[], None]) -> None:
         failure.write_text(traceback.format_exc())
     finally:
         os._exit(code)
+
+
+def test_a_renewal_stuck_behind_a_row_lock_gives_up_in_time_and_the_other_claims_are_renewed(
+    ledger: Ledger, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One keeper renews a process's claims one after another, so a renewal waiting on a lock must not hold
+    the others: its statement timeout (a third of the lease) ends it, it is logged and tried again, and the
+    other claim's lease keeps moving while the first row stays locked (found in review: unbounded, one
+    stuck renewal stopped every renewal of the process)."""
+    stuck, other = claimed(ledger, "n/stuck"), claimed(ledger, "n/other")
+    holder = ledger.engine.connect()
+    holder.begin()
+    holder.exec_driver_sql("SELECT id FROM tool_operation WHERE id = %s FOR UPDATE", (stuck.id,))
+    try:
+        with (
+            caplog.at_level(logging.WARNING, logger="longcall.lease"),
+            keep_lease(ledger, stuck.id, stuck.fence, LEASE_S),
+            keep_lease(ledger, other.id, other.fence, LEASE_S),
+        ):
+            wait_renewed(ledger, other.id, times=3)
+    finally:
+        holder.rollback()
+        holder.close()
+    assert any("statement timeout" in str(r.exc_info[1]) for r in caplog.records if r.exc_info), [
+        r.getMessage() for r in caplog.records
+    ]
+
+
+def test_a_keeper_that_died_is_replaced_by_the_next_claim(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Were the keeper thread to end (not by a renewal's own error: those are caught), the next claim starts
+    another instead of waiting for renewals that never come."""
+    first = claimed(ledger, "n/first-keeper")
+    with keep_lease(ledger, first.id, first.fence, LEASE_S):
+        wait_renewed(ledger, first.id, times=1)
+    keeper = lease._keeper
+    dead = threading.Thread(target=lambda: None)
+    dead.start()
+    dead.join(timeout=5)
+    monkeypatch.setattr(keeper, "_thread", dead)  # as if the keeper had died
+    second = claimed(ledger, "n/second-keeper")
+    with keep_lease(ledger, second.id, second.fence, LEASE_S):
+        wait_renewed(ledger, second.id)
