@@ -20,7 +20,7 @@ from ledger.errors import AdapterDisabled
 from ledger.events import EventKind
 from ledger.records import DueIn, Fence, NewReconciliation, Operation, adapter_key
 from ledger.side_rows import open_reconciliation, record_stale, resolve_open_reconciliations
-from ledger.statements import OUTBOX, STATEMENTS, WriteShape, guarded_update, select_control
+from ledger.statements import OUTBOX, STATEMENTS, WriteShape, guarded_update, select_disabled_adapters
 from ledger.states import FINAL_STATES, NEVER_POLLED, IllegalTransition, OpState, TerminalKind, check_edges
 
 #: The columns the generic edge move (tests only) may set; identity, fencing and bookkeeping columns are
@@ -176,7 +176,7 @@ class GuardedWrites:
                 params[f"new_{name}_capped"] = value.capped
         with self._tx() as conn:
             if write.unless_disabled is not None:
-                disabled = conn.execute(STATEMENTS.get(select_control)).one().disabled_adapters
+                disabled = conn.execute(STATEMENTS.get(select_disabled_adapters)).scalar_one()
                 if adapter_key(*write.unless_disabled) in disabled:
                     raise AdapterDisabled(*write.unless_disabled)
             row = conn.execute(STATEMENTS.get(guarded_update, shape), params).first()

@@ -518,6 +518,13 @@ def select_control() -> Any:
     return select(CONTROL).where(CONTROL.c.id == 1)
 
 
+def select_disabled_adapters() -> Any:
+    """The adapters disabled for new operations, the control row share-locked: a disable (an UPDATE of the
+    row) waits for the transaction that read it, so what that transaction records was decided on what is
+    true at its commit."""
+    return select(CONTROL.c.disabled_adapters).where(CONTROL.c.id == 1).with_for_update(read=True)
+
+
 def select_operation_by_id() -> Any:
     return select(OP).where(OP.c.id == bindparam("op_id"))
 

@@ -25,7 +25,7 @@ from adapters import (
 from ledger.errors import AdapterDisabled, UnstorableResult
 from ledger.events import EventKind
 from ledger.reasons import ReconciliationReason
-from ledger.records import Fence, Operation
+from ledger.records import Fence, Operation, adapter_key
 from ledger.states import OpState, TerminalKind
 from workers.errors import NoToken
 from workers.steps.cancel import send as send_cancel
@@ -36,6 +36,8 @@ from workers.steps.result import accept, error_result, fetch, result_json, stora
 #: A capabilities read or a lookup that failed decided nothing (a "not found" included: the lookup, not
 #: the error, proves "never created"): ask again later.
 ASK_AGAIN: tuple[type[AdapterError], ...] = (*TRY_AGAIN, NotFound)
+#: What a capabilities read may end in short of an answer.
+CAPABILITIES_FAILURES: tuple[type[Exception], ...] = (Rejected, NoToken, *ASK_AGAIN)
 
 
 def advance_submission(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
@@ -68,9 +70,15 @@ def create(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved
     budget = ctx.request_budget(op.server, "control")
     try:
         capabilities = adapter.capabilities(op.tool_name, budget=budget)
-    except Rejected as exc:
-        return _answered_at_once(ctx, op, fence, error_result(exc), EventKind.REJECTED)
-    except ASK_AGAIN as exc:
+    except CAPABILITIES_FAILURES as exc:
+        # Rule 14 before anything else the failure would decide: a version disabled because its server
+        # moved on or broke answers here, not with the server's refusal, a retry or a token wait.
+        if _disabled(ctx, op):
+            return _refused_as_disabled(ctx, op, fence, AdapterDisabled(op.protocol, op.protocol_version))
+        if isinstance(exc, Rejected):
+            return _answered_at_once(ctx, op, fence, error_result(exc), EventKind.REJECTED)
+        if not isinstance(exc, AdapterError):  # NoToken: rescheduled by the step's guard
+            raise
         return ctx.retry_later(op, fence, exc, EventKind.CAPABILITIES_FAILED)
     tool = server.tools.get(op.tool_name)
     try:
@@ -83,9 +91,10 @@ def create(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved
         )
     except AdapterDisabled as refusal:
         # Rule 14: a disabled adapter version makes no new remote operation, a queued create or a
-        # resubmission included; the control row is read in the attempt's own transaction, so no attempt is
-        # recorded after a disable has committed. Answered at once (no create call): the pipeline hears why.
-        return _answered_at_once(ctx, op, fence, _refused_here(str(refusal)), EventKind.ADAPTER_DISABLED)
+        # resubmission included; the control row is read (FOR SHARE) in the attempt's own transaction, so no
+        # attempt is recorded once a disable has committed, and a disable waits for an attempt being
+        # recorded. The happy path reads it there only: one transaction, not a read before capabilities.
+        return _refused_as_disabled(ctx, op, fence, refusal)
     try:
         created = adapter.create(
             op.tool_name,
@@ -206,6 +215,18 @@ def _answered_at_once(
     if unstorable_why is not None:
         return unstorable(ctx, op, fence, unstorable_why, result)
     return fetch(ctx, op, fence)
+
+
+def _disabled(ctx: StepContext, op: Operation) -> bool:
+    """Whether the operation's adapter version is disabled for new operations now (rule 14)."""
+    return adapter_key(op.protocol, op.protocol_version) in ctx.ledger.control().disabled_adapters
+
+
+def _refused_as_disabled(
+    ctx: StepContext, op: Operation, fence: Fence, refusal: AdapterDisabled
+) -> StepOutcome:
+    """Answered at once, with no create call: the pipeline hears why (rule 14)."""
+    return _answered_at_once(ctx, op, fence, _refused_here(str(refusal)), EventKind.ADAPTER_DISABLED)
 
 
 def _refused_here(message: str) -> RemoteResult:
