@@ -32,6 +32,8 @@ from ledger.statements import EVENT, OP
 #: The jsonb round trip, in Postgres itself: the same bind and result processing as the ``result`` column.
 _STORED_FORM = select(bindparam("value", type_=OP.c.result.type).cast(OP.c.result.type))
 
+_SERVER_ENCODING = select(func.current_setting("server_encoding"))
+
 #: The deepest nesting :func:`jsonb_keeps` vouches for; deeper values ask Postgres (its parser has a stack
 #: depth limit of its own).
 KEPT_DEPTH = 64
@@ -40,13 +42,14 @@ KEPT_INT_DIGITS = 1000
 _KEPT_INT_BOUND = 10**KEPT_INT_DIGITS
 
 
-def jsonb_keeps(value: Any) -> bool:
+def jsonb_keeps(value: Any, *, utf8: bool = True) -> bool:
     """Whether Postgres jsonb gives ``value`` back unchanged (the same canonical JSON), known without asking
     it. True only for values made of: ``None``, booleans, integers under :data:`KEPT_INT_DIGITS` digits,
     finite floats whose ``repr`` has no exponent and that are not ``-0.0`` (jsonb keeps a number's digits
     and scale, and those are the digits Python reads back), strings without ``\\u0000`` that are Unicode
     text, lists of these, and dicts of these with string keys, nested at most :data:`KEPT_DEPTH`
-    deep. False means "ask Postgres", not "unstorable"."""
+    deep; on a database whose encoding is not UTF8 (``utf8=False``), strings of ASCII only. False means
+    "ask Postgres", not "unstorable"."""
     pending: list[tuple[Any, int]] = [(value, 0)]
     while pending:
         item, depth = pending.pop()
@@ -54,7 +57,7 @@ def jsonb_keeps(value: Any) -> bool:
             continue
         kind = type(item)
         if kind is str:
-            if "\x00" in item or not _is_text(item):
+            if "\x00" in item or not _is_text(item) or not (utf8 or item.isascii()):
                 return False
         elif kind is int:
             if not -_KEPT_INT_BOUND < item < _KEPT_INT_BOUND:
@@ -66,7 +69,7 @@ def jsonb_keeps(value: Any) -> bool:
             if depth >= KEPT_DEPTH:
                 return False
             for key, child in item.items():
-                if type(key) is not str or "\x00" in key or not _is_text(key):
+                if type(key) is not str or "\x00" in key or not _is_text(key) or not (utf8 or key.isascii()):
                     return False
                 pending.append((child, depth + 1))
         elif kind is list:
@@ -101,7 +104,7 @@ class ResultStorage(GuardedWrites):
             canonical_json(value)
         except NotJson as exc:
             raise UnstorableResult(f"not JSON: {exc}") from exc
-        if jsonb_keeps(value):
+        if jsonb_keeps(value, utf8=self._utf8_database()):
             return value
         try:
             with self._tx() as conn:
@@ -110,6 +113,15 @@ class ResultStorage(GuardedWrites):
             raise UnstorableResult(f"not storable in jsonb: {str(exc.orig).splitlines()[0]}") from exc
         except ValueError as exc:  # read back: e.g. an integer over Python's digit limit
             raise UnstorableResult(f"not readable back from jsonb: {exc}") from exc
+
+    def _utf8_database(self) -> bool:
+        """Whether the ledger database stores text as UTF8 (read once: a database keeps its encoding)."""
+        utf8: bool | None = getattr(self, "_utf8", None)
+        if utf8 is None:
+            with self._tx() as conn:
+                utf8 = conn.execute(_SERVER_ENCODING).scalar_one() == "UTF8"
+            self._utf8 = utf8
+        return utf8
 
     def contradictions_since_fetch(self, op_id: uuid.UUID) -> tuple[int, float | None]:
         """How many ``result_contradicts_status`` events the operation has had since its result fetch

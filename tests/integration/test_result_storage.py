@@ -33,6 +33,7 @@ def round_trip(ledger: Ledger, value: Any) -> Any:
 def statements(ledger: Ledger) -> Iterator[list[str]]:
     """The SQL statements the ledger's engine runs while the test runs."""
     seen: list[str] = []
+    ledger.as_stored(0)  # the database's encoding, read once per ledger, is not what these tests count
 
     def note(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
         seen.append(statement)
@@ -100,6 +101,14 @@ def test_a_value_jsonb_may_change_or_refuse_is_asked_of_postgres(
     with contextlib.suppress(UnstorableResult):  # refused by jsonb: the caller's unstorable path
         ledger.as_stored(value)
     assert len(statements) == 1
+
+
+def test_on_a_database_not_in_utf8_only_ascii_text_is_vouched_for() -> None:
+    """Postgres converts text to a non-UTF8 database's encoding (or refuses it): asked, not vouched for."""
+    assert jsonb_keeps({"k": "plain"}, utf8=False)
+    assert not jsonb_keeps({"k": "é"}, utf8=False)
+    assert not jsonb_keeps({"é": 1}, utf8=False)
+    assert jsonb_keeps({"é": "\u2028"}, utf8=True)
 
 
 def test_the_floats_and_numbers_jsonb_changes_are_the_ones_it_is_not_trusted_with(ledger: Ledger) -> None:
