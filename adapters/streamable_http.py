@@ -190,7 +190,8 @@ class StreamableHttpClient:
 
     def _timeout(self, read: float) -> _TimeoutExtension:
         if read == self._timeouts.read:
-            return self._usual_timeout
+            # A copy: httpx hands the mapping itself to the request's extensions, where a hook may change it.
+            return {"timeout": dict(self._usual_timeout["timeout"])}
         return _timeout_extension(self._timeouts, read)
 
     def request(
@@ -351,7 +352,7 @@ class StreamableHttpClient:
                 self._endpoint,
                 content=_encode(dict(message)),
                 headers=headers,
-                extensions=self._usual_timeout,
+                extensions=self._timeout(self._timeouts.read),
             ) as answer:
                 if answer.status_code in (200, 202, 204):
                     return
