@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -10,6 +13,67 @@ import redis
 from ledger.migrate import upgrade
 from ledger.repository import Ledger
 from tests import support
+
+#: How long a test waits for its turn beside (or, marked ``serial``, without) the other xdist worker's tests:
+#: the longest serial test's own timeout (test_simulation's 300 s) and then some.
+TURN_TIMEOUT_S = 900.0
+
+
+def _take_lock(lock: int, mode: int, what: str, deadline: float) -> None:
+    while True:
+        try:
+            fcntl.flock(lock, mode | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"waited {TURN_TIMEOUT_S:.0f} s for {what}") from None
+            time.sleep(0.05)  # a bounded retry interval: the other worker's test is still running
+        else:
+            return
+
+
+@contextlib.contextmanager
+def _turn(lock_dir: Path, alone: bool) -> Iterator[None]:
+    """Under xdist: a ``serial`` test holds the run's lock exclusively, every other test holds it shared.
+    The gate is taken first, so a serial test waiting for the running test is not overtaken by the next one
+    (the gate is held shared only while the main lock is taken)."""
+    deadline = time.monotonic() + TURN_TIMEOUT_S
+    mode = fcntl.LOCK_EX if alone else fcntl.LOCK_SH
+    gate = (lock_dir / "serial-gate.lock").open("a")
+    main = (lock_dir / "serial.lock").open("a")
+    try:
+        _take_lock(gate.fileno(), mode, "the gate of the serial lock", deadline)
+        _take_lock(
+            main.fileno(), mode, "a serial test to end" if not alone else "the other tests to end", deadline
+        )
+        if not alone:
+            fcntl.flock(gate.fileno(), fcntl.LOCK_UN)
+        yield
+    finally:
+        main.close()  # closing releases its lock
+        gate.close()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+    """A test marked ``serial`` (it measures rates or time against a bound) runs with no other test beside
+    it: on the other xdist worker, the next test waits. The wait is outside the test's own timeout and its
+    durations. Without xdist (``-n 0``) tests run one at a time anyway."""
+    basetemp = item.config.option.basetemp
+    if not hasattr(item.config, "workerinput") or not basetemp:
+        return (yield)
+    # The workers' base directories (popen-gw0, popen-gw1) share this run's parent: the lock is this run's.
+    with _turn(Path(basetemp).parent, alone=item.get_closest_marker("serial") is not None):
+        return (yield)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """One xdist worker runs all the conformance tests of one MCP peer (``mcp_peer`` is session-scoped and
+    parametrized over the peers): each peer starts once, not once per worker."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "mcp_peer" in callspec.params:
+            item.add_marker(pytest.mark.xdist_group(f"peer-{callspec.params['mcp_peer']}"))
 
 
 @pytest.fixture(scope="session")

@@ -114,6 +114,7 @@ MEASURE_S = 10.0
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # the gaps between polls and the cancel's 2 s are measured on the clock
 def test_past_expiry_never_polls_faster_than_the_interval_nor_starves_a_cancel(
     fleet_parts: FleetParts,
 ) -> None:

@@ -53,6 +53,7 @@ def rate_limited_events(ledger: Ledger) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # the budget's use is a rate measured on the clock
 def test_polls_never_exceed_poll_qps_in_any_window_and_use_the_budget(
     ledger: Ledger,
     database_url: str,

@@ -49,6 +49,7 @@ def simulation(settings: Settings, database_url: str) -> Iterator[Simulation]:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.serial  # CI_BOUND_S bounds its wall time
 def test_five_hundred_series_pass_every_check(settings: Settings, database_url: str) -> None:
     started = time.monotonic()
     report = run_many(
