@@ -246,7 +246,9 @@ def install(logger: logging.Logger) -> None:
             handler.setFormatter(PlainFormatter(current_formatter))
     for name in QUIET_LIBRARY_LOGGERS:
         library = logging.getLogger(name)
-        if library.level == logging.NOTSET:  # not configured by the application: longcall's default
+        # Only at INFO, when the application left the level alone: a worker run at DEBUG to look into its
+        # connections shows their lines.
+        if library.level == logging.NOTSET and library.getEffectiveLevel() == logging.INFO:
             library.setLevel(logging.WARNING)
     if idle_ticks_shown():
         return

@@ -192,3 +192,16 @@ def test_httpx_request_lines_are_not_shown_at_info_unless_the_application_asks(
     logging.getLogger("httpx").setLevel(logging.INFO)
     logs.install(logging.getLogger("longcall-test-install"))
     assert logging.getLogger("httpx").isEnabledFor(logging.INFO)
+
+
+def test_httpx_lines_stay_when_the_worker_logs_debug(library_levels: None) -> None:
+    root = logging.getLogger()
+    before = root.level
+    root.setLevel(logging.DEBUG)
+    try:
+        for name in logs.QUIET_LIBRARY_LOGGERS:
+            logging.getLogger(name).setLevel(logging.NOTSET)
+        logs.install(logging.getLogger("longcall-test-install"))
+        assert logging.getLogger("httpx").isEnabledFor(logging.DEBUG)
+    finally:
+        root.setLevel(before)
