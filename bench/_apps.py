@@ -50,8 +50,9 @@ def _common(app: Celery, keyprefix: str) -> None:
     )
 
 
-def make_pipeline(broker_url: str, keyprefix: str, sink: str) -> Celery:
-    """No result backend: a pipeline fires ``longcall.submit`` and forgets it; the receipt comes back."""
+def make_pipeline(broker_url: str, keyprefix: str, sink: str, sink_url: str | None = None) -> Celery:
+    """No result backend: a pipeline fires ``longcall.submit`` and forgets it; the receipt comes back. The
+    receipts are appended to the Redis list ``sink`` on ``sink_url`` (the broker's Redis by default)."""
     app = Celery("bench-pipeline", broker=broker_url, set_as_current=False)
     _common(app, keyprefix)
     app.conf.update(task_default_queue=PIPELINE_QUEUE, task_ignore_result=True)
@@ -61,7 +62,7 @@ def make_pipeline(broker_url: str, keyprefix: str, sink: str) -> Celery:
     def record(self: Task[Any, Any], /, **kwargs: Any) -> None:
         client = clients.get(os.getpid())
         if client is None:
-            client = clients[os.getpid()] = redis.Redis.from_url(broker_url)
+            client = clients[os.getpid()] = redis.Redis.from_url(sink_url or broker_url)
         client.rpush(sink, json.dumps({"t": time.time(), "task_id": self.request.id, "kwargs": kwargs}))
 
     return app
@@ -136,6 +137,9 @@ if "BENCH_LONGCALL_NOOP" in os.environ:
 
 if "BENCH_BROKER_URL" in os.environ:
     pipeline = make_pipeline(
-        os.environ["BENCH_BROKER_URL"], os.environ["BENCH_KEYPREFIX"], os.environ["BENCH_SINK"]
+        os.environ["BENCH_BROKER_URL"],
+        os.environ["BENCH_KEYPREFIX"],
+        os.environ["BENCH_SINK"],
+        os.environ.get("BENCH_SINK_URL"),
     )
     noop = make_noop(os.environ["BENCH_BROKER_URL"], os.environ["BENCH_KEYPREFIX"])

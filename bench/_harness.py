@@ -260,6 +260,26 @@ def celery_worker_argv(
     ]
 
 
+@contextlib.contextmanager
+def rabbitmq_vhost(base_url: str = "amqp://guest:guest@127.0.0.1:5672/") -> Iterator[str]:
+    """A fresh vhost on the machine's RabbitMQ (``rabbitmqctl``), deleted with its queues on the way out;
+    yields its broker URL."""
+    vhost = f"lcbench-{uuid.uuid4().hex[:10]}"
+    scheme, _, rest = base_url.partition("://")
+    user = rest.partition("@")[0].partition(":")[0] or "guest"
+    subprocess.run(["rabbitmqctl", "add_vhost", vhost], check=True, capture_output=True, timeout=60)
+    try:
+        subprocess.run(
+            ["rabbitmqctl", "set_permissions", "-p", vhost, user, ".*", ".*", ".*"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        yield f"{scheme}://{rest.partition('/')[0]}/{vhost}"
+    finally:
+        subprocess.run(["rabbitmqctl", "delete_vhost", vhost], check=False, capture_output=True, timeout=60)
+
+
 def start_private_redis(log_dir: Path) -> tuple[Child, str]:
     """A Redis of our own (no persistence), so ``INFO commandstats`` counts this run's calls only."""
     port = free_port()
@@ -347,6 +367,7 @@ def start_longcall_fleet(
     sink: str,
     app: str = "workers.app",
     queues: str = LONGCALL_QUEUES,
+    broker_url: str | None = None,
 ) -> None:
     """``workers`` longcall workers (``longcall0``, ...; Celery app ``app`` on ``queues``), beat, and the
     pipeline worker (``_apps:pipeline``, recording receipts on the Redis list ``sink``), each added to
@@ -367,7 +388,12 @@ def start_longcall_fleet(
     )
     children["pipeline"] = start_child(
         celery_worker_argv("_apps:pipeline", queues=PIPELINE_QUEUE, name="pipeline", concurrency=1),
-        env={"BENCH_BROKER_URL": redis_url, "BENCH_KEYPREFIX": prefix, "BENCH_SINK": sink},
+        env={
+            "BENCH_BROKER_URL": broker_url or redis_url,
+            "BENCH_SINK_URL": redis_url,
+            "BENCH_KEYPREFIX": prefix,
+            "BENCH_SINK": sink,
+        },
         log_dir=log_dir,
         name="pipeline",
         ready=logged(" ready."),

@@ -85,6 +85,7 @@ from _harness import (
     fresh_database,
     log_directory,
     percentile,
+    rabbitmq_vhost,
     raise_on_sigterm,
     scaling_input,
     start_child,
@@ -248,11 +249,15 @@ class Services:
     prefix: str
     db_name: str
     redis_pid: int | None
+    #: The fleet's broker: the Redis above, or a RabbitMQ vhost of this run (``--broker rabbitmq``).
+    broker_url: str
 
 
 @contextlib.contextmanager
 def services(args: argparse.Namespace, log_dir: Path) -> Iterator[Services]:
-    """Redis (private unless ``--redis-url``), a key prefix deleted afterwards, a fresh ledger database."""
+    """Redis (private unless ``--redis-url``), a key prefix deleted afterwards, a fresh ledger database, and
+    with ``--broker rabbitmq`` a RabbitMQ vhost of its own as the broker (Redis then holds the buckets, the
+    meters, the results and the receipts' sink only)."""
     with contextlib.ExitStack() as stack:
         redis_pid = None
         if args.redis_url:
@@ -266,7 +271,8 @@ def services(args: argparse.Namespace, log_dir: Path) -> Iterator[Services]:
         stack.callback(client_redis.close)
         stack.callback(delete_prefixed, client_redis, prefix)
         db_name = stack.enter_context(fresh_database())
-        yield Services(redis_url, client_redis, prefix, db_name, redis_pid)
+        broker_url = stack.enter_context(rabbitmq_vhost()) if args.broker == "rabbitmq" else redis_url
+        yield Services(redis_url, client_redis, prefix, db_name, redis_pid, broker_url)
 
 
 @contextlib.contextmanager
@@ -298,6 +304,7 @@ def running_fleet(args: argparse.Namespace, log_dir: Path, svc: Services) -> Ite
             "LONGCALL_REDIS_URL": svc.redis_url,
             "LONGCALL_BROKER_KEYPREFIX": svc.prefix,
             "LONGCALL_CONFIG": str(config),
+            **({"LONGCALL_BROKER_URL": svc.broker_url} if svc.broker_url != svc.redis_url else {}),
         }
         sink = f"{svc.prefix}sink"
         # longcall's own app plus the counting no-op (bench/_apps.py): the Celery baseline runs in the
@@ -317,11 +324,13 @@ def running_fleet(args: argparse.Namespace, log_dir: Path, svc: Services) -> Ite
             sink=sink,
             app="_apps:longcall",
             queues=f"{LONGCALL_QUEUES},{NOOP_QUEUE}",
+            broker_url=svc.broker_url,
         )
-        client = make_pipeline(svc.redis_url, svc.prefix, sink)
+        client = make_pipeline(svc.broker_url, svc.prefix, sink, svc.redis_url)
         settings = Settings(
             database_url=database_url(svc.db_name),
             redis_url=svc.redis_url,
+            broker_url=svc.broker_url,
             broker_keyprefix=svc.prefix,
             config=config,
         )
@@ -1124,6 +1133,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wait-s", type=float, default=90, help="bound on every wait")
     parser.add_argument("--max-s", type=int, default=420, help="bound on the whole run")
     parser.add_argument("--redis-url", default=None, help="a shared Redis instead of a private one")
+    parser.add_argument(
+        "--broker",
+        choices=("redis", "rabbitmq"),
+        default="redis",
+        help="the fleet's broker: the Redis (default) or a RabbitMQ vhost of the run (rabbitmqctl, guest)",
+    )
     parser.add_argument(
         "--keep-logs",
         action="store_true",
