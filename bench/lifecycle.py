@@ -271,7 +271,8 @@ def services(args: argparse.Namespace, log_dir: Path) -> Iterator[Services]:
         stack.callback(client_redis.close)
         stack.callback(delete_prefixed, client_redis, prefix)
         db_name = stack.enter_context(fresh_database())
-        broker_url = stack.enter_context(rabbitmq_vhost()) if args.broker == "rabbitmq" else redis_url
+        rabbitmq = getattr(args, "broker", "redis") == "rabbitmq"  # scaling.py and aip_vs_api_core.py: Redis
+        broker_url = stack.enter_context(rabbitmq_vhost()) if rabbitmq else redis_url
         yield Services(redis_url, client_redis, prefix, db_name, redis_pid, broker_url)
 
 
@@ -315,7 +316,7 @@ def running_fleet(args: argparse.Namespace, log_dir: Path, svc: Services) -> Ite
             longcall_env={
                 **longcall_env,
                 "BENCH_LONGCALL_NOOP": "1",
-                **({"BENCH_PROFILE_DIR": str(args.profile)} if args.profile else {}),
+                **({"BENCH_PROFILE_DIR": str(args.profile)} if getattr(args, "profile", None) else {}),
             },
             workers=args.workers,
             concurrency=args.concurrency,

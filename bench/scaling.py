@@ -11,7 +11,7 @@ second per budget (its HTTP log, by the ``Longcall-Budget`` header each request 
 One more run (``--cap-qps``) puts the most processes under a budget far below what they can poll, so the cap
 is tested where it binds. Targets: in every run, the highest requests/s of each budget <= that budget;
 polls/s with as many processes as the machine has cores (at most 4) >= 1.5 x polls/s with one, unless it is
-at the cap already (>= 0.9 x ``poll_qps``).
+at the cap already (>= 0.95 x the 0.9 x ``poll_qps`` the buckets hand out).
 
 Run: ``.venv/bin/python bench/scaling.py [--quick] [--json]``
 """
@@ -31,6 +31,8 @@ import httpx
 import psycopg
 from _harness import alarm, database_url, log_directory, raise_on_sigterm, target, wait_for
 from lifecycle import Fleet, running_fleet, services
+
+from workers.hot import RATE_HEADROOM
 
 
 def peak_per_second(times: list[float]) -> int:
@@ -127,12 +129,12 @@ def report(args: argparse.Namespace, runs: list[dict[str, Any]]) -> bool:
     wide = [r for r in runs if r["processes"] <= min(cores, 4) and r["qps"] == args.qps]
     if one is not None and len(wide) > 1:
         top = max(wide, key=lambda r: r["processes"])
-        at_cap = top["polls_per_s"] >= 0.9 * args.qps
+        at_cap = top["polls_per_s"] >= 0.95 * RATE_HEADROOM * args.qps  # the buckets hand out 0.9 x qps
         growth = top["polls_per_s"] / one["polls_per_s"] if one["polls_per_s"] else 0.0
         if at_cap:
             print(
                 f"  ({top['processes']} processes poll at the cap:"
-                f" {top['polls_per_s']:.1f}/s >= 0.9 x {args.qps:g})"
+                f" {top['polls_per_s']:.1f}/s >= 0.95 x {RATE_HEADROOM:g} x {args.qps:g})"
             )
         ok &= target(
             f"scaling.polls_per_s_{top['processes']}_vs_1_processes",
@@ -148,9 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--ops", type=int, default=100, help="operations WORKING in each run")
+    # 1,000 polls/s due under a 1,000/s budget: more than 4 processes on two cores do, so the processes, not
+    # the budget, set polls/s (at 100 ops and 100/s, one process already polled at the cap).
+    parser.add_argument("--ops", type=int, default=500, help="operations WORKING in each run")
     parser.add_argument("--poll-interval-ms", type=int, default=500)
-    parser.add_argument("--qps", type=float, default=100.0, help="the server's poll_qps and control_qps")
+    parser.add_argument("--qps", type=float, default=1000.0, help="the server's poll_qps and control_qps")
     parser.add_argument(
         "--cap-qps",
         type=float,
