@@ -154,11 +154,17 @@ class OperationMoves(GuardedWrites):
         from_state: OpState,
         detail: Mapping[str, Any],
         resolution: str | None = None,
+        keep_claim: bool = False,
     ) -> Operation:
         """-> NOT_FOUND_SAFE -> SUBMITTING in one statement: "never created" was proved, by the server's
         lookup (from SUBMISSION_UNKNOWN, event ``never_created``) or by an operator (from
         MANUAL_RECONCILIATION, event ``resolved_never_created``), and the same submission key is submitted
-        again at once (event ``resubmission``, naming the key). ``resolution`` closes open records."""
+        again at once (event ``resubmission``, naming the key). ``resolution`` closes open records.
+
+        ``keep_claim``: the step that proved it goes on to the create itself, under its claim, so the lease
+        stays (and is renewed); otherwise (an operator's decision) the row is let go, due at once, for the
+        dispatcher. Letting go of a claim whose step goes on let a tick claim the row under it: two steps
+        of one operation at once, the first one's create answer refused as stale."""
         event = (
             EventKind.NEVER_CREATED
             if from_state is S.SUBMISSION_UNKNOWN
@@ -169,7 +175,11 @@ class OperationMoves(GuardedWrites):
             S.NOT_FOUND_SAFE,
             event,
             detail,
-            {"submit_attempted_at": None, "next_poll_at": due_in(0), "lease_until": None},
+            {
+                "submit_attempted_at": None,
+                "next_poll_at": due_in(0),
+                **({} if keep_claim else {"lease_until": None}),
+            },
             then=S.SUBMITTING,
             then_event=EventKind.RESUBMISSION,
             then_names_key=True,

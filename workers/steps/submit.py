@@ -151,7 +151,11 @@ def lookup(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved
             return _cancel_now(ctx, op, fence)
         return StepOutcome(op.id, "found_by_key", op.state)
     if found.proof == "never_created":
-        return Moved(ctx.ledger.resubmit(op.id, fence, from_state=op.state, detail={"detail": found.detail}))
+        # Made at once by this step (the create below), under its claim: the lease stays.
+        resubmitted = ctx.ledger.resubmit(
+            op.id, fence, from_state=op.state, detail={"detail": found.detail}, keep_claim=True
+        )
+        return Moved(resubmitted)
     op = ctx.hand_to_operator(
         op,
         fence,
