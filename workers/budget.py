@@ -17,7 +17,7 @@ the highest count of any one second per server, bucket and hour (:func:`peak_key
 which the launch gate (``longcall gate``) sets against the budgets over the last week.
 
 A charge is one Redis round trip when it can be: a token granted for now counts its request in the script
-that grants it (:func:`~workers.hot.counted_by_take`). A request whose token was prepaid, or whose slot was
+that grants it (``HotState.take(meter=...)``). A request whose token was prepaid, or whose slot was
 booked ahead and waited for, is counted when it is sent (``request_meter.lua``), so each request still
 counts in the second it leaves.
 """
@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 import redis
 
-from workers.hot import Budget, MeterCount, counted_by_take
+from workers.hot import Budget, MeterCount
 
 __all__ = [
     "BUDGET_HEADER",
@@ -106,8 +106,8 @@ class TokenBudget:
         if not isinstance(self._meter, RequestMeter):
             self._take(follow_up=follow_up)
             return False
-        with counted_by_take(self._meter.count()) as count:
-            self._take(follow_up=follow_up)
+        count = self._meter.count()
+        self._take(follow_up=follow_up, meter=count)
         return count.counted
 
     def __repr__(self) -> str:
@@ -145,7 +145,7 @@ class RequestMeter:
             log.debug("request rate not counted for %s/%s: %s", self._server, self._bucket, exc)
 
     def count(self) -> MeterCount:
-        """The request about to be sent, as a token take may count it (:func:`~workers.hot.counted_by_take`):
+        """The request about to be sent, as a token take may count it (``HotState.take(meter=...)``):
         the keys of this second, and how long each is kept."""
         second = int(time.time())
         keys = (

@@ -8,11 +8,8 @@ generation is re-seeded from the ledger, which stays the record of truth.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import uuid
-from collections.abc import Iterator
-from contextvars import ContextVar
 from dataclasses import dataclass
 from importlib import resources
 from typing import Literal
@@ -45,28 +42,11 @@ class Token:
 class MeterCount:
     """One request for the request meter (``workers.budget.RequestMeter``): its second's counter and its
     hour's highest (named by the meter, on the worker's clock) and how long each is kept. ``counted`` is
-    set by the :meth:`HotState.take` that counted it (see :func:`counted_by_take`)."""
+    set by the :meth:`HotState.take` it was passed to (``meter=``) when that take counted it."""
 
     keys: tuple[str, str]
     keep_s: tuple[int, int]
     counted: bool = False
-
-
-#: The request the take under way pays for (see :func:`counted_by_take`).
-_counting: ContextVar[MeterCount | None] = ContextVar("longcall_meter_count", default=None)
-
-
-@contextlib.contextmanager
-def counted_by_take(count: MeterCount) -> Iterator[MeterCount]:
-    """While the block runs, a :meth:`HotState.take` that grants a token for now also counts ``count``, in
-    the same script and round trip, and sets ``count.counted``; a refusal or a slot booked ahead leaves it
-    uncounted (the caller meters the request when it sends it). Ambient rather than an argument: the take
-    is reached through the step's own ``take`` (the budget's callable), which knows nothing of the meter."""
-    reset = _counting.set(count)
-    try:
-        yield count
-    finally:
-        _counting.reset(reset)
 
 
 class HotState:
@@ -84,7 +64,15 @@ class HotState:
             prefix=prefix,
         )
 
-    def take(self, server: str, budget: Budget, rate_per_s: float, *, horizon_s: float = 0.0) -> Token:
+    def take(
+        self,
+        server: str,
+        budget: Budget,
+        rate_per_s: float,
+        *,
+        horizon_s: float = 0.0,
+        meter: MeterCount | None = None,
+    ) -> Token:
         """Book one call to ``server`` on the ``budget`` bucket, at most ``horizon_s`` ahead.
 
         GCRA at ``RATE_HEADROOM`` of the rate, with a burst of ``burst_for(rate)`` calls: in any one-second
@@ -93,8 +81,10 @@ class HotState:
         that comes due is never wasted because no caller happened to ask at that instant.
 
         While the server's hold (:meth:`hold`) runs, every call to it is refused, on either bucket, with the
-        hold's time left as the wait: the same script, the same round trip. Inside :func:`counted_by_take`,
-        a token granted for now also counts its request for the meter, again in the same round trip.
+        hold's time left as the wait: the same script, the same round trip. With ``meter``, a token granted
+        for now also counts its request for the meter, again in the same round trip, and sets
+        ``meter.counted``; a refusal or a slot booked ahead leaves it uncounted (the caller meters the
+        request when it sends it).
         """
         interval_us = max(1, math.ceil(1_000_000 / (rate_per_s * RATE_HEADROOM)))
         keys = [f"{self.prefix}bucket:{server}:{budget}", self.hold_key(server)]
@@ -104,13 +94,12 @@ class HotState:
             math.floor(max(0.0, horizon_s) * 1_000_000),
             math.ceil(MAX_SERVER_WAIT_S * 1_000_000),
         ]
-        count = _counting.get()
-        if count is not None and not count.counted:
-            keys.extend(count.keys)
-            args.extend(count.keep_s)
+        if meter is not None and not meter.counted:
+            keys.extend(meter.keys)
+            args.extend(meter.keep_s)
         granted, wait_us, *counted = self._call(self._bucket, keys, args)
-        if count is not None and counted:
-            count.counted = True
+        if meter is not None and counted:
+            meter.counted = True
         return Token(bool(granted), int(wait_us) / 1_000_000)
 
     def hold(self, server: str, delay_s: float) -> float:

@@ -39,7 +39,7 @@ from ledger.states import OpState
 from workers import logs
 from workers.budget import RequestMeter, TokenBudget
 from workers.errors import NoToken
-from workers.hot import MAX_SERVER_WAIT_S, RATE_HEADROOM, Budget
+from workers.hot import MAX_SERVER_WAIT_S, RATE_HEADROOM, Budget, MeterCount
 from workers.runtime import Runtime
 from workers.settings import ServerConfig, Settings
 
@@ -145,7 +145,9 @@ class StepContext:
 
     # ------------------------------------------------------------------------------------ rule 4: tokens
 
-    def take(self, server: str, bucket: Budget, *, follow_up: bool = False) -> None:
+    def take(
+        self, server: str, bucket: Budget, *, follow_up: bool = False, meter: MeterCount | None = None
+    ) -> None:
         """Book a slot on the server's bucket (rule 4). A slot within one dispatch tick is waited for here;
         none within reach raises :class:`NoToken`: the step is rescheduled, never blocked.
 
@@ -154,14 +156,15 @@ class StepContext:
         ``tasks/cancel`` or ``tasks/result`` after a status read, the next ``tasks/list`` page). It may
         also wait for the bucket's next :data:`FOLLOW_UP_SLOTS` slots: on a bucket slower than one slot
         per tick, a step of two requests would otherwise never get its second token, and what its first
-        request cost would be spent again on every attempt.
+        request cost would be spent again on every attempt. ``meter``: the request's count for the request
+        meter, made by the same script when the token is granted for now (``meter.counted``).
         """
         config = self.runtime.remote.server(server)
         rate = config.poll_qps if bucket == "poll" else config.control_qps
         horizon = self.settings.dispatch_interval_s
         if follow_up:
             horizon = max(horizon, FOLLOW_UP_SLOTS / (rate * RATE_HEADROOM))
-        token = self.runtime.hot.take(server, bucket, rate, horizon_s=horizon)
+        token = self.runtime.hot.take(server, bucket, rate, horizon_s=horizon, meter=meter)
         if not token.granted:
             raise NoToken(token.wait_s)
         if token.wait_s > 0:
