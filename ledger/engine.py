@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
+import psycopg
+import psycopg._queries
+from psycopg.pq import ExecStatus
 from sqlalchemy import Engine, create_engine
 
 
@@ -28,9 +33,62 @@ TCP_LIVENESS = {
 }
 
 
+#: psycopg converts a statement's ``%(name)s`` placeholders to ``$n`` with a regular expression, and caches
+#: the conversion only for statements up to 4,096 bytes and 50 parameters (its guard against ORMs' one-off
+#: multi-row INSERTs). The ledger's guarded write is one statement of about 5 KB (a CTE that reads, writes
+#: and appends the event, returning the row) run on every poll, so it was converted afresh each time: about
+#: an eighth of the ledger's CPU per poll. The ledger's statements are few and fixed (``ledger/statements.py``
+#: caches one per shape), so the bounds are raised for them; the cache stays psycopg's (128 entries).
+STATEMENT_CACHE_BOUNDS = {"MAX_CACHED_STATEMENT_LENGTH": 16_384, "MAX_CACHED_STATEMENT_PARAMS": 100}
+
+
+def cache_long_statements() -> None:
+    """Raise psycopg's bounds on the statements whose conversion it caches (never lowers them)."""
+    for name, bound in STATEMENT_CACHE_BOUNDS.items():
+        current = getattr(psycopg._queries, name, None)
+        if isinstance(current, int) and current < bound:
+            setattr(psycopg._queries, name, bound)
+
+
+_RESULT_STATUSES = (ExecStatus.TUPLES_OK, ExecStatus.SINGLE_TUPLE, ExecStatus.TUPLES_CHUNK)
+
+
+class LedgerCursor(psycopg.Cursor[Any]):
+    """psycopg's cursor, with the description of a result shape built once per process.
+
+    SQLAlchemy reads ``cursor.description`` after every statement, and psycopg builds a ``Column`` per
+    result column each time (name decoded, type looked up): 43 of them for an operation row, twice per poll,
+    a fifth of the ledger's CPU per poll. A result's description is made of its columns' names, type oids
+    and type modifiers only, so it is kept per (names, oids, modifiers): the same immutable ``Column``
+    objects each time, in a list of its own."""
+
+    _descriptions: ClassVar[dict[tuple[tuple[Any, ...], ...], list[psycopg.Column]]] = {}
+    #: A process that runs ad-hoc SQL does not grow the map for ever: past this many shapes, it builds afresh.
+    MAX_SHAPES: ClassVar[int] = 512
+
+    @property
+    def description(self) -> list[psycopg.Column] | None:
+        res = self.pgresult
+        if res is None or not (res.nfields or res.status in _RESULT_STATUSES):
+            return super().description
+        n = res.nfields
+        key = (
+            tuple(res.fname(i) for i in range(n)),
+            tuple(res.ftype(i) for i in range(n)),
+            tuple(res.fmod(i) for i in range(n)),
+        )
+        known = self._descriptions.get(key)
+        if known is None:
+            known = super().description or []
+            if len(self._descriptions) < self.MAX_SHAPES:
+                self._descriptions[key] = known
+        return list(known)
+
+
 def make_engine(url: str, *, pool_size: int = 5, connect_timeout_s: int | None = None) -> Engine:
     """The engine every ledger transaction runs on. ``connect_timeout_s`` bounds a connect (a reader that
     must answer even when the database is down, such as a metrics scrape)."""
+    cache_long_statements()
     return create_engine(
         normalize_database_url(url),
         # No pre-ping: it would double every ledger transaction. A connection the server dropped fails
@@ -41,6 +99,7 @@ def make_engine(url: str, *, pool_size: int = 5, connect_timeout_s: int | None =
         max_overflow=pool_size,
         future=True,
         connect_args={
+            "cursor_factory": LedgerCursor,
             **TCP_LIVENESS,
             **({} if connect_timeout_s is None else {"connect_timeout": connect_timeout_s}),
         },

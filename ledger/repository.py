@@ -179,7 +179,7 @@ class Ledger(
     # ------------------------------------------------------------------------------------------- reads
 
     def get(self, op_id: uuid.UUID) -> Operation:
-        with self._tx() as conn:
+        with self._one_statement() as conn:
             row = conn.execute(STATEMENTS.get(select_operation_by_id), {"op_id": op_id}).first()
         if row is None:
             raise OperationNotFound(op_id)
@@ -269,7 +269,7 @@ class Ledger(
         rooms = [(server, room) for server, room in rooms if room > 0]
         if limit <= 0 or not rooms:
             return []
-        with self._tx() as conn:
+        with self._one_statement() as conn:
             rows = conn.execute(
                 STATEMENTS.get(
                     update_claim_due_by_server, "current" if epoch == "current" else epoch is not None
@@ -288,7 +288,7 @@ class Ledger(
     def claim(self, op_id: uuid.UUID, *, lease_s: float, epoch: int | None = None) -> Claim | None:
         """Claim one operation now, whether due or not, unless another worker holds its lease."""
         with_epoch = epoch is not None
-        with self._tx() as conn:
+        with self._one_statement() as conn:
             row = conn.execute(
                 STATEMENTS.get(update_claim_one, with_epoch),
                 {"claim_id": op_id, "claim_lease": dt.timedelta(seconds=lease_s), "claim_epoch": epoch},
