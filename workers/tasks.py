@@ -60,13 +60,18 @@ def publish_dispatches(app: Celery, dispatches: Sequence[Dispatch]) -> int:
         return 0
     with app.producer_or_acquire() as producer:
         for dispatch in dispatches:
+            kwargs = {"op_id": str(dispatch.op_id), "cursor": dispatch.cursor}
             app.send_task(
                 dispatch.task,
-                kwargs={"op_id": str(dispatch.op_id), "cursor": dispatch.cursor},
+                kwargs=kwargs,
                 task_id=dispatch.task_id,
                 countdown=dispatch.delay_s if dispatch.delay_s >= COUNTDOWN_FLOOR_S else None,
                 producer=producer,
                 ignore_result=True,
+                # What Flower and the task events show, as Celery's saferepr would write it for these
+                # plain values, without its pure-Python walk over them on every send.
+                argsrepr="()",
+                kwargsrepr=repr(kwargs),
             )
     return len(dispatches)
 
