@@ -126,8 +126,139 @@ def profile_worker_processes(directory: str) -> None:
             profile.dump_stats(os.path.join(directory, f"{os.getpid()}.prof"))
 
 
+class _LineLog:
+    """Lines a worker process records (``bench/lifecycle.py``'s counts), appended to ``<pid><suffix>`` in
+    ``directory`` by a thread every 0.2 s and at the process's exit; a forked pool process starts empty, with
+    its own lock and thread (``worker_process_init``)."""
+
+    def __init__(self, directory: str, suffix: str) -> None:
+        import atexit  # noqa: PLC0415 - only when asked
+        import threading  # noqa: PLC0415
+
+        from celery.signals import worker_process_init  # noqa: PLC0415
+
+        self.directory, self.suffix = directory, suffix
+        self.lines: list[str] = []
+        self.lock = threading.Lock()
+
+        def forked() -> None:
+            self.lock = threading.Lock()  # the parent's flusher may have held it at the fork
+            self.lines = []
+
+        def start(**_: Any) -> None:
+            threading.Thread(target=self._flush_forever, name=f"bench {suffix} lines", daemon=True).start()
+
+        os.register_at_fork(after_in_child=forked)
+        worker_process_init.connect(start, weak=False)
+        atexit.register(self.flush)
+        start()
+
+    def add(self, line: str) -> None:
+        with self.lock:
+            self.lines.append(line)
+
+    def flush(self) -> None:
+        with self.lock:
+            taken, self.lines = self.lines, []
+        if taken:
+            with open(os.path.join(self.directory, f"{os.getpid()}{self.suffix}"), "a") as handle:
+                handle.writelines(taken)
+
+    def _flush_forever(self) -> None:
+        while True:
+            time.sleep(0.2)
+            self.flush()
+
+
+def count_ledger_commits(directory: str) -> None:
+    """Record every ledger transaction's commit in this worker's processes (``lifecycle.py``: the burst's
+    transactions by caller): one line per commit, ``<time> <task> <step> <method>``, in ``<pid>.tx``.
+    ``task`` is the Celery task running in the thread that committed (``-`` for another thread, e.g. the
+    lease keeper), ``step`` the innermost function of ``workers/`` that called into ``ledger/``, ``method``
+    the outermost function of ``ledger/`` on the stack: the public ``Ledger`` call that owns the
+    transaction. Seen client-side (SQLAlchemy's ``commit`` event, and every statement run in autocommit, a
+    transaction of its own): no statistics flush, no idle estimate."""
+    import sys  # noqa: PLC0415 - only when asked
+
+    from celery import current_task  # noqa: PLC0415
+    from sqlalchemy import Engine, event  # noqa: PLC0415
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ledger_dir = os.path.join(root, "ledger") + os.sep
+    workers_dir = os.path.join(root, "workers") + os.sep
+    log = _LineLog(directory, ".tx")
+
+    def caller() -> tuple[str, str]:
+        frame = sys._getframe(2)
+        method = step = "?"
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if filename.startswith(ledger_dir):
+                method = frame.f_code.co_name
+            elif filename.startswith(workers_dir):
+                step = f"{os.path.splitext(os.path.basename(filename))[0]}.{frame.f_code.co_name}"
+                break
+            frame = frame.f_back  # type: ignore[assignment]
+        return step, method
+
+    def committed(conn: Any) -> None:
+        task = current_task.name if current_task else "-"
+        step, method = caller()
+        log.add(f"{time.time():.6f} {task} {step} {method}\n")
+
+    def executed(conn: Any, *_: Any) -> None:
+        # A statement in autocommit is a transaction of its own (``Ledger._one_statement``), with no commit.
+        if conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+            committed(conn)
+
+    event.listen(Engine, "commit", committed)
+    event.listen(Engine, "after_cursor_execute", executed)
+
+
+def count_redis_commands(directory: str, port: int) -> None:
+    """Record every command this worker's processes send to the Redis on ``port`` (longcall's own, the
+    ``redis_url``): one line per command, ``<time> <command>``, in ``<pid>.redis``. These are the top-level
+    calls (a pipeline's commands each, MULTI and EXEC included; a script call once, whatever it runs inside),
+    which ``INFO commandstats`` cannot tell from the commands run inside scripts."""
+    from redis.connection import AbstractConnection  # noqa: PLC0415 - only when asked
+
+    log = _LineLog(directory, ".redis")
+    send_command: Any = AbstractConnection.send_command  # redis-py's own, untyped
+    pack_commands: Any = AbstractConnection.pack_commands
+
+    def name(args: Any) -> str:
+        first = args[0] if args else b"?"
+        return (first.decode() if isinstance(first, bytes) else str(first)).split()[0].lower()
+
+    def counted_send_command(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(self, "port", None) == port:
+            log.add(f"{time.time():.6f} {name(args)}\n")
+        return send_command(self, *args, **kwargs)
+
+    def counted_pack_commands(self: Any, commands: Any) -> Any:
+        commands = list(commands)
+        if getattr(self, "port", None) == port:
+            now = time.time()
+            for args in commands:
+                log.add(f"{now:.6f} {name(args)}\n")
+        return pack_commands(self, commands)
+
+    AbstractConnection.send_command = counted_send_command  # type: ignore[method-assign]
+    AbstractConnection.pack_commands = counted_pack_commands  # type: ignore[method-assign]
+
+
 if "BENCH_PROFILE_DIR" in os.environ:
     profile_worker_processes(os.environ["BENCH_PROFILE_DIR"])
+
+if "BENCH_TX_DIR" in os.environ:
+    count_ledger_commits(os.environ["BENCH_TX_DIR"])
+
+if "BENCH_REDIS_COUNT_DIR" in os.environ:
+    from urllib.parse import urlsplit
+
+    count_redis_commands(
+        os.environ["BENCH_REDIS_COUNT_DIR"], urlsplit(os.environ["LONGCALL_REDIS_URL"]).port or 6379
+    )
 
 if "BENCH_LONGCALL_NOOP" in os.environ:
     from workers.app import app as longcall

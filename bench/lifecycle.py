@@ -2,10 +2,12 @@
 
 One run, on loopback: longcall's MCP server (``python -m demo_server.mcp --poll-interval-ms 500``), two
 longcall workers (concurrency 2) and beat, and a pipeline worker that imports nothing of longcall and records
-every receipt it is sent (``bench/_apps.py``). A fresh, migrated ledger database; a Redis of its own, so that
-``INFO commandstats`` counts this run and nothing else (``--redis-url`` uses a shared one instead, under a
-unique key prefix). The longcall workers run longcall's own app plus one counting no-op task
-(``_apps:longcall``), so the Celery baseline is measured in the very processes that run the steps. Phases:
+every receipt it is sent (``bench/_apps.py``). A fresh, migrated ledger database; Redis of its own, so that
+``INFO commandstats`` counts this run and nothing else: two redis-servers, the broker's and longcall's
+(``--redis-url`` uses one shared Redis for both instead, under a unique key prefix; with ``--broker
+rabbitmq`` the one private Redis is longcall's). The longcall workers run longcall's own app plus one
+counting no-op task (``_apps:longcall``), so the Celery baseline is measured in the very processes that
+run the steps. Phases:
 
 1. warm-up, then an idle window: what the fleet costs doing nothing (beat ticks, broker polling);
 2. Celery baseline: ``--noop-n`` fire-and-forget no-op tasks (results ignored; each INCRs a Redis counter),
@@ -31,14 +33,31 @@ the 100,000-operation model is built from as ``SCALING INPUT`` lines (``bench/ru
 
 How the costs are counted (burst phase, divided by N):
 
-* ledger transactions: ``pg_stat_database.xact_commit`` of the run's database, read from the admin database
-  11 s after the last receipt (backends flush their statistics within 10 s of going idle), minus the idle
-  fleet's rate over the same window. Every statement outside a transaction counts too, so the ledger's own
-  transactions are also given: the same figure divided by ``xact_commit`` per ``Ledger`` call, measured
-  through the ledger's own engine after the fleet stopped;
-* Redis calls: the sum of ``calls`` in ``INFO commandstats`` (commands inside Lua scripts included), minus
-  this process's own commands and the idle rate. Broker traffic is in it: broker messages are counted on
-  their own (see ``burst``);
+* ledger transactions (the target's figure): every commit the longcall workers' processes make, seen as it
+  is made (SQLAlchemy's ``commit`` event, ``bench/_apps.py`` ``count_ledger_commits``) and labelled with
+  its caller (task, step, ``Ledger`` method), from the first submission to 1 s after the last receipt, net
+  of what each caller commits in as long in the idle window (the beat's ``dispatch_due`` ticks, its outbox
+  drains). The server's count is printed beside it: ``pg_stat_database.xact_commit`` of the run's database,
+  read 11 s after the last receipt (backends flush their statistics at most once a second while busy, and
+  within 10 s of going idle) minus the idle fleet's rate over that whole span. It is no longer the target's
+  figure because that subtraction is noise, not the operation: the idle fleet commits about 5 transactions
+  a second, the 11 s wait puts some 55 of them (about 1 per operation at 60) into the burst's count, and
+  the rate they are subtracted at is read through the same once-a-second (or 10 s idle) flush over a 3 s
+  window: a burst of exactly 7 transactions per operation read 7.02 in one quick run and 7.33 in another.
+  Nothing is hidden by the switch: the line beside it compares the server's count with the workers'
+  commits over the same span (any transaction on the database that is not a worker's shows there), and
+  every caller is listed, the dispatcher's ticks included (a tick is one transaction whether it claims
+  rows or not; how many ticks claimed burst rows is among the step outcomes, ``dispatch_due:claimed``);
+* Redis calls (the target's figure): the sum of ``calls`` in ``INFO commandstats`` (commands inside Lua
+  scripts included) of every Redis the run uses, minus this process's own commands and the idle rate.
+  Unless ``--redis-url`` (one shared Redis) or ``--broker rabbitmq``, the broker (``broker_url``) and
+  longcall's own state (``redis_url``: buckets, meters, CAS, the result backend, and the bench's receipt
+  sink) are two private redis-servers, so each one's commands are counted on their own, not estimated: per
+  operation and per unchanged poll the broker's commands, longcall's commands, the script calls among them
+  (``EVALSHA``/``EVAL``) and longcall's top-level calls ("round trips": what the workers send it, counted as
+  they send it, ``bench/_apps.py`` ``count_redis_commands``, plus the pipeline's receipt ``RPUSH``; the
+  rest of longcall's commands ran inside scripts). Broker messages are counted on their own too (see
+  ``burst``). With one shared Redis the transport's share is still estimated at a no-op message's cost;
 * CPU: ``/proc`` user + system time of each part of the fleet, Postgres backends included.
 
 The servers' budgets (``--qps``, poll and control) are set high: the token buckets are not what this
@@ -108,6 +127,10 @@ SUCCEEDED = re.compile(
     r"Task (longcall\.(?:submit|poll|fetch_result|cancel))\[[^\]]+\] succeeded in \S+: (.*)"
 )
 STEP = re.compile(r"'(?:step|action)': '(\w+)'")
+TICK = re.compile(r"Task longcall\.dispatch_due\[[^\]]+\] succeeded in \S+: \{'dispatched': (\d+)\}")
+#: ``redis.Redis``, named where a dataclass's ``redis`` field hides the module.
+RedisClient = redis.Redis
+
 #: Backends flush their statistics at most once a second and, when they go idle, within 10 s
 #: (PGSTAT_IDLE_INTERVAL): ``xact_commit`` is read this long after the work it should include.
 PG_STATS_FLUSH_S = 11.0
@@ -119,11 +142,17 @@ class Counters:
 
     t: float
     xact: int
+    #: Every Redis command, both instances (broker and longcall's) when they are two.
     redis_calls: int
     lpush: int
+    #: This process's own commands so far, both instances.
     own_calls: int
-    #: ``calls`` per Redis command (``INFO commandstats``).
+    #: ``calls`` per Redis command (``INFO commandstats``), both instances summed.
     by_command: dict[str, int] = field(default_factory=dict)
+    #: The broker's Redis alone (a private one of its own; 0 when the broker is not a Redis of its own).
+    broker_calls: int = 0
+    own_broker_calls: int = 0
+    broker_by_command: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -143,6 +172,10 @@ class Fleet:
     redis_pid: int | None = None
     #: ``worker_send_task_events`` as longcall's ``celery_config`` sets it for this fleet.
     events_configured: bool = True
+    #: The broker's own private Redis, when the run has one (see :func:`services`).
+    broker_redis: RedisClient | None = None
+    broker_redis_pid: int | None = None
+    own_broker_calls: int = 0
 
     @property
     def sink(self) -> str:
@@ -151,13 +184,22 @@ class Fleet:
     def counters(self) -> Counters:
         calls = command_calls(self.redis)
         self.own_calls += 1
+        broker: dict[str, int] = {}
+        if self.broker_redis is not None:
+            broker = command_calls(self.broker_redis)
+            self.own_broker_calls += 1
+        both = collections.Counter(calls)
+        both.update(broker)
         return Counters(
             time.time(),
             xact_commit(self.db_name),
-            sum(calls.values()),
-            calls.get("lpush", 0),
-            self.own_calls,
-            calls,
+            sum(both.values()),
+            both.get("lpush", 0),
+            self.own_calls + self.own_broker_calls,
+            dict(both),
+            sum(broker.values()),
+            self.own_broker_calls,
+            broker,
         )
 
     def receipts_count(self) -> int:
@@ -203,6 +245,10 @@ class Fleet:
                 for task, answer in SUCCEEDED.findall(text):
                     step = STEP.search(answer)
                     steps[f"{task}:{step.group(1) if step else '?'}"] += 1
+                for dispatched in TICK.findall(text):
+                    steps[
+                        "longcall.dispatch_due:claimed" if int(dispatched) else "longcall.dispatch_due:none"
+                    ] += 1
         beat = collections.Counter(BEAT_SENT.findall(self.children["beat"].log()))
         return received, beat, steps
 
@@ -217,8 +263,9 @@ class Fleet:
         }
         cpu = {name: cpu_seconds(set(), pgids) for name, pgids in groups.items()}
         cpu["postgres backends"] = cpu_seconds(set(backend_pids(self.db_name)), set())
-        if self.redis_pid is not None:
-            cpu["redis"] = cpu_seconds({self.redis_pid}, set())
+        redis_pids = {pid for pid in (self.redis_pid, self.broker_redis_pid) if pid is not None}
+        if redis_pids:
+            cpu["redis"] = cpu_seconds(redis_pids, set())  # both redis-servers when they are two
         times = os.times()
         cpu["bench client"] = times.user + times.system
         return cpu
@@ -242,6 +289,25 @@ def fleet_config(server_url: str, qps: float) -> str:
     )
 
 
+def tx_dir(log_dir: Path) -> Path:
+    """Where the longcall workers' processes write one line per ledger commit (``bench/_apps.py``
+    ``count_ledger_commits``)."""
+    return log_dir / "tx"
+
+
+def commits_by_caller(log_dir: Path, t0: float, t1: float, suffix: str = ".tx") -> collections.Counter[str]:
+    """The ledger commits the longcall workers made between ``t0`` and ``t1`` (their own clock, seen
+    client-side), by ``task step Ledger.method``; with ``suffix=".redis"``, the commands they sent to
+    longcall's Redis, by command."""
+    counts: collections.Counter[str] = collections.Counter()
+    for path in sorted(tx_dir(log_dir).glob(f"*{suffix}")):
+        for line in path.read_text().splitlines():
+            t, _, caller = line.partition(" ")
+            if t0 <= float(t) < t1:
+                counts[caller] += 1
+    return counts
+
+
 @dataclass
 class Services:
     redis_url: str
@@ -249,15 +315,20 @@ class Services:
     prefix: str
     db_name: str
     redis_pid: int | None
-    #: The fleet's broker: the Redis above, or a RabbitMQ vhost of this run (``--broker rabbitmq``).
+    #: The fleet's broker: the Redis above, a private Redis of its own (``broker_redis``), or a RabbitMQ
+    #: vhost of this run (``--broker rabbitmq``).
     broker_url: str
+    broker_redis: RedisClient | None = None
+    broker_redis_pid: int | None = None
 
 
 @contextlib.contextmanager
-def services(args: argparse.Namespace, log_dir: Path) -> Iterator[Services]:
+def services(args: argparse.Namespace, log_dir: Path, *, own_broker: bool = False) -> Iterator[Services]:
     """Redis (private unless ``--redis-url``), a key prefix deleted afterwards, a fresh ledger database, and
     with ``--broker rabbitmq`` a RabbitMQ vhost of its own as the broker (Redis then holds the buckets, the
-    meters, the results and the receipts' sink only)."""
+    meters, the results and the receipts' sink only). With ``own_broker`` (``lifecycle.py``), and neither
+    ``--redis-url`` nor ``--broker rabbitmq``, the broker is a second private Redis: the broker's commands
+    and longcall's are then each counted on their own instance, not told apart by an estimate."""
     with contextlib.ExitStack() as stack:
         redis_pid = None
         if args.redis_url:
@@ -272,13 +343,29 @@ def services(args: argparse.Namespace, log_dir: Path) -> Iterator[Services]:
         stack.callback(delete_prefixed, client_redis, prefix)
         db_name = stack.enter_context(fresh_database())
         rabbitmq = getattr(args, "broker", "redis") == "rabbitmq"  # scaling.py and aip_vs_api_core.py: Redis
-        broker_url = stack.enter_context(rabbitmq_vhost()) if rabbitmq else redis_url
-        yield Services(redis_url, client_redis, prefix, db_name, redis_pid, broker_url)
+        broker_redis = broker_pid = None
+        if rabbitmq:
+            broker_url = stack.enter_context(rabbitmq_vhost())
+        elif own_broker and not args.redis_url:
+            broker_child, broker_url = start_private_redis(log_dir)
+            stack.callback(broker_child.stop)
+            broker_pid = broker_child.proc.pid
+            broker_redis = redis.Redis.from_url(broker_url)
+            stack.callback(broker_redis.close)
+        else:
+            broker_url = redis_url
+        yield Services(
+            redis_url, client_redis, prefix, db_name, redis_pid, broker_url, broker_redis, broker_pid
+        )
 
 
 @contextlib.contextmanager
-def running_fleet(args: argparse.Namespace, log_dir: Path, svc: Services) -> Iterator[Fleet]:
-    """The MCP server, the longcall workers and beat, and the pipeline worker; all stopped on the way out."""
+def running_fleet(
+    args: argparse.Namespace, log_dir: Path, svc: Services, *, count_calls: bool = False
+) -> Iterator[Fleet]:
+    """The MCP server, the longcall workers and beat, and the pipeline worker; all stopped on the way out.
+    With ``count_calls``, the longcall workers' processes record every ledger transaction and every command
+    they send to longcall's Redis (:func:`tx_dir`; about 5 us of worker CPU each)."""
     children: dict[str, Child] = {}
     client: Celery | None = None
     try:
@@ -298,6 +385,10 @@ def running_fleet(args: argparse.Namespace, log_dir: Path, svc: Services) -> Ite
             name="mcp",
             ready=listening,
         )
+        counting = {}
+        if count_calls:
+            tx_dir(log_dir).mkdir(exist_ok=True)
+            counting = {"BENCH_TX_DIR": str(tx_dir(log_dir)), "BENCH_REDIS_COUNT_DIR": str(tx_dir(log_dir))}
         config = log_dir / "longcall.toml"
         config.write_text(fleet_config(f"http://127.0.0.1:{port}/mcp", args.qps))
         longcall_env = {
@@ -316,6 +407,7 @@ def running_fleet(args: argparse.Namespace, log_dir: Path, svc: Services) -> Ite
             longcall_env={
                 **longcall_env,
                 "BENCH_LONGCALL_NOOP": "1",
+                **counting,
                 **({"BENCH_PROFILE_DIR": str(args.profile)} if getattr(args, "profile", None) else {}),
             },
             workers=args.workers,
@@ -347,6 +439,8 @@ def running_fleet(args: argparse.Namespace, log_dir: Path, svc: Services) -> Ite
             children=children,
             redis_pid=svc.redis_pid,
             events_configured=bool(celery_config(settings)["worker_send_task_events"]),
+            broker_redis=svc.broker_redis,
+            broker_redis_pid=svc.broker_redis_pid,
         )
         # The workers started with task events off (bench/_apps.py): now as the fleet configures them.
         set_task_events(fleet, fleet.events_configured)
@@ -383,6 +477,9 @@ def burst(fleet: Fleet, run: str) -> dict[str, Any]:
     settled = fleet.counters()
     time.sleep(PG_STATS_FLUSH_S)
     after = fleet.counters()
+    commits = commits_by_caller(fleet.log_dir, before.t, settled.t)
+    commits_to_after = sum(commits_by_caller(fleet.log_dir, before.t, after.t).values())
+    redis_sent = commits_by_caller(fleet.log_dir, before.t, settled.t, ".redis")
     receipts = [
         d for d in fleet.deliveries() if d["kwargs"]["receipt"]["call_node_id"].startswith(f"{run}-burst-")
     ]
@@ -404,6 +501,9 @@ def burst(fleet: Fleet, run: str) -> dict[str, Any]:
         "steps": dict(sorted((steps1 - steps0).items())),
         "server_requests": dict(sorted(requests.items())),
         "cpu_s": {name: cpu1[name] - cpu0[name] for name in cpu0},
+        "commits_by_caller": commits,
+        "commits_to_after": commits_to_after,
+        "redis_sent": redis_sent,
     }
 
 
@@ -605,6 +705,7 @@ def unchanged_polls(fleet: Fleet, run: str) -> dict[str, Any]:
     time.sleep(PG_STATS_FLUSH_S)
     after = fleet.counters()
     return {
+        "redis_sent": commits_by_caller(fleet.log_dir, before.t, settled.t, ".redis"),
         "operations": args.unchanged,
         "window_s": settled.t - before.t,
         "before": before,
@@ -760,8 +861,8 @@ def xact_per_ledger_call(db_name: str, calls: int = 200) -> float:
 
 def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     run = f"lc{uuid.uuid4().hex[:6]}"
-    with services(args, log_dir) as svc:
-        with running_fleet(args, log_dir, svc) as fleet:
+    with services(args, log_dir, own_broker=True) as svc:
+        with running_fleet(args, log_dir, svc, count_calls=True) as fleet:
             print(f"fleet up: {args.workers} longcall workers x {args.concurrency}, beat, pipeline")
             for index in range(args.warmup):
                 fleet.submit(f"{run}-warmup-{index}", 0.1)
@@ -784,6 +885,15 @@ def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             requested = cancels(fleet, run)
             print(f"cancels done; {args.unchanged} operations polled unchanged for {args.unchanged_s} s ...")
             unchanged = unchanged_polls(fleet, run)
+            burst_figures["idle_commits"] = commits_by_caller(log_dir, idle_from.t, idle_to.t)
+            burst_figures["idle_redis_sent"] = commits_by_caller(log_dir, idle_from.t, idle_to.t, ".redis")
+            burst_figures["redis_split_kind"] = (
+                "measured"
+                if svc.broker_redis is not None
+                else "rabbitmq"
+                if args.broker == "rabbitmq"
+                else "shared"
+            )
             ops = ledger_view(svc.db_name, run)
             tasks = fleet.server_tasks()
             server_log = fleet.server_log()
@@ -817,6 +927,49 @@ def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     )
 
 
+#: The commands that run a Lua script: one top-level call each, whatever the script runs inside.
+SCRIPT_CALLS = ("evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro")
+
+
+def redis_split(
+    c0: Counters, c1: Counters, sent: collections.Counter[str], recorder: bool
+) -> dict[str, float]:
+    """Redis commands between two readings, per instance: the broker's (its own private Redis), longcall's
+    (``redis_url``: buckets, meters, CAS, the result backend, the bench's receipt sink), the script calls on
+    longcall's (``EVALSHA``/``EVAL``), and longcall's top-level calls: the commands the longcall workers sent
+    it (``sent``, counted as they send them, ``bench/_apps.py``) plus, with ``recorder``, the pipeline
+    worker's receipt ``RPUSH``; ``INFO commandstats`` counts the commands run inside scripts as well, so the
+    difference between longcall's commands and its top-level calls is what the scripts run inside. This
+    process's own commands (``INFO``, the sink's ``LLEN``) are taken out of each instance's count."""
+    broker = (c1.broker_calls - c0.broker_calls) - (c1.own_broker_calls - c0.own_broker_calls)
+    total = (c1.redis_calls - c0.redis_calls) - (c1.own_calls - c0.own_calls)
+
+    def longcall_count(names: tuple[str, ...]) -> int:
+        return sum(
+            (c1.by_command.get(k, 0) - c1.broker_by_command.get(k, 0))
+            - (c0.by_command.get(k, 0) - c0.broker_by_command.get(k, 0))
+            for k in names
+        )
+
+    recorded = longcall_count(("rpush",)) if recorder else 0
+    return {
+        "all": total,
+        "broker": broker,
+        "longcall": total - broker,
+        "longcall_scripts": longcall_count(SCRIPT_CALLS),
+        "longcall_top_level": sum(sent.values()) + recorded,
+        "longcall_sent_by_workers": sum(sent.values()),
+        "longcall_recorder_rpush": recorded,
+    }
+
+
+def per_unit(
+    window: dict[str, float], idle: dict[str, float], idle_s: float, window_s: float, units: float
+) -> dict[str, float]:
+    """``window``'s counts per unit (an operation, a poll), net of what the idle fleet counts in as long."""
+    return {k: (v - idle.get(k, 0.0) / idle_s * window_s) / units for k, v in window.items()}
+
+
 def figures(
     args: argparse.Namespace,
     idle_from: Counters,
@@ -848,8 +1001,26 @@ def figures(
     # Redis: up to ``settled``, the instant the messages were counted.
     redis_raw = (settled.redis_calls - before.redis_calls - (settled.own_calls - before.own_calls)) / n
     redis_net = redis_raw - idle_redis * (settled.t - before.t) / n
+    # The same, per Redis instance when the broker has its own, net of idle each.
+    split_kind = burst_figures["redis_split_kind"]
+    idle_split = redis_split(idle_from, idle_to, burst_figures["idle_redis_sent"], recorder=True)
+    burst_split = redis_split(before, settled, burst_figures["redis_sent"], recorder=True)
+    redis_split_op = per_unit(burst_split, idle_split, idle_s, settled.t - before.t, n)
     by_task = burst_figures["messages_by_task"]
     messages = sum(by_task.values()) / n
+    # The ledger commits the workers made in the burst (client-side, up to ``settled``), by caller, and what
+    # the idle fleet's callers commit in as long.
+    commits_window_s = settled.t - before.t
+    idle_commits = burst_figures["idle_commits"]
+    commit_callers = {
+        caller: {
+            "raw": burst_figures["commits_by_caller"].get(caller, 0) / n,
+            "idle": idle_commits.get(caller, 0) / idle_s * commits_window_s / n,
+        }
+        for caller in sorted(set(burst_figures["commits_by_caller"]) | set(idle_commits))
+    }
+    commits_raw = sum(c["raw"] for c in commit_callers.values())
+    commits_net = commits_raw - sum(c["idle"] for c in commit_callers.values())
     ops_per_s = n / (burst_figures["finished"] - burst_figures["started"])
     configured = "on" if noop["events_configured"] else "off"
     noop_per_s = noop[configured]["per_s"]
@@ -867,6 +1038,8 @@ def figures(
     u_cpu_ms = {k: 1000 * (v - idle_cpu_per_s.get(k, 0.0) * u_s) / u_polls for k, v in u["cpu_s"].items()}
     u_cpu_raw_ms = {k: 1000 * v / u_polls for k, v in u["cpu_s"].items()}
     u_redis_calls = u1.redis_calls - u0.redis_calls - (u1.own_calls - u0.own_calls)
+    u_split = redis_split(u0, u1, u["redis_sent"], recorder=True)
+    redis_split_poll = per_unit(u_split, idle_split, idle_s, u_s, u_polls)
     redis_cpu_s = u["cpu_s"].get("redis")
     result = {
         "operations": n,
@@ -876,12 +1049,29 @@ def figures(
         "completed": burst_figures["completed"],
         "burst_ops_needing_one_poll": one_poll,
         "ops_per_s": ops_per_s,
-        "ledger_tx_per_op": xact_net,
-        "ledger_tx_per_op_raw": xact_raw,
+        # The target's figure: the workers' commits, each seen as it is made, net of what each caller
+        # commits idle in as long (see the module docstring).
+        "ledger_tx_per_op": commits_net,
+        "ledger_tx_per_op_raw": commits_raw,
+        # The server's count over the same burst, read 11 s later, net of the idle fleet's rate as the
+        # statistics showed it.
+        "ledger_xact_commit_per_op": xact_net,
+        "ledger_xact_commit_per_op_raw": xact_raw,
+        "ledger_xact_commit_vs_commits_seen": {
+            "xact_commit": after.xact - before.xact,
+            "workers_commits": burst_figures["commits_to_after"],
+        },
         "xact_commit_per_ledger_call": xact_per_call,
         "ledger_calls_per_op": xact_net / xact_per_call,
+        "ledger_calls_per_op_seen": commits_net,
+        "ledger_commits_by_caller_per_op": commit_callers,
         "redis_calls_per_op": redis_net,
         "redis_calls_per_op_raw": redis_raw,
+        # "measured": broker and longcall each on a private Redis of its own; "shared": one Redis for both
+        # (--redis-url), only the estimate below tells them apart; "rabbitmq": Redis is longcall's alone.
+        "redis_split_kind": split_kind,
+        "redis_split_per_op": redis_split_op,
+        "redis_longcall_sent_per_op_raw": {k: v / n for k, v in burst_figures["redis_sent"].most_common()},
         # What the broker's own handling of the op's messages accounts for, at a no-op message's cost.
         "redis_calls_per_message": noop[configured]["redis_calls_per_message"],
         "redis_calls_per_op_transport": messages * noop[configured]["redis_calls_per_message"],
@@ -928,6 +1118,8 @@ def figures(
             "cpu_ms_per_poll_raw": u_cpu_raw_ms,
             "ledger_tx_per_poll": (u1.xact - u0.xact - idle_xact * u_s) / u_polls,
             "redis_calls_per_poll": (u_redis_calls - idle_redis * u_s) / u_polls,
+            "redis_split_per_poll": redis_split_poll,
+            "redis_longcall_sent_per_poll_raw": {k: v / u_polls for k, v in u["redis_sent"].most_common()},
             "redis_commands_per_poll_raw": {
                 name: (count - u0.by_command.get(name, 0)) / u_polls
                 for name, count in sorted(
@@ -951,7 +1143,7 @@ def figures(
         },
         "ratios": {
             "ops_per_s_vs_message_ceiling": ops_per_s / ceiling,
-            "ledger_commits_per_s_vs_raw": ops_per_s * xact_net / pg_rate,
+            "ledger_commits_per_s_vs_raw": ops_per_s * commits_net / pg_rate,
             "ops_per_s_vs_noop_per_s": ops_per_s / noop_per_s,
         },
         "noop_per_s": noop_per_s,
@@ -966,13 +1158,37 @@ def figures(
         "end_to_end_ops_per_s": (ops_per_s, ">=", 0.5 * ceiling, " ops/s"),
         "unchanged_poll_worker_cpu": (worker_ms, "<=", 2 * result["noop_cpu_ms"], " ms"),
         "redis_calls_per_op": (redis_net, "<=", 20.0, ""),
-        "ledger_tx_per_one_poll_op": (xact_net, "<=", 7.0, ""),
+        "ledger_tx_per_one_poll_op": (commits_net, "<=", 7.0, ""),
         "ledger_rows_per_unchanged_poll": (float(u["event_rows"]), "==", 0.0, ""),
         "celery_messages_per_op": (messages, "<=", 6.0, ""),
         "cancel_confirmation_p99": (result["cancel_confirmation_s"]["p99"], "<", 2.0, " s"),
         "detection_lag_p99": (result["paced_lag_p99_s"], "<=", lag_bound, " s"),
     }
     return result
+
+
+def print_redis_split(kind: str, split: dict[str, float], unit: str, sent: dict[str, float]) -> None:
+    """The Redis commands per ``unit`` by instance (see :func:`redis_split`), net of idle, and the commands
+    the workers sent longcall's Redis by name (raw)."""
+    if kind == "shared":
+        print("    (one Redis for the broker and longcall, --redis-url: not split by instance)")
+        return
+    broker = (
+        f"the broker's Redis {split['broker']:.1f}"
+        if kind == "measured"
+        else "the broker is RabbitMQ (not counted here)"
+    )
+    print(
+        f"    by instance, per {unit}: {broker}; longcall's Redis {split['longcall']:.1f} commands (Lua-inner"
+        f" included), {split['longcall_scripts']:.1f} of them script calls (EVALSHA/EVAL); round trips"
+        f" (top-level calls) on longcall's Redis {split['longcall_top_level']:.1f} = the workers'"
+        f" {split['longcall_sent_by_workers']:.1f} (counted as sent) + the pipeline's receipt RPUSH"
+        f" {split['longcall_recorder_rpush']:.1f}"
+    )
+    print(
+        "      the workers' top-level calls on longcall's Redis (raw): "
+        + ", ".join(f"{k} {v:.2f}" for k, v in sent.items())
+    )
 
 
 def report(f: dict[str, Any]) -> bool:
@@ -1002,23 +1218,44 @@ def report(f: dict[str, Any]) -> bool:
         f" of the message ceiling (no-op/s {f['noop_per_s']:.0f} / messages/op {f['messages_per_op']:.2f}"
         f" = {f['message_ceiling_ops_per_s']:.1f} ops/s)"
     )
+    callers = f["ledger_commits_by_caller_per_op"]
     print(
-        f"  ledger transactions/op (xact_commit): {f['ledger_tx_per_op']:.2f} net of idle"
-        f" ({f['ledger_tx_per_op_raw']:.2f} raw; idle fleet {f['idle']['ledger_tx_per_s']:.1f}/s)"
+        f"  ledger transactions/op (the workers' commits, each seen as made): {f['ledger_tx_per_op']:.2f} net"
+        f" of what each caller commits idle ({f['ledger_tx_per_op_raw']:.2f} raw); by caller (task, step,"
+        " Ledger method: raw/op, the idle fleet's share/op):"
+    )
+    for caller, c in sorted(callers.items(), key=lambda kv: -kv[1]["raw"]):
+        print(f"      {caller}: {c['raw']:.3f} ({c['idle']:.3f})")
+    claimed = f["step_outcomes_per_op"].get("longcall.dispatch_due:claimed", 0.0)
+    print(
+        f"    of the dispatcher's ticks, {claimed:.3f}/op claimed rows (a tick is one transaction whether it"
+        " claims or not: the burst's claims add none to the idle fleet's ticks)"
+    )
+    check = f["ledger_xact_commit_vs_commits_seen"]
+    print(
+        f"    xact_commit (the server's count, read {PG_STATS_FLUSH_S:.0f} s later):"
+        f" {f['ledger_xact_commit_per_op']:.2f} net of idle ({f['ledger_xact_commit_per_op_raw']:.2f} raw;"
+        f" idle fleet {f['idle']['ledger_tx_per_s']:.1f}/s)"
         f" = {f['ledger_calls_per_op']:.2f} Ledger transactions x {f['xact_commit_per_ledger_call']:.2f}"
-        " xact_commit each"
+        f" xact_commit each; over the same span it counted {check['xact_commit']}, the workers committed"
+        f" {check['workers_commits']} (the difference: statistics not yet flushed at either end, or not the"
+        " workers')"
     )
     print(
         f"  Redis calls/op: {f['redis_calls_per_op']:.1f} net of idle ({f['redis_calls_per_op_raw']:.1f} raw;"
         f" idle fleet {f['idle']['redis_calls_per_s']:.1f}/s; broker, results, events, buckets)"
     )
-    transport = f["redis_calls_per_op_transport"]
-    print(
-        f"    of which the Celery transport's own, at a no-op message's cost: {transport:.1f}"
-        f" (= {f['messages_per_op']:.2f} messages x {f['redis_calls_per_message']:.1f} Redis calls per no-op"
-        f" message, same run); the rest, longcall's own (buckets, CAS, results, drains):"
-        f" {f['redis_calls_per_op'] - transport:.1f}"
+    print_redis_split(
+        f["redis_split_kind"], f["redis_split_per_op"], "op", f["redis_longcall_sent_per_op_raw"]
     )
+    if f["redis_split_kind"] == "shared":
+        transport = f["redis_calls_per_op_transport"]
+        print(
+            f"    of which the Celery transport's own, ESTIMATED at a no-op message's cost: {transport:.1f}"
+            f" (= {f['messages_per_op']:.2f} messages x {f['redis_calls_per_message']:.1f} Redis calls per"
+            f" no-op message, same run); the rest, longcall's own (buckets, CAS, results, drains):"
+            f" {f['redis_calls_per_op'] - transport:.1f}"
+        )
     commands = ", ".join(f"{k} {v:.1f}" for k, v in list(f["redis_commands_per_op_raw"].items())[:10])
     print(f"    by command (raw, the ten largest): {commands}")
     by_task = ", ".join(f"{k} {v:.2f}" for k, v in f["messages_by_task_per_op"].items() if v)
@@ -1068,6 +1305,12 @@ def report_unchanged(f: dict[str, Any]) -> bool:
         f" {u['redis_calls_per_poll']:.1f}, broker messages {u['broker_messages_per_poll']:.2f},"
         f" tool_operation row updates {u['operation_row_updates_per_poll']:.2f}, event rows written"
         f" {u['event_rows']} in the window"
+    )
+    print_redis_split(
+        f["redis_split_kind"],
+        u["redis_split_per_poll"],
+        "unchanged poll",
+        u["redis_longcall_sent_per_poll_raw"],
     )
     commands = ", ".join(f"{k} {v:.1f}" for k, v in list(u["redis_commands_per_poll_raw"].items())[:10])
     print(f"    Redis calls by command (raw, the ten largest): {commands}")
