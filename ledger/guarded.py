@@ -1,8 +1,12 @@
 """The one guarded write behind every named move (``ledger/moves.py``), and its side rows.
 
 A :class:`GuardedWrite` says where a move may start, where it ends, what it sets and which side rows it owns;
-``GuardedWrites._write`` runs it as one guarded statement (``ledger.statements.guarded_update``) in one
-transaction, or records the stale writer's refusal and raises :class:`StaleTransition` after the commit.
+``GuardedWrites._write`` runs it as one guarded statement (``ledger.statements.guarded_update``): alone, in
+autocommit, when the move owns no side rows (the statement is its own transaction), else in one transaction
+with them. A refused write (zero rows: a stale writer) changed nothing; the refusal is then recorded in a
+transaction of its own and :class:`StaleTransition` raised after its commit. The recorded ``found`` is the
+row as that second transaction reads it: a writer that moved the row in between shows there (a diagnostic
+only; nothing decides on it).
 """
 
 from __future__ import annotations

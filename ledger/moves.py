@@ -3,9 +3,10 @@
 Every move is one guarded statement, ``UPDATE ... WHERE id = :id AND state IN (:allowed) AND execution_epoch =
 :epoch AND cancel_generation = :gen [AND poll_cursor = :cursor] [AND input_round = :round] RETURNING``, that
 appends its own event row(s); the side rows a move owns (a reconciliation record, the approval gate's outbox
-row, the closing of open records) go into the same transaction. Zero rows is a stale writer: the refusal is
-recorded as a ``stale_write_rejected`` event in the same transaction, nothing else changes, and
-:class:`StaleTransition` is raised after the commit (rule 5).
+row, the closing of open records) go into the same transaction. Zero rows is a stale writer: nothing
+changed, the refusal is recorded as a ``stale_write_rejected`` event (in a transaction of its own when the
+move was one statement, see ``ledger/guarded.py``), and :class:`StaleTransition` is raised after the commit
+(rule 5).
 
 Each move writes the columns and the event kinds its step of the protocol needs, nothing else; callers never
 name columns. ``Ledger`` inherits these moves; its other transactions live in ``ledger/repository.py``.
