@@ -122,6 +122,14 @@ def xact_commit(name: str) -> int:
     return int(row[0])
 
 
+def sessions(name: str) -> int:
+    """``pg_stat_database.sessions`` of one database: the connections made to it so far. Each one's start is
+    a transaction of its own, counted in ``xact_commit``."""
+    with psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=10) as conn:
+        row = conn.execute("SELECT sessions FROM pg_stat_database WHERE datname = %s", (name,)).fetchone()
+    return int(row[0]) if row is not None and row[0] is not None else 0
+
+
 def backend_pids(name: str) -> list[int]:
     """The server processes of the connections to one database (read from the admin database)."""
     with psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=10) as conn:
