@@ -87,6 +87,9 @@ class GuardedWrite:
     #: ``(protocol, protocol_version)``: the write is refused (:class:`AdapterDisabled`, nothing written)
     #: when this adapter is in ``executor_control.disabled_adapters`` as the write's own transaction reads it.
     unless_disabled: tuple[str, str] | None = None
+    #: The snapshot it returns holds the arguments; False: ``body`` is ``BODY_NOT_READ`` (a write on the
+    #: poll path, whose caller never sends them).
+    returns_body: bool = True
 
 
 class GuardedWrites:
@@ -171,6 +174,7 @@ class GuardedWrites:
             quiet_unless_changed=write.quiet_unless_changed,
             counter=write.counter,
             after_intent=write.after_intent,
+            with_body=write.returns_body,
         )
         end = write.then or write.to
         params: dict[str, Any] = {
@@ -197,7 +201,8 @@ class GuardedWrites:
             with self._one_statement() as conn:
                 row = conn.execute(STATEMENTS.get(guarded_update, shape), params).first()
             if row is not None:
-                return Operation.from_row(row)  # its event (or two) went in with the same statement
+                # its event (or two) went in with the same statement
+                return Operation.from_row(row, with_body=write.returns_body)
         with self._tx() as conn:
             if write.unless_disabled is not None or _has_side_rows(write):
                 if write.unless_disabled is not None:
@@ -206,7 +211,8 @@ class GuardedWrites:
                         raise AdapterDisabled(*write.unless_disabled)
                 row = conn.execute(STATEMENTS.get(guarded_update, shape), params).first()
                 if row is not None:
-                    op = Operation.from_row(row)  # its event (or two) went in with the same statement
+                    # its event (or two) went in with the same statement
+                    op = Operation.from_row(row, with_body=write.returns_body)
                     self._side_rows(conn, op, write)
                     return op
             # Refused: the stale writer's refusal, in a transaction of its own (the refused statement

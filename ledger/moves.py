@@ -235,7 +235,8 @@ class OperationMoves(GuardedWrites):
     ) -> Operation:
         """Same state: the server still works on it; its status is kept and the next poll is due in
         ``next_poll_in_s``. Event ``polled`` when the server state, its message or its poll interval
-        changed; an answer that changed nothing is counted on the row (``unchanged_polls``) instead."""
+        changed; an answer that changed nothing is counted on the row (``unchanged_polls``) instead. The
+        snapshot returned is read without the arguments (``body`` is ``BODY_NOT_READ``)."""
         sets = {
             **status.columns(),
             "next_poll_at": due_in(next_poll_in_s),
@@ -251,6 +252,7 @@ class OperationMoves(GuardedWrites):
             sets,
             quiet_unless_changed=tuple(status.columns()),
             counter="unchanged_polls",
+            returns_body=False,  # its callers go on without the arguments (BODY_NOT_READ)
         )
         return self._write(op_id, fence, write)
 

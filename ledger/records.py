@@ -31,9 +31,26 @@ class Fence:
         return dataclasses.asdict(self)
 
 
+class _BodyNotRead:
+    """What :attr:`Operation.body` holds in a snapshot read without the arguments (``with_body=False``)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<body not read>"
+
+
+#: The body of an operation read without its arguments: a status read, its reschedule and what follows
+#: them never send the arguments, so the poll path does not fetch them (issue 13: a 1 MB body made every
+#: poll read and parse it twice). The create and the lookup by key read them (``Ledger.get``, the create
+#: attempt's own row); ``workers.steps.submit.arguments_of`` reads them for a snapshot that lacks them.
+BODY_NOT_READ: Any = _BodyNotRead()
+
+
 @dataclass(frozen=True, slots=True)
 class Operation:
-    """A snapshot of one ``tool_operation`` row."""
+    """A snapshot of one ``tool_operation`` row (``body`` is :data:`BODY_NOT_READ` in a snapshot read
+    without the arguments)."""
 
     id: uuid.UUID
     call_node_id: str
@@ -81,9 +98,14 @@ class Operation:
     routing: str = "live"
 
     @classmethod
-    def from_row(cls, row: Row[Any] | Mapping[str, Any]) -> Operation:
+    def from_row(cls, row: Row[Any] | Mapping[str, Any], *, with_body: bool = True) -> Operation:
+        """The snapshot of a row; ``with_body=False`` for a row selected without ``body``."""
         data = row._mapping if isinstance(row, Row) else row
-        values = {name: data[name] for name in _OPERATION_FIELDS}
+        if with_body:
+            values = {name: data[name] for name in _OPERATION_FIELDS}
+        else:
+            values = {name: data[name] for name in _OPERATION_FIELDS_WITHOUT_BODY}
+            values["body"] = BODY_NOT_READ
         values["state"] = OpState(values["state"])
         if values["observed_terminal"] is not None:
             values["observed_terminal"] = TerminalKind(values["observed_terminal"])
@@ -99,6 +121,7 @@ class Operation:
 
 
 _OPERATION_FIELDS = tuple(f.name for f in dataclasses.fields(Operation))
+_OPERATION_FIELDS_WITHOUT_BODY = tuple(name for name in _OPERATION_FIELDS if name != "body")
 
 
 @dataclass(frozen=True, slots=True)

@@ -178,12 +178,14 @@ class Ledger(
 
     # ------------------------------------------------------------------------------------------- reads
 
-    def get(self, op_id: uuid.UUID) -> Operation:
+    def get(self, op_id: uuid.UUID, *, with_body: bool = True) -> Operation:
+        """The operation's row; ``with_body=False`` reads all of it but the arguments (``body`` is then
+        ``BODY_NOT_READ``): what a step that never sends them reads."""
         with self._one_statement() as conn:
-            row = conn.execute(STATEMENTS.get(select_operation_by_id), {"op_id": op_id}).first()
+            row = conn.execute(STATEMENTS.get(select_operation_by_id, with_body), {"op_id": op_id}).first()
         if row is None:
             raise OperationNotFound(op_id)
-        return Operation.from_row(row)
+        return Operation.from_row(row, with_body=with_body)
 
     def find_by_call_node(self, call_node_id: str) -> Operation | None:
         with self._tx() as conn:

@@ -130,6 +130,8 @@ class WriteShape:
     #: "route" does too and goes to CANCEL_REQUESTED instead of ``new_state`` when the row's generation is
     #: above ``fence_route_above``.
     after_intent: str = "strict"
+    #: The row it returns includes ``body`` (the arguments); False for a write on the poll path.
+    with_body: bool = True
 
 
 def guarded_update(shape: WriteShape) -> Any:
@@ -195,7 +197,7 @@ def guarded_update(shape: WriteShape) -> Any:
         update(OP)
         .where(*where)
         .values(sets)
-        .returning(*OP.c, prior.c.state.label("prior_state"))
+        .returning(*operation_columns(shape.with_body), prior.c.state.label("prior_state"))
         .cte("moved")
     )
     detail = bindparam("event_detail", type_=EVENT.c.detail.type)
@@ -525,8 +527,13 @@ def select_disabled_adapters() -> Any:
     return select(CONTROL.c.disabled_adapters).where(CONTROL.c.id == 1).with_for_update(read=True)
 
 
-def select_operation_by_id() -> Any:
-    return select(OP).where(OP.c.id == bindparam("op_id"))
+def operation_columns(with_body: bool) -> list[Any]:
+    """The row's columns, all of them or all but ``body`` (the arguments, up to ``max_body_bytes``)."""
+    return [c for c in OP.c if with_body or c.name != "body"]
+
+
+def select_operation_by_id(with_body: bool = True) -> Any:
+    return select(*operation_columns(with_body)).where(OP.c.id == bindparam("op_id"))
 
 
 def select_operation_by_call_node() -> Any:

@@ -84,8 +84,14 @@ class Executor:
 
     @_own_log_context
     def advance(self, op_id: uuid.UUID, cursor: int) -> StepOutcome:
-        """``longcall.poll``: the step for a SUBMITTING, SUBMISSION_UNKNOWN or WORKING operation."""
-        op = self.ledger.get(op_id)
+        """``longcall.poll``: the step for a SUBMITTING, SUBMISSION_UNKNOWN or WORKING operation.
+
+        A status read never sends the arguments, so the row is read without them (they may be up to
+        ``max_body_bytes``, read and parsed on every poll otherwise); a submission's step, which sends them
+        (the create) or asks by them (the lookup), reads the whole row."""
+        op = self.ledger.get(op_id, with_body=False)
+        if op.state in (S.SUBMITTING, S.SUBMISSION_UNKNOWN):
+            op = self.ledger.get(op_id)
         if op.state in (S.SUBMITTING, S.SUBMISSION_UNKNOWN):
             return self._guard(op, cursor, submit.advance_submission)
         if op.state is S.WORKING:

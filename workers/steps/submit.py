@@ -9,6 +9,7 @@ claim, as the protocol asks: an unknown outcome is looked up at once, a proved-s
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 from adapters import (
     AdapterError,
@@ -25,7 +26,7 @@ from adapters import (
 from ledger.errors import AdapterDisabled, UnstorableResult
 from ledger.events import EventKind
 from ledger.reasons import ReconciliationReason
-from ledger.records import Fence, Operation, adapter_key
+from ledger.records import BODY_NOT_READ, Fence, Operation, adapter_key
 from ledger.states import OpState, TerminalKind
 from workers.errors import NoToken
 from workers.steps.cancel import send as send_cancel
@@ -98,7 +99,7 @@ def create(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved
     try:
         created = adapter.create(
             op.tool_name,
-            op.body,
+            arguments_of(ctx, op),
             submission_key=str(op.submission_key),
             ttl_ms=op.ttl_ms or server.default_ttl_ms,
             sync_upper_bound_s=tool.sync_upper_bound_s if tool else None,
@@ -120,6 +121,15 @@ def create(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved
     return _created(ctx, op, fence, created)
 
 
+def arguments_of(ctx: StepContext, op: Operation) -> Any:
+    """The operation's arguments as recorded at submission: the snapshot's, or, for a snapshot read without
+    them (``BODY_NOT_READ``, the poll path's read), the row's own. What a create sends and a lookup asks by
+    is always the recorded body, never a stand-in."""
+    if op.body is BODY_NOT_READ:
+        return ctx.ledger.get(op.id).body
+    return op.body
+
+
 def _undo_attempt(ctx: StepContext, op: Operation, fence: Fence, retry_in_s: float, why: str) -> StepOutcome:
     op = ctx.ledger.undo_create_attempt(op.id, fence, retry_in_s=retry_in_s, detail={"error": why})
     return StepOutcome(op.id, "create_retry", op.state)
@@ -134,7 +144,7 @@ def lookup(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved
             str(op.submission_key),
             tool=op.tool_name,
             submitted_after=op.created_at,
-            arguments=op.body,
+            arguments=arguments_of(ctx, op),
             budget=ctx.request_budget(op.server, "control"),
         )
     except ASK_AGAIN as exc:
