@@ -269,7 +269,7 @@ class OperationMoves(GuardedWrites):
         """Same state: the step could not finish now (no token, rate limited, a failed call) and is due again
         in ``delay_s`` (not sooner, deadlines or not: a Retry-After holds), its lease released. ``event``
         says why; a missing token (``no_token``) is counted on the row (``no_token_count``), not written as
-        an event."""
+        an event. The snapshot returned is read without the arguments (``body`` is ``BODY_NOT_READ``)."""
         sets = {"next_poll_at": due_after(delay_s), "lease_until": None}
         quiet = event is EventKind.NO_TOKEN
         write = GuardedWrite(
@@ -281,6 +281,7 @@ class OperationMoves(GuardedWrites):
             quiet_unless_changed=() if quiet else None,
             counter="no_token_count" if quiet else None,
             after_intent="tolerate",  # where a cancel intent waits, it stays; the step is due again anyway
+            returns_body=False,  # a step that could not finish now sends nothing (BODY_NOT_READ)
         )
         return self._write(op_id, fence, write)
 

@@ -39,6 +39,9 @@ class _BodyNotRead:
     def __repr__(self) -> str:
         return "<body not read>"
 
+    def __reduce__(self) -> str:
+        return "BODY_NOT_READ"  # a copy or an unpickled snapshot holds the same marker, never a look-alike
+
 
 #: The body of an operation read without its arguments: a status read, its reschedule and what follows
 #: them never send the arguments, so the poll path does not fetch them (issue 13: a 1 MB body made every

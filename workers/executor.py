@@ -172,6 +172,6 @@ class Executor:
             # Rescheduled in the state the row is in now: the step may have moved it before the refused
             # request (an unknown create outcome looked up at once, a proved-safe resubmission made at once).
             try:
-                return self.ctx.no_token(self.ledger.get(op.id), fence, no_token)
+                return self.ctx.no_token(self.ledger.get(op.id, with_body=False), fence, no_token)
             except StaleTransition as stale:
                 return StepOutcome(op.id, "stale", None, detail={"found": stale.found})

@@ -20,6 +20,7 @@ from ledger.records import BODY_NOT_READ
 from ledger.states import OpState
 from tests import support
 from tests.integration.fleet import McpServer, fleet_config, start_mcp_server
+from workers.errors import NoToken
 from workers.executor import Executor
 from workers.runtime import Runtime
 from workers.settings import Settings
@@ -120,3 +121,31 @@ def test_the_arguments_of_a_snapshot_read_without_them_are_the_recorded_ones(
     assert arguments_of(executor.ctx, lean) == ARGUMENTS
     assert arguments_of(executor.ctx, submission.operation) == ARGUMENTS
     assert uuid.UUID(str(lean.id)) == submission.operation.id
+
+
+def test_a_poll_that_meets_a_503_or_no_token_reads_no_arguments(
+    in_process: tuple[McpServer, Executor],
+) -> None:
+    """The paths that reschedule without an answer (a 503, a missing token) leave the arguments out too."""
+    mcp, executor = in_process
+    submission, _step = executor.submit(_new(executor, "node-retry"))
+    op_id = submission.operation.id
+    mcp.faults(status_503={"tasks/get": {"count": 1, "retry_after_s": 0}})
+    columns = Columns()
+    event.listen(executor.ledger.engine, "after_cursor_execute", columns.after)
+    try:
+        claim = executor.ledger.claim(op_id, lease_s=30)
+        assert claim is not None
+        assert executor.advance(op_id, claim.poll_cursor).action == "rate_limited"  # a 503 with Retry-After
+        claim = executor.ledger.claim(op_id, lease_s=30)
+        assert claim is not None
+        op = executor.ledger.get(op_id, with_body=False)
+        fence = op.fence
+        outcome = executor.ctx.no_token(op, fence, NoToken(0.5))
+    finally:
+        event.remove(executor.ledger.engine, "after_cursor_execute", columns.after)
+    assert outcome.action == "no_token"
+    row_reads = [names for names in columns.seen if "poll_cursor" in names and "call_node_id" in names]
+    assert len(row_reads) >= 4
+    assert all("body" not in names for names in row_reads), columns.seen
+    assert executor.ledger.get(op_id).body == ARGUMENTS
