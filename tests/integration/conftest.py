@@ -13,10 +13,13 @@ from tests.integration.fleet import (
     BROKERS,
     Fleet,
     FleetParts,
+    McpServer,
     fleet_config,
+    in_process_runtime,
     running_fleet,
     start_mcp_server,
 )
+from workers.executor import Executor
 from workers.runtime import Runtime
 from workers.settings import Settings
 
@@ -82,4 +85,21 @@ def runtimes(database_url: str, broker_prefix: str, tmp_path: Path, log_dir: Pat
     finally:
         for runtime in made:
             runtime.close()
+        mcp.process.stop()
+
+
+@pytest.fixture
+def mcp_executor(
+    database_url: str, broker_prefix: str, tmp_path: Path, log_dir: Path
+) -> Iterator[tuple[McpServer, Executor]]:
+    """longcall's MCP server (tasks poll every 200 ms) and an executor in this process driving one step at a
+    time: budgets far above what a test sends, a 30 s lease."""
+    mcp = start_mcp_server(log_dir, poll_interval_ms=200)
+    config = tmp_path / "longcall.toml"
+    config.write_text(fleet_config(mcp.url, poll_qps=5000, control_qps=5000))
+    runtime = in_process_runtime(database_url, broker_prefix, config, lease_s=30)
+    try:
+        yield mcp, Executor(runtime)
+    finally:
+        runtime.close()
         mcp.process.stop()

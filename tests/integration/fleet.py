@@ -23,6 +23,8 @@ from ledger.repository import Ledger
 from ledger.states import OpState
 from tests import support
 from tests.integration.pipeline_app import make_app
+from workers.runtime import Runtime
+from workers.settings import Settings
 
 #: The brokers a fleet runs on (the ``broker`` fixture; a test parametrized over it runs on each).
 BROKERS = ("redis", "rabbitmq")
@@ -70,6 +72,19 @@ def start_mcp_server(log_dir: Path, *flags: str, poll_interval_ms: int = 200) ->
 
     support.wait_for("the MCP server to listen", up)
     return McpServer(f"http://127.0.0.1:{port}/mcp", control, process)
+
+
+def in_process_runtime(database_url: str, broker_prefix: str, config: Path, **settings: Any) -> Runtime:
+    """A runtime in this process on the test's ledger, Redis and broker prefix, with ``config``'s servers."""
+    return Runtime.from_settings(
+        Settings(
+            database_url=database_url,
+            redis_url=support.REDIS_URL,
+            broker_keyprefix=broker_prefix,
+            config=config,
+            **settings,
+        )
+    )
 
 
 def fleet_config(server_url: str, **server: Any) -> str:

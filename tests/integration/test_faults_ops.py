@@ -23,13 +23,19 @@ from sqlalchemy import text
 from ledger.repository import Ledger
 from ledger.states import OpState, TerminalKind
 from tests import support
-from tests.integration.fleet import FleetParts, McpServer, fleet_config, running_fleet, start_mcp_server
+from tests.integration.fleet import (
+    FleetParts,
+    McpServer,
+    fleet_config,
+    in_process_runtime,
+    running_fleet,
+    start_mcp_server,
+)
 from tests.integration.helpers import evidence_for, place
 from workers import logs
 from workers.cli import main as cli_main
 from workers.executor import Executor
 from workers.runtime import Runtime
-from workers.settings import Settings
 from workers.submission import validate_submission
 
 S = OpState
@@ -49,15 +55,8 @@ def in_process(
     def make(settings: dict[str, Any] | None = None, **server: Any) -> Executor:
         config = tmp_path / f"longcall-{len(made)}.toml"
         config.write_text(fleet_config(mcp.url, **server))
-        runtime = Runtime.from_settings(
-            Settings(
-                database_url=database_url,
-                redis_url=support.REDIS_URL,
-                broker_keyprefix=broker_prefix,
-                config=config,
-                lease_s=30,
-                **(settings or {}),
-            )
+        runtime = in_process_runtime(
+            database_url, broker_prefix, config, **{"lease_s": 30, **(settings or {})}
         )
         made.append(runtime)
         return Executor(runtime)

@@ -11,8 +11,6 @@ created it) and in-process executors driving one step at a time; every loop is b
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,39 +21,14 @@ from ledger.reasons import ReconciliationReason
 from ledger.repository import Ledger
 from ledger.states import OpState
 from tests import support
-from tests.integration.fleet import McpServer, fleet_config, start_mcp_server
+from tests.integration.fleet import McpServer
 from workers.cli import main as cli_main
 from workers.executor import Executor
-from workers.runtime import Runtime
-from workers.settings import Settings
 from workers.steps.poll import MAX_POLL_REJECTIONS
 from workers.steps.reconciliation import Resolution
 from workers.submission import validate_submission
 
 S = OpState
-
-
-@pytest.fixture
-def in_process(
-    database_url: str, broker_prefix: str, tmp_path: Path, log_dir: Path
-) -> Iterator[tuple[McpServer, Executor]]:
-    mcp = start_mcp_server(log_dir, poll_interval_ms=200)
-    config = tmp_path / "longcall.toml"
-    config.write_text(fleet_config(mcp.url, poll_qps=5000, control_qps=5000))
-    runtime = Runtime.from_settings(
-        Settings(
-            database_url=database_url,
-            redis_url=support.REDIS_URL,
-            broker_keyprefix=broker_prefix,
-            config=config,
-            lease_s=30,
-        )
-    )
-    try:
-        yield mcp, Executor(runtime)
-    finally:
-        runtime.close()
-        mcp.process.stop()
 
 
 def _submit(executor: Executor, call_node_id: str, arguments: dict[str, Any]) -> uuid.UUID:
@@ -96,13 +69,13 @@ def _cli(monkeypatch: pytest.MonkeyPatch, executor: Executor, *args: str) -> Res
 
 
 def test_status_reads_refused_again_and_again_go_to_an_operator_who_resolves_them(
-    in_process: tuple[McpServer, Executor],
+    mcp_executor: tuple[McpServer, Executor],
 ) -> None:
     """Every ``tasks/get`` without the task's session is refused "HTTP 400 Missing session ID": after
     :data:`MAX_POLL_REJECTIONS` refusals in a row the operation goes to an operator (PROTOCOL_VIOLATION,
     the server's answer in the record), not polled for ever. The operator's ``found`` with the session
     then polls normally."""
-    _mcp, executor = in_process
+    _mcp, executor = mcp_executor
     ledger = executor.ledger
     op_id = _submit(executor, "n/rejected", {"seconds": 600})
     session = ledger.get(op_id).session_ref
@@ -132,12 +105,12 @@ def test_status_reads_refused_again_and_again_go_to_an_operator_who_resolves_the
 
 
 def test_refusals_short_of_the_bound_between_answers_end_normally(
-    in_process: tuple[McpServer, Executor],
+    mcp_executor: tuple[McpServer, Executor],
 ) -> None:
     """One refused read, then answers; then refusals one short of the bound, then answers: only refusals
     in a row count (an answer that changed nothing, counted on the row, ends a run too), and the operation
     ends ACCEPTED with its receipt."""
-    _mcp, executor = in_process
+    _mcp, executor = mcp_executor
     ledger = executor.ledger
     op_id = _submit(executor, "n/flaky", {"seconds": 3})
     session = ledger.get(op_id).session_ref
@@ -175,12 +148,12 @@ def test_refusals_short_of_the_bound_between_answers_end_normally(
 
 
 def test_found_without_the_session_is_refused_with_nothing_written(
-    in_process: tuple[McpServer, Executor], monkeypatch: pytest.MonkeyPatch
+    mcp_executor: tuple[McpServer, Executor], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A lost create answer goes to an operator (MCP has no lookup by key). ``reconcile --found`` without
     ``--session`` for MCP 2025-11-25 (tasks bound to the session that created them) is refused, exit 1,
     one line naming --session; nothing is written. With the session, the operation is polled."""
-    mcp, executor = in_process
+    mcp, executor = mcp_executor
     ledger = executor.ledger
     mcp.faults(lose_create_response=1)
     op_id = _submit(executor, "n/lost", {"seconds": 600})

@@ -9,49 +9,20 @@ Real Postgres and Redis, longcall's MCP server and an in-process executor drivin
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
 from sqlalchemy import event
 
 from ledger.records import BODY_NOT_READ
 from ledger.states import OpState
-from tests import support
-from tests.integration.fleet import McpServer, fleet_config, start_mcp_server
+from tests.integration.fleet import McpServer
 from workers.errors import NoToken
 from workers.executor import Executor
-from workers.runtime import Runtime
-from workers.settings import Settings
 from workers.steps.submit import arguments_of
 from workers.submission import validate_submission
 
 #: Arguments of a size a bulk mutation may carry (the default max_body_bytes is 1 MiB).
 ARGUMENTS = {"seconds": 3600, "rows": ["x" * 1000] * 200}
-
-
-@pytest.fixture
-def in_process(
-    database_url: str, broker_prefix: str, tmp_path: Path, log_dir: Path
-) -> Iterator[tuple[McpServer, Executor]]:
-    mcp = start_mcp_server(log_dir, poll_interval_ms=200)
-    config = tmp_path / "longcall.toml"
-    config.write_text(fleet_config(mcp.url, poll_qps=5000, control_qps=5000))
-    runtime = Runtime.from_settings(
-        Settings(
-            database_url=database_url,
-            redis_url=support.REDIS_URL,
-            broker_keyprefix=broker_prefix,
-            config=config,
-            lease_s=30,
-        )
-    )
-    try:
-        yield mcp, Executor(runtime)
-    finally:
-        runtime.close()
-        mcp.process.stop()
 
 
 def _new(executor: Executor, call_node_id: str) -> Any:
@@ -72,8 +43,8 @@ class Columns:
         self.seen.append([c[0] for c in cursor.description or []])
 
 
-def test_a_poll_step_reads_and_writes_back_no_arguments(in_process: tuple[McpServer, Executor]) -> None:
-    _mcp, executor = in_process
+def test_a_poll_step_reads_and_writes_back_no_arguments(mcp_executor: tuple[McpServer, Executor]) -> None:
+    _mcp, executor = mcp_executor
     submission, step = executor.submit(_new(executor, "node-poll"))
     assert step is not None
     assert step.state is OpState.WORKING
@@ -96,10 +67,10 @@ def test_a_poll_step_reads_and_writes_back_no_arguments(in_process: tuple[McpSer
 
 
 def test_a_submission_stepped_by_the_dispatcher_sends_the_recorded_arguments(
-    in_process: tuple[McpServer, Executor],
+    mcp_executor: tuple[McpServer, Executor],
 ) -> None:
     """The row is read without its arguments first; a SUBMITTING row is read whole before its create."""
-    mcp, executor = in_process
+    mcp, executor = mcp_executor
     submission = executor.ledger.record_submission(_new(executor, "node-submit"))  # no claim: not created
     op_id = submission.operation.id
     claim = executor.ledger.claim(op_id, lease_s=30)
@@ -112,9 +83,9 @@ def test_a_submission_stepped_by_the_dispatcher_sends_the_recorded_arguments(
 
 
 def test_the_arguments_of_a_snapshot_read_without_them_are_the_recorded_ones(
-    in_process: tuple[McpServer, Executor],
+    mcp_executor: tuple[McpServer, Executor],
 ) -> None:
-    _mcp, executor = in_process
+    _mcp, executor = mcp_executor
     submission = executor.ledger.record_submission(_new(executor, "node-args"))
     lean = executor.ledger.get(submission.operation.id, with_body=False)
     assert lean.body is BODY_NOT_READ
@@ -124,10 +95,10 @@ def test_the_arguments_of_a_snapshot_read_without_them_are_the_recorded_ones(
 
 
 def test_a_poll_that_meets_a_503_or_no_token_reads_no_arguments(
-    in_process: tuple[McpServer, Executor],
+    mcp_executor: tuple[McpServer, Executor],
 ) -> None:
     """The paths that reschedule without an answer (a 503, a missing token) leave the arguments out too."""
-    mcp, executor = in_process
+    mcp, executor = mcp_executor
     submission, _step = executor.submit(_new(executor, "node-retry"))
     op_id = submission.operation.id
     mcp.faults(status_503={"tasks/get": {"count": 1, "retry_after_s": 0}})

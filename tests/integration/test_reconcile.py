@@ -13,11 +13,9 @@ from sqlalchemy import text
 from ledger.reasons import ReconciliationReason
 from ledger.repository import Ledger
 from ledger.states import OpState
-from tests import support
+from tests.integration.fleet import in_process_runtime
 from tests.integration.helpers import place
 from workers.executor import Executor
-from workers.runtime import Runtime
-from workers.settings import Settings
 
 
 @pytest.fixture
@@ -26,14 +24,7 @@ def executor(database_url: str, broker_prefix: str, tmp_path: Path) -> Iterator[
     config.write_text(
         '[servers.reports]\nprotocol = "mcp"\nprotocol_version = "2025-11-25"\nurl = "http://127.0.0.1:9/mcp"\n'
     )
-    runtime = Runtime.from_settings(
-        Settings(
-            database_url=database_url,
-            redis_url=support.REDIS_URL,
-            broker_keyprefix=broker_prefix,
-            config=config,
-        )
-    )
+    runtime = in_process_runtime(database_url, broker_prefix, config)
     try:
         yield Executor(runtime)
     finally:
