@@ -12,6 +12,7 @@ only; nothing decides on it).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -108,13 +109,13 @@ class GuardedWrites:
         on the server (as atomic, its row locks held to its end, one ``xact_commit``) without the BEGIN and
         COMMIT round trips around it: one round trip instead of three. The pool's connection is lent in
         autocommit and goes back in the engine's isolation level."""
-        autocommit = self.__dict__.get("_autocommit_engine")
-        if autocommit is None:
-            autocommit = self.__dict__["_autocommit_engine"] = self.engine.execution_options(
-                isolation_level="AUTOCOMMIT"
-            )
-        with autocommit.connect() as conn:
+        with self._autocommit_engine.connect() as conn:
             yield conn
+
+    @functools.cached_property
+    def _autocommit_engine(self) -> Engine:
+        """The engine, its pool shared, lending connections in autocommit."""
+        return self.engine.execution_options(isolation_level="AUTOCOMMIT")
 
     def _edge_move(
         self,
@@ -196,15 +197,16 @@ class GuardedWrites:
             params[f"new_{name}"] = value.interval() if isinstance(value, DueIn) else value
             if isinstance(value, DueIn):
                 params[f"new_{name}_capped"] = value.capped
-        if write.unless_disabled is None and not _has_side_rows(write):
-            # The usual write (a poll's reschedule, a state change with its events): one statement.
+        # The usual write (a poll's reschedule, a state change with its events) is one statement.
+        alone = write.unless_disabled is None and not _has_side_rows(write)
+        if alone:
             with self._one_statement() as conn:
                 row = conn.execute(STATEMENTS.get(guarded_update, shape), params).first()
             if row is not None:
                 # its event (or two) went in with the same statement
                 return Operation.from_row(row, with_body=write.returns_body)
         with self._tx() as conn:
-            if write.unless_disabled is not None or _has_side_rows(write):
+            if not alone:
                 if write.unless_disabled is not None:
                     disabled = conn.execute(STATEMENTS.get(select_disabled_adapters)).scalar_one()
                     if adapter_key(*write.unless_disabled) in disabled:
