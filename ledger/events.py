@@ -25,6 +25,9 @@ class EventKind(enum.StrEnum):
     RAN_SYNCHRONOUSLY = "ran_synchronously"
     #: A queued create or a resubmission refused without a remote call: its adapter version is disabled.
     ADAPTER_DISABLED = "adapter_disabled"
+    #: The wait budget ran out before the create could be sent (a 429 every time, no token for hours): the
+    #: operation ends failed without any create, and its receipt says why (rule 3: a create's retries end).
+    CREATE_NEVER_SENT = "create_never_sent"
 
     # --- polling (rule 3) and its rescheduling
     POLLED = "polled"
@@ -58,6 +61,14 @@ class EventKind(enum.StrEnum):
     INPUT_REPLY_FAILED = "input_reply_failed"
     #: The server waits for input whose request could not be read; it must be read by ``input_deadline``.
     INPUT_UNREADABLE = "input_unreadable"
+    #: The server took the stored reply of the round (its POST answered): the round is acknowledged.
+    INPUT_REPLY_SENT = "input_reply_sent"
+
+    # --- outbox (rule 9)
+    #: An outbox row could not be published after its bounded attempts: dead-lettered, an operator told.
+    OUTBOX_DEAD_LETTERED = "outbox_dead_lettered"
+    #: An operator put a dead-lettered outbox row back to ready (``longcall reconcile --resend``).
+    OUTBOX_RESENT = "outbox_resent"
 
     # --- operators and reconciliation (rule 11)
     MANUAL_RECONCILIATION = "manual_reconciliation"

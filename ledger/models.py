@@ -51,7 +51,8 @@ NAMING = {
 
 PROTOCOLS = ("mcp", "aip151")
 OUTBOX_KINDS = ("terminal", "input_required")
-OUTBOX_STATUSES = ("ready", "dispatched")
+#: ``dead``: a row that could not be published after its bounded attempts (rule 9), kept for an operator.
+OUTBOX_STATUSES = ("ready", "dispatched", "dead")
 ROUTINGS = ("live", "shadow")
 
 
@@ -125,6 +126,10 @@ class ToolOperation(Base):
     #: ``live`` (delivered downstream) or ``shadow`` (driven and receipted, never delivered: its outcome is
     #: compared with the caller's legacy outcome in ``shadow_comparison``).
     routing: Mapped[str] = mapped_column(Text, server_default=text("'live'"))
+    #: The reply to the current input round as stored before it is sent (rule 10): ``{"input_round",
+    #: "response", "recorded_at", "sent_at", "attempts", "last_error"}``; a step that finds it not yet sent
+    #: sends the same reply again.
+    input_reply: Mapped[Any | None] = mapped_column(Json)
 
     __table_args__ = (
         UniqueConstraint("server", "remote_id"),
@@ -256,6 +261,8 @@ class Outbox(Base):
     last_error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[dt.datetime] = mapped_column(Timestamp, server_default=func.now())
     dispatched_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+    #: A row whose publish failed is not tried again before this (a growing pause; rule 9).
+    next_attempt_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
 
     __table_args__ = (
         CheckConstraint(_in("kind", OUTBOX_KINDS), name="kind_known"),
@@ -320,6 +327,10 @@ class ExecutorControl(Base):
     disabled_adapters: Mapped[Any] = mapped_column(Json, server_default=text("'[]'::jsonb"))
     rollout: Mapped[Any] = mapped_column(Json, server_default=text("'{}'::jsonb"))
     updated_at: Mapped[dt.datetime] = mapped_column(Timestamp, server_default=func.now())
+    #: The executor identity (``LONGCALL_EXECUTOR_ID``) that owns the current epoch, recorded by
+    #: ``longcall rollback`` (rule 13): a fleet of another identity claims and writes nothing. NULL: any
+    #: fleet.
+    epoch_owner: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
         CheckConstraint("id = 1", name="single_row"),

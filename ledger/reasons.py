@@ -23,3 +23,13 @@ class ReconciliationReason(enum.StrEnum):
     #: The result cannot be stored and delivered exactly (not JSON, refused by jsonb, changed by the
     #: Celery JSON serializer) or is larger than ``max_result_bytes``.
     RESULT_UNSTORABLE = "RESULT_UNSTORABLE"
+    #: The result could not be read within the bound: the same error every time (a refusal, an unparsable
+    #: or over-size answer, a protocol violation) for ``result_retry_s`` or its tries (rule 7).
+    RESULT_UNREADABLE = "RESULT_UNREADABLE"
+    #: The round was answered, and the server still asks (or the reply could not be delivered) past
+    #: ``input_reply_s`` (rule 10).
+    INPUT_REPLY_NOT_TAKEN = "INPUT_REPLY_NOT_TAKEN"
+    #: The operation's server is not in the configuration (removed or renamed) while it is in flight.
+    SERVER_UNCONFIGURED = "SERVER_UNCONFIGURED"
+    #: A receipt or an input request could not be published downstream after its bounded attempts.
+    OUTBOX_UNDELIVERABLE = "OUTBOX_UNDELIVERABLE"

@@ -99,6 +99,8 @@ class Operation:
     last_polled_at: dt.datetime | None
     #: ``live`` or ``shadow`` (driven and receipted, never delivered downstream: ``ledger/shadow.py``).
     routing: str = "live"
+    #: The stored reply of the current input round (rule 10; see ``ledger/models.py``), or None.
+    input_reply: Any = None
 
     @classmethod
     def from_row(cls, row: Row[Any] | Mapping[str, Any], *, with_body: bool = True) -> Operation:

@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from workers import __version__
 from workers.errors import ConfigError
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -217,6 +218,24 @@ class Settings(BaseSettings):
     #: The largest result accepted, in bytes of canonical JSON; a larger one goes to an operator
     #: (reason RESULT_UNSTORABLE) rather than into the ledger, the outbox and the broker.
     max_result_bytes: PositiveInt = 8_388_608
+    #: The executor identity this fleet runs under (rule 13): ``longcall rollback`` records which identity
+    #: owns the new epoch, and a fleet of another identity claims and writes nothing from then on. Defaults
+    #: to the package version, which a rolling deploy changes.
+    executor_id: Annotated[str, Field(min_length=1, max_length=200)] = f"longcall/{__version__}"
+    #: How long a message sent by name (``longcall.submit``, ``cancel``, ``provide_input``) is retried
+    #: through a Postgres, Redis or broker fault before it fails, loudly, with the fault named (rule 3: every
+    #: retry loop has a bound). Its backoff grows to ``INTENT_RETRY_MAX_PAUSE_S``.
+    intent_retry_s: PositiveFloat = 3600.0
+    #: How many times an outbox row's publish may fail (a broker that refuses it, not one that is down)
+    #: before it is dead-lettered for an operator (rule 9), and the longest pause between two attempts.
+    outbox_max_attempts: PositiveInt = 10
+    outbox_retry_max_s: PositiveFloat = 300.0
+    #: How long a result read may keep failing the same way (a refusal, an unparsable answer, a protocol
+    #: violation, a server that does not answer) before an operator gets the operation (RESULT_UNREADABLE).
+    result_retry_s: PositiveFloat = 300.0
+    #: How long an answered input round may stay unacknowledged (its stored reply not taken by the server)
+    #: or still shown by the server before an operator is asked (INPUT_REPLY_NOT_TAKEN, rule 10).
+    input_reply_s: PositiveFloat = 120.0
 
     @property
     def broker(self) -> str:
