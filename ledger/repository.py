@@ -287,12 +287,21 @@ class Ledger(
             ).all()
         return [Claim.from_row(r) for r in rows]
 
-    def claim(self, op_id: uuid.UUID, *, lease_s: float, epoch: int | None = None) -> Claim | None:
-        """Claim one operation now, whether due or not, unless another worker holds its lease."""
+    def claim(
+        self,
+        op_id: uuid.UUID,
+        *,
+        lease_s: float,
+        epoch: int | None = None,
+        cancel_before_create: bool = False,
+    ) -> Claim | None:
+        """Claim one operation now, whether due or not, unless another worker holds its lease.
+        ``cancel_before_create``: a SUBMITTING row with a cancel requested and no create attempt recorded is
+        claimed whatever its lease (see ``ledger.statements.update_claim_one``)."""
         with_epoch = epoch is not None
         with self._one_statement() as conn:
             row = conn.execute(
-                STATEMENTS.get(update_claim_one, with_epoch),
+                STATEMENTS.get(update_claim_one, with_epoch, cancel_before_create),
                 {"claim_id": op_id, "claim_lease": dt.timedelta(seconds=lease_s), "claim_epoch": epoch},
             ).first()
         return Claim.from_row(row) if row is not None else None

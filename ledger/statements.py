@@ -500,13 +500,24 @@ def update_claim_due_by_server(with_epoch: bool | Literal["current"]) -> Any:
     return update(OP).where(OP.c.id == due.c.id).values(_claim_values(with_epoch)).returning(*CLAIM_COLUMNS)
 
 
-def update_claim_one(with_epoch: bool) -> Any:
+def update_claim_one(with_epoch: bool, cancel_before_create: bool = False) -> Any:
+    """Claim one row whose lease is free or ran out. ``cancel_before_create``: also a SUBMITTING row with a
+    cancel requested and no create attempt recorded, whatever its lease: no create can be in flight without
+    a recorded attempt, and the step that held the claim (a worker killed after its insert) is fenced by the
+    cursor this claim bumps and by the bumped generation (rule 6: a cancel never waits out a dead lease)."""
+    free: Any = or_(OP.c.lease_until.is_(None), OP.c.lease_until < func.now())
+    if cancel_before_create:
+        free = or_(
+            free,
+            and_(
+                OP.c.state == OpState.SUBMITTING.value,
+                OP.c.submit_attempted_at.is_(None),
+                OP.c.cancel_generation > 0,
+            ),
+        )
     return (
         update(OP)
-        .where(
-            OP.c.id == bindparam("claim_id"),
-            or_(OP.c.lease_until.is_(None), OP.c.lease_until < func.now()),
-        )
+        .where(OP.c.id == bindparam("claim_id"), free)
         .values(_claim_values(with_epoch))
         .returning(*CLAIM_COLUMNS)
     )

@@ -8,11 +8,15 @@ A client that stops waiting never comes here: that is not a cancel.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import logging
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import redis
 
 from adapters import (
     AdapterError,
@@ -31,6 +35,8 @@ from workers.errors import NotCancellable, NoToken
 from workers.steps.context import TRY_AGAIN, StepContext, StepOutcome, describe, remote_ref, server_status
 from workers.steps.poll import observed
 from workers.steps.result import accept, not_found
+
+log = logging.getLogger(__name__)
 
 #: How often the intent is tried again when the row moved under it (a poll between WORKING and
 #: INPUT_REQUIRED, a create answering, another cancel) before the request is refused: each try reads the row
@@ -61,12 +67,17 @@ def record_intent(ctx: StepContext, op: Operation) -> StepOutcome | Claim:
             op = _record(ctx, op, fence)
         except StaleTransition:
             op = ctx.ledger.get(op.id)
-            ctx.runtime.hot.seed_cancel_generation(op.id, op.cancel_generation)
+            with contextlib.suppress(redis.RedisError):  # best effort, as above
+                ctx.runtime.hot.seed_cancel_generation(op.id, op.cancel_generation)
             continue
         if op.state is OpState.CANCEL_REQUESTED or (
             op.state is OpState.SUBMITTING and op.submit_attempted_at is None
         ):
-            claim = ctx.ledger.claim(op.id, lease_s=ctx.settings.lease_s)
+            # A SUBMITTING row no create was attempted for is taken whatever its lease (a submitting
+            # worker killed after its insert holds one): its step ends it cancelled now, with no create.
+            claim = ctx.ledger.claim(
+                op.id, lease_s=ctx.settings.lease_s, cancel_before_create=op.state is OpState.SUBMITTING
+            )
             if claim is not None:
                 return claim
         return StepOutcome(
@@ -124,10 +135,17 @@ def _bump_hot_generation(ctx: StepContext, op: Operation) -> None:
     whose ledger write lost or is under way; behind: a Redis restored from an older copy, or restarted) is
     re-seeded from the ledger, and the ledger's guarded write decides who recorded the cancel."""
     hot = ctx.runtime.hot
-    won, _ = hot.bump_cancel_generation(op.id, op.cancel_generation)
-    if not won:
-        hot.seed_cancel_generation(op.id, op.cancel_generation)
-        hot.bump_cancel_generation(op.id, op.cancel_generation)
+    try:
+        won, _ = hot.bump_cancel_generation(op.id, op.cancel_generation)
+        if not won:
+            hot.seed_cancel_generation(op.id, op.cancel_generation)
+            hot.bump_cancel_generation(op.id, op.cancel_generation)
+    except redis.RedisError:
+        # Best effort (rule 6 as amended): a Redis outage never drops a cancel. The ledger's guarded write
+        # records the intent and decides; the hot copy is re-seeded from the ledger by the next cancel.
+        log.warning(
+            "the hot cancel generation of %s could not be bumped; the ledger decides", op.id, exc_info=True
+        )
 
 
 def send(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
