@@ -14,6 +14,8 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, ParamSpec, TypeVar
 
+import redis
+
 from ledger.errors import StaleTransition
 from ledger.records import Fence, NewOperation, Operation, Submission
 from ledger.repository import Ledger
@@ -23,7 +25,7 @@ from workers.errors import NoToken
 from workers.lease import keep_lease
 from workers.runtime import Runtime
 from workers.steps import cancel, dispatch, input_rounds, poll, reconciliation, result, submit
-from workers.steps.context import StepContext, StepOutcome, spread, utc_now
+from workers.steps.context import REDIS_PAUSE_S, StepContext, StepOutcome, spread, utc_now
 from workers.steps.dispatch import Dispatch
 from workers.steps.reconciliation import Resolution
 
@@ -169,9 +171,18 @@ class Executor:
             log.info("stale step on %s: %s", op.id, stale)
             return StepOutcome(op.id, "stale", None, detail={"found": stale.found})
         except NoToken as no_token:
-            # Rescheduled in the state the row is in now: the step may have moved it before the refused
-            # request (an unknown create outcome looked up at once, a proved-safe resubmission made at once).
-            try:
-                return self.ctx.no_token(self.ledger.get(op.id, with_body=False), fence, no_token)
-            except StaleTransition as stale:
-                return StepOutcome(op.id, "stale", None, detail={"found": stale.found})
+            return self._later(op, fence, no_token)
+        except redis.RedisError as exc:
+            # The buckets are out of reach (Redis restarting, failing over): no token can be had, so no
+            # request is sent (rule 4), and the step is due again shortly, as without a token, instead of
+            # failing and leaving its row to the dispatcher only when its lease runs out.
+            log.warning("Redis failed during the step of %s (%s); it is due again shortly", op.id, exc)
+            return self._later(op, fence, NoToken(REDIS_PAUSE_S))
+
+    def _later(self, op: Operation, fence: Fence, no_token: NoToken) -> StepOutcome:
+        """Rescheduled in the state the row is in now: the step may have moved it before the refused request
+        (an unknown create outcome looked up at once, a proved-safe resubmission made at once)."""
+        try:
+            return self.ctx.no_token(self.ledger.get(op.id, with_body=False), fence, no_token)
+        except StaleTransition as stale:
+            return StepOutcome(op.id, "stale", None, detail={"found": stale.found})

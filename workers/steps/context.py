@@ -54,6 +54,8 @@ RETRY_FLOOR_S = 0.5
 #: How long after an operation's wait deadline a step rescheduled to it comes due: the deadline is then
 #: past by the ledger's clock as well.
 DEADLINE_SLACK_S = 0.05
+#: How soon a request refused for a Redis failure (no token could be asked for) may be tried again.
+REDIS_PAUSE_S = 1.0
 #: What a failed read or cancel request leaves undecided: it is asked again later (a create's unknown
 #: outcome is not one of these uses: it is looked up by key).
 TRY_AGAIN: tuple[type[AdapterError], ...] = (Transient, ProtocolViolation, OutcomeUnknown)
@@ -164,13 +166,24 @@ class StepContext:
         horizon = self.settings.dispatch_interval_s
         if follow_up:
             horizon = max(horizon, FOLLOW_UP_SLOTS / (rate * RATE_HEADROOM))
-        token = self.runtime.hot.take(server, bucket, rate, horizon_s=horizon, meter=meter)
+        try:
+            token = self.runtime.hot.take(server, bucket, rate, horizon_s=horizon, meter=meter)
+        except redis.RedisError as exc:
+            # The buckets are out of reach (Redis restarting, failing over): no token can be had, so the
+            # request is not sent, exactly as without a token (a create never sent is undone, a step is
+            # due again shortly), never a failed step nor a request outside the budget (rule 4).
+            log.warning("no %s token for %s: Redis failed (%s)", bucket, server, exc)
+            raise NoToken(REDIS_PAUSE_S) from exc
         if not token.granted:
             raise NoToken(token.wait_s)
         if token.wait_s > 0:
             time.sleep(token.wait_s)  # bounded by the horizon
             # A server that asked for a wait meanwhile is not sent this request (the slot is given up).
-            held = self.runtime.hot.held_s(server)
+            try:
+                held = self.runtime.hot.held_s(server)
+            except redis.RedisError as exc:
+                log.warning("no %s token for %s: Redis failed (%s)", bucket, server, exc)
+                raise NoToken(REDIS_PAUSE_S) from exc
             if held > 0:
                 raise NoToken(held)
 
