@@ -22,6 +22,7 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    Sequence,
     SmallInteger,
     Text,
     UniqueConstraint,
@@ -73,6 +74,13 @@ Json = JSONB(none_as_null=True)
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
+
+
+#: The dispatch ticks' counter (rule 3): each tick takes the next value, which rotates the order in which
+#: servers with equal shares of the tick are served, so that with more servers than ``dispatch_batch`` every
+#: server is reached within ``ceil(servers / batch)`` ticks. A sequence, not a row: taking a value takes no
+#: row lock and is outside every transaction, so two dispatchers never wait on each other for it.
+DISPATCH_TICK = Sequence("dispatch_tick", metadata=Base.metadata)
 
 
 class ToolOperation(Base):

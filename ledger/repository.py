@@ -265,9 +265,12 @@ class Ledger(
     ) -> list[Claim]:
         """:meth:`claim_due` for many servers in one statement and one transaction: each ``(server, room)``
         claims at most ``room`` of that server's due rows, in due order, and all of them together at most
-        ``limit``, filled server by server in the order of ``rooms`` (issue 13: one claim per tick, not one
-        per configured server). ``epoch="current"`` takes the claimed rows over into the control row's
-        epoch as the statement reads it (the dispatcher's tick: no control read of its own)."""
+        ``limit`` (issue 13: one claim per tick, not one per configured server), shared by the servers
+        (rule 3): every server's first due row before any server's second, the rest in proportion to the
+        rooms, servers level on that taken in a rotation that moves on by ``limit`` every tick
+        (``ledger.statements.update_claim_due_by_server``). ``epoch="current"`` takes the claimed rows over
+        into the control row's epoch as the statement reads it (the dispatcher's tick: no control read of
+        its own)."""
         rooms = [(server, room) for server, room in rooms if room > 0]
         if limit <= 0 or not rooms:
             return []
@@ -278,7 +281,7 @@ class Ledger(
                 ),
                 {
                     "claim_servers": [server for server, _ in rooms],
-                    "claim_rooms": [min(room, limit) for _, room in rooms],
+                    "claim_rooms": [room for _, room in rooms],
                     "claim_horizon": dt.timedelta(seconds=horizon_s),
                     "claim_limit": limit,
                     "claim_lease": dt.timedelta(seconds=lease_s),

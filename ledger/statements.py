@@ -14,6 +14,7 @@ from typing import Any, Literal, TypeVar, cast
 from sqlalchemy import (
     ARRAY,
     Boolean,
+    Float,
     Integer,
     Interval,
     Table,
@@ -36,6 +37,7 @@ from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from ledger import models
+from ledger.models import DISPATCH_TICK
 from ledger.states import ACCEPT_FROM, ACCEPT_TO, CANCEL_WAITS_IN, OpState, TerminalKind
 
 OP = cast(Table, models.ToolOperation.__table__)
@@ -466,15 +468,25 @@ def update_claim_due(with_server: bool, with_epoch: bool) -> Any:
 
 def update_claim_due_by_server(with_epoch: bool | Literal["current"]) -> Any:
     """``update_claim_due`` for many servers in one statement: for each ``claim_servers[i]``, at most
-    ``claim_rooms[i]`` of its due rows (in due order, SKIP LOCKED, an index scan on
-    ``ix_tool_operation_server_due`` each), and at most ``claim_limit`` over all of them, taken server by
-    server in the order given. Rows a server's scan locked beyond ``claim_limit`` are not claimed; their lock
-    ends with the transaction."""
+    ``claim_rooms[i]`` (and ``claim_limit``) of its due rows (in due order, SKIP LOCKED, an index scan on
+    ``ix_tool_operation_server_due`` each), and at most ``claim_limit`` over all of them, shared by the
+    servers (rule 3: every configured server gets its share of every tick, whatever the others have due).
+
+    The share: each row is ranked within its server (1 = its most overdue row) and ordered by ``(rank - 1) /
+    room``, so every server's first due row comes before any server's second, and past the first rows the
+    limit is shared in proportion to the rooms (the servers' budgets per tick). Servers level on that order
+    are taken in a rotation that moves on by ``claim_limit`` at every tick (``dispatch_tick``, a sequence:
+    one value per tick): with more servers than the limit, consecutive ticks take the next servers, and
+    every server is reached within ``ceil(servers / claim_limit)`` ticks, whether the ticks come a second or
+    a millisecond apart, from one dispatcher or several.
+
+    The ranking is outside the scans: Postgres refuses a window function at the level of a ``FOR UPDATE``.
+    Rows a server's scan locked beyond ``claim_limit`` are not claimed; their lock ends with the transaction.
+    """
+    servers = bindparam("claim_servers", type_=ARRAY(Text()))
+    limit = bindparam("claim_limit", type_=Integer())
     rooms = (
-        func.unnest(
-            bindparam("claim_servers", type_=ARRAY(Text())),
-            bindparam("claim_rooms", type_=ARRAY(Integer())),
-        )
+        func.unnest(servers, bindparam("claim_rooms", type_=ARRAY(Integer())))
         .table_valued("server", "room", with_ordinality="ord")
         .render_derived(name="rooms")
     )
@@ -486,17 +498,30 @@ def update_claim_due_by_server(with_epoch: bool | Literal["current"]) -> Any:
             or_(OP.c.lease_until.is_(None), OP.c.lease_until < func.now()),
         )
         .order_by(OP.c.next_poll_at)
-        .limit(rooms.c.room)
+        .limit(func.least(rooms.c.room, limit))
         .with_for_update(skip_locked=True)
         .lateral("per_server")
     )
-    due = (
-        select(per_server.c.id)
+    ranked = (
+        select(
+            per_server.c.id,
+            rooms.c.ord,
+            rooms.c.room,
+            func.row_number()
+            .over(partition_by=rooms.c.ord, order_by=(per_server.c.next_poll_at, per_server.c.id))
+            .label("rank"),
+        )
         .select_from(rooms.join(per_server, true()))
-        .order_by(rooms.c.ord, per_server.c.next_poll_at)
-        .limit(bindparam("claim_limit"))
-        .cte("due")
+        .subquery("ranked")
     )
+    count = func.cardinality(servers)
+    tick = select(func.nextval(DISPATCH_TICK.name)).scalar_subquery()
+    # The first server's position this tick: tick * limit, modulo the servers (each factor reduced first:
+    # the product of two bigints could overflow).
+    first = ((tick % count) * (limit % count)) % count
+    share = sql_cast(ranked.c.rank - 1, Float()) / ranked.c.room
+    turn = (ranked.c.ord - 1 - first + count) % count
+    due = select(ranked.c.id).order_by(share, turn).limit(limit).cte("due")
     return update(OP).where(OP.c.id == due.c.id).values(_claim_values(with_epoch)).returning(*CLAIM_COLUMNS)
 
 

@@ -89,7 +89,8 @@ def test_one_tick_claims_for_every_server_in_one_statement(
 def test_each_server_gets_at_most_its_room_and_all_at_most_the_budget(
     make_executor: MakeExecutor, ledger: Ledger
 ) -> None:
-    # Rooms: ceil(2 * qps * 0.25 * 2) = qps: a 2, b 3, c 2; the tick's budget 6 leaves c only 1.
+    # Rooms: ceil(2 * qps * 0.25 * 2) = qps: a 2, b 3, c 2; the tick's budget 6 is shared by (rank - 1) /
+    # room (issue 19: no longer filled in name order), so b's third row is the one left out.
     executor = make_executor({"a": 2, "b": 3, "c": 2})
     rows = {name: [due_row(ledger, name, -10.0 + i) for i in range(4)] for name in ("a", "b", "c")}
     elsewhere = due_row(ledger, "unconfigured", -20.0)
@@ -104,7 +105,7 @@ def test_each_server_gets_at_most_its_room_and_all_at_most_the_budget(
         locker.rollback()
 
     claimed = {d.op_id for d in dispatches}
-    assert claimed == {rows["a"][1], rows["a"][2], *rows["b"][:3], rows["c"][0]}
+    assert claimed == {rows["a"][1], rows["a"][2], *rows["b"][:2], *rows["c"][:2]}
     assert elsewhere not in claimed
     assert later not in claimed
     for d in dispatches:
@@ -117,7 +118,7 @@ def test_each_server_gets_at_most_its_room_and_all_at_most_the_budget(
 
     # The leased rows are not claimed again; what is left fills the rooms next tick.
     again = {d.op_id for d in executor.dispatch_due(limit=6)}
-    assert again == {rows["a"][0], rows["a"][3], rows["b"][3], *rows["c"][1:3]}
+    assert again == {rows["a"][0], rows["a"][3], *rows["b"][2:4], *rows["c"][2:4]}
 
 
 def test_a_row_due_within_the_tick_is_claimed_with_its_delay(

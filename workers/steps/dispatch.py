@@ -1,4 +1,5 @@
-"""Rules 3 and 13: claim what is due, each server up to its room, as the messages the dispatcher publishes.
+"""Rules 3 and 13: claim what is due, each server its share up to its room, as the messages the dispatcher
+publishes.
 
 Only rows of the current execution epoch are claimed; each claim bumps the row's poll cursor, which names
 the message (its task id) and fences the step it runs.
@@ -44,11 +45,15 @@ class Dispatch:
 
 def dispatch_due(ctx: StepContext, limit: int | None = None) -> list[Dispatch]:
     """Claim what is due, at most what each server's budgets can take before the next tick (twice that, for
-    slack), and at most ``limit`` (``dispatch_batch``) in all, servers taken by name: a poll storm then waits
-    in the ledger, ordered by due time, instead of churning through the broker and the buckets. The buckets
-    remain the guarantee (rule 4). One statement claims for every server (issue 13: a tick's cost must not
-    grow with the number of configured servers), and takes the rows over into the current epoch as it reads
-    it (rule 13): a tick is one transaction."""
+    slack), and at most ``limit`` (``dispatch_batch``) in all, shared by the servers: every server's most
+    overdue row before any server's second, the rest in proportion to the rooms, and servers level on that
+    taken in a rotation that moves on every tick (``Ledger.claim_due_by_server``), so every configured
+    server gets its share of every tick whatever the others have due (rule 3), and with more servers than
+    the batch each is reached within ``ceil(servers / batch)`` ticks. A poll storm then waits in the ledger,
+    ordered by due time, instead of churning through the broker and the buckets. The buckets remain the
+    guarantee (rule 4). One statement claims for every server (issue 13: a tick's cost must not grow with
+    the number of configured servers), and takes the rows over into the current epoch as it reads it (rule
+    13): a tick is one transaction."""
     settings = ctx.settings
     rooms = [
         (name, max(1, math.ceil((server.poll_qps + server.control_qps) * settings.dispatch_interval_s * 2)))

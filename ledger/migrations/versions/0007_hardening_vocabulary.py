@@ -2,8 +2,9 @@
 (a create never sent, an input reply stored and sent, a dead-lettered outbox row; a result unreadable, an
 input reply the server never took, a server no longer configured, an undeliverable outbox row), the stored
 input reply (``tool_operation.input_reply``), the outbox's dead letters and retry pause
-(``outbox.status = 'dead'``, ``outbox.next_attempt_at``) and the owner of the execution epoch
-(``executor_control.epoch_owner``).
+(``outbox.status = 'dead'``, ``outbox.next_attempt_at``), the owner of the execution epoch
+(``executor_control.epoch_owner``) and the dispatch ticks' counter (sequence ``dispatch_tick``: the rotation
+that gives every server its turn in a tick, rule 3).
 
 Both lists are written out as they stand at this revision, so replaying history never depends on today's
 code; ``tests/unit/test_states.py`` checks that the head revision's lists are ``EventKind`` and
@@ -175,9 +176,11 @@ def upgrade() -> None:
         "tool_operation", sa.Column("input_reply", postgresql.JSONB(astext_type=sa.Text()), nullable=True)
     )
     op.add_column("executor_control", sa.Column("epoch_owner", sa.Text(), nullable=True))
+    op.execute(sa.schema.CreateSequence(sa.Sequence("dispatch_tick")))
 
 
 def downgrade() -> None:
+    op.execute(sa.schema.DropSequence(sa.Sequence("dispatch_tick")))
     op.drop_column("executor_control", "epoch_owner")
     op.drop_column("tool_operation", "input_reply")
     op.drop_column("outbox", "next_attempt_at")
