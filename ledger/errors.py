@@ -8,6 +8,9 @@ LedgerError
 ├── AdmissionClosed      new operations are refused (executor_control.admission_open)
 ├── AdapterDisabled      new operations for this adapter are refused (executor_control.disabled_adapters)
 └── UnstorableResult     a result the ledger cannot store and give back exactly (never retried)
+
+Not raised by the ledger but by its driver, listed here because only the ledger knows its driver:
+:data:`UNAVAILABLE`, what a call raises when Postgres is out of reach or went away mid-statement.
 """
 
 from __future__ import annotations
@@ -15,7 +18,11 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import psycopg
+import sqlalchemy.exc
+
 __all__ = [
+    "UNAVAILABLE",
     "AdapterDisabled",
     "AdmissionClosed",
     "CallNodeConflict",
@@ -25,6 +32,22 @@ __all__ = [
     "StaleTransition",
     "UnstorableResult",
 ]
+
+
+#: What a ledger call raises when Postgres is out of reach or went away mid-statement: a restart or a
+#: failover (connection refused, "terminating connection due to administrator command", "the database
+#: system is starting up"), a connection the server or the network closed, a pool that found no connection
+#: in time, a statement cancelled by its timeout. What the call was to record may or may not have committed
+#: (a COMMIT whose answer was lost): a caller that tries again meets the ledger's own answer to a repeat (the
+#: same call node's operation, a stale write refused by its fence, an intent already recorded), never a
+#: second effect.
+UNAVAILABLE: tuple[type[Exception], ...] = (
+    sqlalchemy.exc.OperationalError,
+    sqlalchemy.exc.InterfaceError,
+    sqlalchemy.exc.TimeoutError,
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+)
 
 
 class LedgerError(Exception):

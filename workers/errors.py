@@ -16,7 +16,10 @@ Each class says what its caller does with it::
      │
      │   raised out of Celery tasks: callers see these names (DESIGN §7)
      ├── SubmissionRefused      ``longcall.submit`` refused the call; nothing was written
-     └── RequestRefused         ``longcall.cancel`` or ``longcall.provide_input`` refused the request
+     ├── RequestRefused         ``longcall.cancel`` or ``longcall.provide_input`` refused the request
+     └── IntentNotRecorded      a message sent by name met a Postgres, Redis or broker fault for longer
+                                than ``intent_retry_s``: it was not recorded (logged at ERROR); send it
+                                again once the fault is gone
 
 The classes that were ``ValueError`` or ``LookupError`` before this tree existed still are, so a caller
 catching the builtin keeps working.
@@ -27,6 +30,7 @@ from __future__ import annotations
 __all__ = [
     "ConfigError",
     "InputRefused",
+    "IntentNotRecorded",
     "InvalidSubmission",
     "NoToken",
     "NotCancellable",
@@ -84,3 +88,8 @@ class SubmissionRefused(WorkerError):
 
 class RequestRefused(WorkerError):
     """A cancel or an input reply was refused; the message says why."""
+
+
+class IntentNotRecorded(WorkerError):
+    """A message sent by name (a submission, a cancel, an input reply) met an infrastructure fault for
+    longer than ``intent_retry_s`` and was not recorded; the message names the fault and for how long."""

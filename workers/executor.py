@@ -22,6 +22,7 @@ from ledger.repository import Ledger
 from ledger.states import OpState
 from workers import logs
 from workers.errors import NoToken
+from workers.faults import INFRASTRUCTURE, describe_fault
 from workers.lease import keep_lease
 from workers.runtime import Runtime
 from workers.steps import cancel, dispatch, input_rounds, poll, reconciliation, result, submit
@@ -82,7 +83,14 @@ class Executor:
         if not submission.created:
             return submission, None
         op = submission.operation
-        return submission, self._guard(op, op.poll_cursor, submit.advance_submission)
+        try:
+            return submission, self._guard(op, op.poll_cursor, submit.advance_submission)
+        except INFRASTRUCTURE as exc:
+            # The row is recorded: the caller's answer is the operation, and its create is the dispatcher's
+            # once this claim's lease runs out (a create attempt recorded before the fault is looked up by
+            # key then, never made again blindly).
+            log.warning("the first step of %s met %s; the dispatcher takes it on", op.id, describe_fault(exc))
+            return submission, StepOutcome(op.id, "deferred", op.state, detail={"fault": describe_fault(exc)})
 
     @_own_log_context
     def advance(self, op_id: uuid.UUID, cursor: int) -> StepOutcome:
@@ -127,9 +135,16 @@ class Executor:
         recorded = cancel.record_intent(self.ctx, self.ledger.get(op_id))
         if isinstance(recorded, StepOutcome):
             return recorded
-        if recorded.state is S.CANCEL_REQUESTED:
-            return self.send_cancel(op_id, recorded.poll_cursor)
-        return self.advance(op_id, recorded.poll_cursor)
+        try:
+            if recorded.state is S.CANCEL_REQUESTED:
+                return self.send_cancel(op_id, recorded.poll_cursor)
+            return self.advance(op_id, recorded.poll_cursor)
+        except INFRASTRUCTURE as exc:
+            # The intent is recorded (rule 6): the request is the dispatcher's when this claim's lease ends.
+            log.warning("the cancel of %s is recorded; sending it met %s", op_id, describe_fault(exc))
+            return StepOutcome(
+                op_id, "cancel_requested", recorded.state, detail={"fault": describe_fault(exc)}
+            )
 
     @_own_log_context
     def provide_input(self, op_id: uuid.UUID, input_round: int, response: Mapping[str, Any]) -> StepOutcome:

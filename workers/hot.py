@@ -18,6 +18,11 @@ import redis
 
 Budget = Literal["poll", "control"]
 
+#: What a hot-state call raises when Redis is out of reach or not serving yet: refused or dropped
+#: connections, timeouts, "LOADING" while a restarted Redis reads its append-only file (a ConnectionError),
+#: "READONLY" from a replica during a failover.
+UNAVAILABLE: tuple[type[Exception], ...] = (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError)
+
 #: Spacing at 1/rate exactly would let a request that left a little late share a one-second window with
 #: one that left on time; ten percent of headroom keeps the server's own count within ``*_qps``.
 RATE_HEADROOM = 0.9

@@ -7,17 +7,21 @@ never trusted for anything: every message carries (op_id, cursor) and the ledger
 from __future__ import annotations
 
 import logging
+import time
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, TypeVar
 
+import kombu.exceptions
 from celery import Celery, Task
+from celery.exceptions import Reject
 
 from ledger.errors import AdapterDisabled, AdmissionClosed, CallNodeConflict, OperationNotFound
 from ledger.shadow import LegacyOutcomeRefused
 from workers.delivery import publisher
 from workers.errors import (
     InputRefused,
+    IntentNotRecorded,
     InvalidSubmission,
     NotCancellable,
     NoToken,
@@ -25,6 +29,7 @@ from workers.errors import (
     SubmissionRefused,
 )
 from workers.executor import Dispatch, Executor, StepOutcome
+from workers.faults import INFRASTRUCTURE, describe_fault, pause_s
 from workers.runtime import RuntimeHolder
 from workers.submission import (
     NotRouted,
@@ -38,6 +43,8 @@ from workers.submission import (
 __all__ = ["RequestRefused", "SubmissionRefused", "publish_dispatches", "register_tasks"]
 
 log = logging.getLogger("longcall")
+
+R = TypeVar("R")
 
 #: A dispatch due sooner than this is sent without a countdown.
 COUNTDOWN_FLOOR_S = 0.005
@@ -74,6 +81,71 @@ def publish_dispatches(app: Celery, dispatches: Sequence[Dispatch]) -> int:
                 kwargsrepr=repr(kwargs),
             )
     return len(dispatches)
+
+
+#: A fault of Postgres, Redis or the broker: the task sent by name is tried again, never failed.
+FAULTS: tuple[type[BaseException], ...] = (
+    *INFRASTRUCTURE,
+    kombu.exceptions.OperationalError,
+    ConnectionError,
+    TimeoutError,
+)
+#: How long a task sent by name tries again in process (a Postgres restart or failover, Redis restarting)
+#: before it hands its message back to the broker for a later try.
+INLINE_RETRY_S = 30.0
+#: The countdown of a message handed back, doubling per hand-back up to this.
+HAND_BACK_MAX_S = 60.0
+
+
+def through_faults(task: Task[Any, Any], what: str, run: Callable[[], R], *, retry_s: float) -> R:
+    """``run()``, tried again through infrastructure faults (rule 3: bounded, then an operator told).
+
+    ``run`` records an intent sent by name (a submission, a cancel, an input reply) and is safe to repeat:
+    the ledger answers a repeat with what it recorded the first time (the call node's operation, the intent
+    already recorded). Tried again here, with a growing pause, for :data:`INLINE_RETRY_S`; then the message
+    goes back to the broker with a countdown (``Task.retry``: it stays in the broker, never only in this
+    worker's memory; if even that publish fails, the message is rejected back to its queue); past
+    ``retry_s`` (``intent_retry_s``) in all, the task fails with :class:`IntentNotRecorded`, logged at
+    ERROR with the fault."""
+    deadline = time.monotonic() + min(INLINE_RETRY_S, retry_s)
+    attempt = 0
+    while True:
+        try:
+            return run()
+        except FAULTS as exc:
+            pause = pause_s(attempt)
+            attempt += 1
+            if time.monotonic() + pause < deadline:
+                log.warning("%s met %s; trying again in %.1f s", what, describe_fault(exc), pause)
+                time.sleep(pause)
+                continue
+            _hand_back(task, what, exc, retry_s=retry_s)
+
+
+def _hand_back(task: Task[Any, Any], what: str, exc: BaseException, *, retry_s: float) -> NoReturn:
+    hand_backs = task.request.retries or 0
+    countdown = min(HAND_BACK_MAX_S, 2.0 ** (hand_backs + 1))
+    # Each hand-back follows INLINE_RETRY_S of tries in process.
+    spent = sum(INLINE_RETRY_S + min(HAND_BACK_MAX_S, 2.0 ** (n + 1)) for n in range(hand_backs))
+    if spent + INLINE_RETRY_S >= retry_s:
+        log.error(
+            "%s was NOT recorded: %s for about %.0f s (LONGCALL_INTENT_RETRY_S=%g); send it again once the "
+            "fault is gone",
+            what,
+            describe_fault(exc),
+            spent + INLINE_RETRY_S,
+            retry_s,
+        )
+        raise IntentNotRecorded(
+            f"{what} was not recorded: {describe_fault(exc)} for about {spent + INLINE_RETRY_S:.0f} s"
+        ) from None
+    log.warning("%s met %s; handed back to the broker, again in %.0f s", what, describe_fault(exc), countdown)
+    try:
+        raise task.retry(countdown=countdown, max_retries=None)
+    except Reject:
+        # The hand-back's own publish failed (the broker is the fault): back to its queue instead (if the
+        # broker cannot take even that, the message stays unacknowledged there and is delivered again).
+        raise Reject(describe_fault(exc), requeue=True) from None
 
 
 def _op_id(value: Any) -> uuid.UUID:
@@ -114,8 +186,8 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:  # noqa: PLR0915
         except Exception:  # the beat's drain runs every outbox_interval_s anyway
             log.warning("could not send longcall.drain_outbox; the beat's drain will publish", exc_info=True)
 
-    @app.task(name="longcall.submit", shared=False)
-    def submit(**kwargs: Any) -> dict[str, Any]:
+    @app.task(name="longcall.submit", shared=False, bind=True, max_retries=None)
+    def submit(self: Task[Any, Any], /, **kwargs: Any) -> dict[str, Any]:
         runtime = holder.get()
         try:
             new = validate_submission(
@@ -124,8 +196,16 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:  # noqa: PLR0915
                 max_body_bytes=runtime.settings.max_body_bytes,
                 max_delay_s=runtime.settings.max_callback_delay_s,
             )
-            # Routed in the insert's transaction, under the call node's lock (workers/submission.py).
-            submission, step = Executor(runtime).submit(new, admit=canary_admission(runtime.fleet, new))
+            # Routed in the insert's transaction, under the call node's lock (workers/submission.py). The
+            # insert is tried again through a fault (a repeat finds the row the first try committed); once
+            # the row is recorded, a fault in its first step leaves the step to the dispatcher
+            # (``Executor.submit``), and the answer is the operation.
+            submission, step = through_faults(
+                self,
+                f"longcall.submit of call node {new.call_node_id!r}",
+                lambda: Executor(runtime).submit(new, admit=canary_admission(runtime.fleet, new)),
+                retry_s=runtime.settings.intent_retry_s,
+            )
         except NotRouted as exc:
             # Outside the canary: nothing is written, nothing is called; the caller keeps its legacy path.
             return exc.routing.answer()
@@ -151,13 +231,20 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:  # noqa: PLR0915
         follow(step)
         return step.as_dict()
 
-    @app.task(name="longcall.cancel", shared=False)
-    def cancel(op_id: str, cursor: int | None = None) -> dict[str, Any]:
-        """With ``op_id`` alone: an operator's or pipeline's cancel request. With a cursor: the dispatcher
-        sending (again) the protocol request of a cancel already recorded."""
+    @app.task(name="longcall.cancel", shared=False, bind=True, max_retries=None)
+    def cancel(self: Task[Any, Any], op_id: str, cursor: int | None = None) -> dict[str, Any]:
+        """With ``op_id`` alone: an operator's or pipeline's cancel request (its intent tried again through
+        a fault until it is recorded). With a cursor: the dispatcher sending (again) the protocol request of
+        a cancel already recorded (a fault leaves it to the dispatcher, which claims it again)."""
         try:
             if cursor is None:
-                step = executor().request_cancel(_op_id(op_id))
+                target = _op_id(op_id)
+                step = through_faults(
+                    self,
+                    f"longcall.cancel of {target}",
+                    lambda: executor().request_cancel(target),
+                    retry_s=holder.get().settings.intent_retry_s,
+                )
             else:
                 step = executor().send_cancel(_op_id(op_id), int(cursor))
         except (NotCancellable, OperationNotFound) as exc:

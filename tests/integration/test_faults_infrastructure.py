@@ -5,15 +5,20 @@ executor in this process or a real fleet. Every wait is bounded (``support.wait_
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from adapters.mcp_2025_11_25.adapter import McpTasksAdapter
+from ledger.migrate import upgrade
 from ledger.records import Operation
 from ledger.states import OpState
 from tests import support
-from tests.integration.fleet import McpServer, fleet_config, start_mcp_server
+from tests.integration.fleet import McpServer, fleet_config, in_process_runtime, start_mcp_server
 from workers.executor import Executor
 from workers.runtime import Runtime
 from workers.settings import Settings
@@ -135,3 +140,138 @@ def test_a_cancel_sent_while_redis_is_down_is_recorded_and_sent_once_redis_is_ba
 
     support.wait_for("the cancel to be sent and accepted after Redis is back", cancelled, timeout=20)
     assert [e["method"] for e in mcp.log()].count("tasks/cancel") == 1
+
+
+# ------------------------------------------------- item 0: a Postgres fault right after a create answer
+
+
+@pytest.fixture
+def private_ledger(log_dir: Path) -> Iterator[tuple[support.PrivatePostgres, str]]:
+    """A Postgres of this test's own (``initdb``/``pg_ctl``), migrated: the test stops and starts it."""
+    with support.private_postgres(log_dir) as postgres:
+        url = postgres.create_database("longcall")
+        upgrade(url)
+        yield postgres, url
+
+
+def stop_postgres_after_the_create_answer(
+    monkeypatch: pytest.MonkeyPatch, postgres: support.PrivatePostgres, down_s: float
+) -> list[threading.Thread]:
+    """The next create call returns its answer, and at that instant Postgres stops (immediate: every
+    connection cut, as a crash or a failover) and comes back ``down_s`` later."""
+    restarts: list[threading.Thread] = []
+    real_create = McpTasksAdapter.create
+
+    def create(self: McpTasksAdapter, *args: Any, **kwargs: Any) -> Any:
+        answer = real_create(self, *args, **kwargs)
+        if not restarts:
+            postgres.stop()
+
+            def come_back() -> None:
+                time.sleep(down_s)
+                postgres.start()
+
+            restarts.append(threading.Thread(target=come_back, name="postgres comes back"))
+            restarts[0].start()
+        return answer
+
+    monkeypatch.setattr(McpTasksAdapter, "create", create)
+    return restarts
+
+
+def executor_on(
+    database_url: str, mcp: McpServer, tmp_path: Path, broker_prefix: str, **settings: Any
+) -> Executor:
+    config = tmp_path / "longcall.toml"
+    config.write_text(fleet_config(mcp.url, poll_qps=5000, control_qps=5000))
+    return Executor(in_process_runtime(database_url, broker_prefix, config, **settings))
+
+
+def test_a_postgres_restart_right_after_a_create_answer_still_records_the_remote_id(
+    private_ledger: tuple[support.PrivatePostgres, str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    log_dir: Path,
+    broker_prefix: str,
+) -> None:
+    """The server answered the create with its task; Postgres went away before that answer was recorded,
+    for 3 s. The write is tried again within the step's lease, so the operation is WORKING under the task
+    the server holds: never SUBMISSION_UNKNOWN, an operator asked while the server works on the task."""
+    postgres, url = private_ledger
+    mcp = start_mcp_server(log_dir, poll_interval_ms=200)
+    executor = executor_on(url, mcp, tmp_path, broker_prefix, lease_s=30)
+    restarts = stop_postgres_after_the_create_answer(monkeypatch, postgres, down_s=3.0)
+    try:
+        new = validate_submission(
+            {
+                "call_node_id": "n/pg-after-create",
+                "server": "reports",
+                "tool": "slow_report",
+                "arguments": {"seconds": 2},
+            },
+            executor.rt.fleet,
+            max_body_bytes=executor.rt.settings.max_body_bytes,
+        )
+        submission, step = executor.submit(new)
+        restarts[0].join(timeout=60)
+
+        assert step is not None
+        op = executor.ledger.get(submission.operation.id)
+        assert op.state in (S.WORKING, S.TERMINAL_OBSERVED, S.FETCHING_RESULT), (step, op.state)
+        tasks = mcp.tasks()
+        assert len(tasks) == 1
+        assert op.remote_id == tasks[0]["taskId"]
+        assert "submission_unknown" not in [e["kind"] for e in executor.ledger.events(op.id)]
+    finally:
+        for restart in restarts:  # Postgres is back before the fixture stops it
+            restart.join(timeout=60)
+        executor.rt.close()
+        mcp.process.stop()
+
+
+def test_a_submission_whose_first_step_outlasts_its_lease_in_a_fault_answers_with_the_operation(
+    private_ledger: tuple[support.PrivatePostgres, str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    log_dir: Path,
+    broker_prefix: str,
+) -> None:
+    """Postgres stays away longer than the step may try (a 2 s lease): the submission is recorded, so the
+    caller's answer is the operation ("deferred"), never a failure; once Postgres is back, the dispatcher
+    takes the row over and, the create's answer being unrecorded, asks for it by key (rule 1): the
+    operation is never created twice."""
+    postgres, url = private_ledger
+    mcp = start_mcp_server(log_dir, poll_interval_ms=200)
+    executor = executor_on(url, mcp, tmp_path, broker_prefix, lease_s=2)
+    restarts = stop_postgres_after_the_create_answer(monkeypatch, postgres, down_s=4.0)
+    try:
+        new = validate_submission(
+            {
+                "call_node_id": "n/pg-long-fault",
+                "server": "reports",
+                "tool": "slow_report",
+                "arguments": {"seconds": 2},
+            },
+            executor.rt.fleet,
+            max_body_bytes=executor.rt.settings.max_body_bytes,
+        )
+        submission, step = executor.submit(new)
+        assert step is not None
+        assert step.action == "deferred", step
+        restarts[0].join(timeout=60)
+
+        def stepped() -> Operation | None:
+            for dispatch in executor.dispatch_due():
+                executor.advance(dispatch.op_id, dispatch.cursor)
+            op = executor.ledger.get(submission.operation.id)
+            return op if op.state is not S.SUBMITTING else None
+
+        op = support.wait_for("the dispatcher to take the submission on", stepped, timeout=30)
+        assert op.state in (S.SUBMISSION_UNKNOWN, S.MANUAL_RECONCILIATION), op.state
+        assert len(mcp.tasks()) == 1
+        assert [e["method"] for e in mcp.log()].count("tools/call") == 1
+    finally:
+        for restart in restarts:  # Postgres is back before the fixture stops it
+            restart.join(timeout=60)
+        executor.rt.close()
+        mcp.process.stop()

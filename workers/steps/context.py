@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import redis
 
@@ -39,11 +39,19 @@ from ledger.states import OpState
 from workers import logs
 from workers.budget import RequestMeter, TokenBudget
 from workers.errors import NoToken
+from workers.faults import LEDGER_UNAVAILABLE, describe_fault, pause_s
 from workers.hot import MAX_SERVER_WAIT_S, RATE_HEADROOM, Budget, MeterCount
 from workers.runtime import Runtime
 from workers.settings import ServerConfig, Settings
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: The share of the lease for which a step retries a write through a Postgres fault (:meth:`StepContext.
+#: durably`): the lease was renewed at most a third of it ago (``workers/lease.py``), so within this share
+#: no other claim can have taken the row, whatever the keeper managed during the fault.
+DURABLE_SHARE = 0.6
 
 #: The shortest poll interval a server's hint may set.
 MIN_POLL_S = 0.1
@@ -195,6 +203,31 @@ class StepContext:
         hot = self.runtime.hot
         meter = RequestMeter(hot.client, hot.prefix, server, bucket)  # requests/s for `longcall metrics`
         return TokenBudget(bucket, functools.partial(self.take, server, bucket), prepaid=prepaid, meter=meter)
+
+    # ----------------------------------------------------------------- what a remote call answered (1, 3)
+
+    def durably(self, write: Callable[[], T], *, what: str) -> T:
+        """``write()``, a ledger write that records what a remote call just answered (a create's remote id,
+        its synchronous result, its proof that no work was done), tried again through a Postgres fault for
+        as long as the step's claim is surely still its own (:data:`DURABLE_SHARE` of the lease; the lease
+        keeper renews it meanwhile when it can), so that a database restart or failover right after the
+        answer does not lose it: a create answer lost so would send the operation to an operator while the
+        server holds the task. A repeat after a commit whose answer was lost meets the fence (the row moved
+        on: refused as stale), never a second effect. Past the bound the fault is raised: the step ends,
+        and its row is the dispatcher's when the lease runs out."""
+        deadline = time.monotonic() + self.settings.lease_s * DURABLE_SHARE
+        attempt = 0
+        while True:
+            try:
+                return write()
+            except LEDGER_UNAVAILABLE as exc:
+                pause = pause_s(attempt)
+                attempt += 1
+                if time.monotonic() + pause >= deadline:
+                    log.error("recording %s failed for good: %s", what, describe_fault(exc))  # noqa: TRY400 - re-raised
+                    raise
+                log.warning("recording %s met %s; trying again in %.1f s", what, describe_fault(exc), pause)
+                time.sleep(pause)
 
     # --------------------------------------------------------------------------- moves every step shares
 

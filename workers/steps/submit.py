@@ -117,7 +117,13 @@ def create(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved
     except AdapterError as exc:
         # Anything else once the call may have gone out (a 503 or another 5xx, a 408, a timeout, a cut or
         # unreadable answer) is an unknown outcome: looked up by key, never created again blindly.
-        return Moved(ctx.ledger.mark_submission_unknown(op.id, fence, detail={"error": describe(exc)}))
+        detail = {"error": describe(exc)}
+        return Moved(
+            ctx.durably(
+                lambda: ctx.ledger.mark_submission_unknown(op.id, fence, detail=detail),
+                what=f"the unknown outcome of the create of {op.id}",
+            )
+        )
     return _created(ctx, op, fence, created)
 
 
@@ -131,7 +137,12 @@ def arguments_of(ctx: StepContext, op: Operation) -> Any:
 
 
 def _undo_attempt(ctx: StepContext, op: Operation, fence: Fence, retry_in_s: float, why: str) -> StepOutcome:
-    op = ctx.ledger.undo_create_attempt(op.id, fence, retry_in_s=retry_in_s, detail={"error": why})
+    """The create was proved not to have done any work: the attempt is undone (durably: lost, the next step
+    would find an attempt and no answer, an unknown outcome for an operator)."""
+    op = ctx.durably(
+        lambda: ctx.ledger.undo_create_attempt(op.id, fence, retry_in_s=retry_in_s, detail={"error": why}),
+        what=f"the refused create of {op.id}",
+    )
     return StepOutcome(op.id, "create_retry", op.state)
 
 
@@ -184,15 +195,20 @@ def _created(ctx: StepContext, op: Operation, fence: Fence, created: Created) ->
         return _answered_at_once(ctx, op, fence, created.sync_result, EventKind.RAN_SYNCHRONOUSLY)
     if created.ref is None or created.status is None:
         raise ProtocolViolation("create answered neither a task nor a result")
-    status = created.status
-    op = ctx.ledger.record_created(
-        op.id,
-        fence,
-        remote_id=created.ref.remote_id,
-        session_ref=created.ref.session_ref,
-        status=server_status(status),
-        expires_at=_expiry(ctx, status),
-        next_poll_in_s=ctx.jittered(ctx.interval_s(op, status)),
+    status, ref = created.status, created.ref
+    next_poll_in_s = ctx.jittered(ctx.interval_s(op, status))
+    # Durably: the server holds the task now, and only this answer names it (rule 1).
+    op = ctx.durably(
+        lambda: ctx.ledger.record_created(
+            op.id,
+            fence,
+            remote_id=ref.remote_id,
+            session_ref=ref.session_ref,
+            status=server_status(status),
+            expires_at=_expiry(ctx, status),
+            next_poll_in_s=next_poll_in_s,
+        ),
+        what=f"the create answer of {op.id} ({ref.remote_id})",
     )
     if op.state is OpState.CANCEL_REQUESTED:
         return _cancel_now(ctx, op, fence)
@@ -218,13 +234,16 @@ def _answered_at_once(
         held = storable(ctx, result_json(result))
     except UnstorableResult as exc:
         held, unstorable_why = None, exc
-    op = ctx.ledger.hold_create_result(
-        op.id,
-        fence,
-        kind=TerminalKind(result.outcome),
-        server_state=result.server_state,
-        result=held,
-        event=why,
+    op = ctx.durably(
+        lambda: ctx.ledger.hold_create_result(
+            op.id,
+            fence,
+            kind=TerminalKind(result.outcome),
+            server_state=result.server_state,
+            result=held,
+            event=why,
+        ),
+        what=f"the create's own answer of {op.id}",
     )
     if unstorable_why is not None:
         return unstorable(ctx, op, fence, unstorable_why, result)

@@ -1,0 +1,33 @@
+"""Transient faults of the fleet's own infrastructure, as opposed to refusals and bugs.
+
+A fault of Postgres (the ledger) or Redis (the buckets, the holds, the cancel CAS) says nothing about the
+operation: the work is tried again, never turned into a failure that is acknowledged and forgotten. Each
+part names its own faults (``ledger.errors.UNAVAILABLE``, ``workers.hot.UNAVAILABLE``); the broker's are
+added where Celery is known (``workers/tasks.py``).
+"""
+
+from __future__ import annotations
+
+from ledger.errors import UNAVAILABLE as LEDGER_UNAVAILABLE
+from workers.hot import UNAVAILABLE as HOT_UNAVAILABLE
+
+__all__ = ["INFRASTRUCTURE", "LEDGER_UNAVAILABLE", "describe_fault", "pause_s"]
+
+#: A fault of the ledger or of the hot state.
+INFRASTRUCTURE: tuple[type[Exception], ...] = (*LEDGER_UNAVAILABLE, *HOT_UNAVAILABLE)
+
+#: The first pause after a fault, and the longest.
+FIRST_PAUSE_S = 0.2
+MAX_PAUSE_S = 2.0
+
+
+def pause_s(attempt: int) -> float:
+    """The pause before try ``attempt + 1`` (``attempt`` from 0): 0.2 s, doubling, at most 2 s."""
+    return min(MAX_PAUSE_S, FIRST_PAUSE_S * 2.0 ** max(0, attempt))
+
+
+def describe_fault(exc: BaseException) -> str:
+    """A fault as a log line or an error keeps it: its class and the first line of its message (a driver's
+    message can run to many lines of SQL), bounded."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first}"[:300]
