@@ -55,10 +55,8 @@ def publisher(app: Celery) -> Callable[[OutboxMessage], None]:
         if stored is None:
             return  # nobody downstream: the receipt alone is the record
         sig = signature(stored, app=app)
-        sig.apply_async(
-            kwargs={keyword: value},
-            task_id=delivery_task_id(message),
-            headers={"longcall_outbox_id": str(message.id)},
-        )
+        # The signature's own headers are kept: apply_async's headers replace them, they do not add to them.
+        headers = {**(sig.options.get("headers") or {}), "longcall_outbox_id": str(message.id)}
+        sig.apply_async(kwargs={keyword: value}, task_id=delivery_task_id(message), headers=headers)
 
     return publish

@@ -8,7 +8,6 @@ the executor records as it is. A refusal writes nothing and says exactly what wa
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import math
 import re
 import unicodedata
@@ -25,11 +24,11 @@ from workers import __version__
 from workers.errors import InvalidSubmission
 from workers.rollout import RolloutState, Routing, decide, is_side_effect_free
 from workers.settings import FleetConfig, ToolConfig
+from workers.signatures import check_absolute_expiry, checked_signature
 
 SUBMIT_KWARGS = frozenset(
     {"call_node_id", "server", "tool", "arguments", "on_terminal", "on_input", "ttl_ms", "wait_budget_s"}
 )
-SIGNATURE_KEYS = frozenset({"task", "args", "kwargs", "options", "subtask_type", "immutable", "chord_size"})
 MAX_TTL_MS = 7 * 24 * 3600 * 1000
 MAX_NAME = 512
 ADAPTERS = frozenset(default_registry().keys())
@@ -83,6 +82,9 @@ def validate_submission(
         raise InvalidSubmission(
             f"arguments are {size} bytes of JSON; the limit is {max_body_bytes} (LONGCALL_MAX_BODY_BYTES)"
         )
+    wait_budget_s = request.wait_budget_s if request.wait_budget_s is not None else server.wait_budget_s
+    check_absolute_expiry("on_terminal", request.on_terminal, wait_budget_s)
+    check_absolute_expiry("on_input", request.on_input, wait_budget_s)
     return NewOperation(
         call_node_id=request.call_node_id,
         request_digest=request_digest(server=request.server, tool=request.tool, arguments=request.arguments),
@@ -95,7 +97,7 @@ def validate_submission(
         on_terminal=request.on_terminal,
         on_input=request.on_input,
         ttl_ms=request.ttl_ms if request.ttl_ms is not None else server.default_ttl_ms,
-        wait_budget_s=request.wait_budget_s if request.wait_budget_s is not None else server.wait_budget_s,
+        wait_budget_s=wait_budget_s,
     )
 
 
@@ -160,8 +162,8 @@ def parse_submit_kwargs(kwargs: Mapping[str, Any], *, max_delay_s: float | None 
         server=_name("server", kwargs["server"]),
         tool=_name("tool", kwargs["tool"]),
         arguments=arguments,
-        on_terminal=_signature("on_terminal", kwargs.get("on_terminal"), max_delay_s),
-        on_input=_signature("on_input", kwargs.get("on_input"), max_delay_s),
+        on_terminal=checked_signature("on_terminal", kwargs.get("on_terminal"), max_delay_s),
+        on_input=checked_signature("on_input", kwargs.get("on_input"), max_delay_s),
         ttl_ms=_ttl(kwargs.get("ttl_ms")),
         wait_budget_s=_budget(kwargs.get("wait_budget_s")),
     )
@@ -326,62 +328,6 @@ def _name(field: str, value: Any) -> str:
     if any(unicodedata.category(c) == "Cc" for c in value):
         raise InvalidSubmission(f"{field} must not contain control characters")
     return value
-
-
-def _signature(field: str, value: Any, max_delay_s: float | None = None) -> dict[str, Any] | None:
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise InvalidSubmission(f"{field} must be a Celery signature as a dict (signature.dict()), or None")
-    task = value.get("task")
-    if not isinstance(task, str) or not task:
-        raise InvalidSubmission(f"{field} must name its task: {{'task': 'pipeline.step', ...}}")
-    unknown = sorted(set(value) - SIGNATURE_KEYS)
-    if unknown:
-        raise InvalidSubmission(f"{field} has keys {unknown} that a Celery signature does not have")
-    if not isinstance(value.get("args", []), list | tuple) or not isinstance(value.get("kwargs", {}), dict):
-        raise InvalidSubmission(f"{field}: args must be a list and kwargs an object")
-    try:
-        canonical_json(value)
-    except NotJson as exc:
-        raise InvalidSubmission(f"{field} is not JSON: {exc}") from exc
-    options = value.get("options") or {}
-    if not isinstance(options, dict):
-        raise InvalidSubmission(f"{field}: options must be an object")
-    delay = _delay_s(field, options)
-    if delay is not None and max_delay_s is not None and delay > max_delay_s:
-        raise InvalidSubmission(
-            f"{field} would run {delay:.0f}s after it is sent (countdown/eta); a message held that long "
-            f"outlives the broker's visibility timeout (Redis: delivered twice) or consumer timeout "
-            f"(RabbitMQ: the worker holding it exits): at most {max_delay_s:.0f}s"
-        )
-    return value
-
-
-def _delay_s(field: str, options: Mapping[str, Any]) -> float | None:
-    """How long after it is sent the signature's message runs: its ``countdown``, or its ``eta`` from now."""
-    delays: list[float] = []
-    countdown = options.get("countdown")
-    if countdown is not None:
-        if (
-            isinstance(countdown, bool)
-            or not isinstance(countdown, int | float)
-            or not 0 <= countdown < math.inf
-        ):
-            raise InvalidSubmission(f"{field}: countdown must be a number of seconds, at least 0")
-        delays.append(float(countdown))
-    eta = options.get("eta")
-    if eta is not None:
-        try:
-            when = dt.datetime.fromisoformat(eta) if isinstance(eta, str) else None
-        except ValueError:
-            when = None
-        if when is None:
-            raise InvalidSubmission(f"{field}: eta must be an ISO 8601 date and time")
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=dt.UTC)
-        delays.append((when - dt.datetime.now(dt.UTC)).total_seconds())
-    return max(delays) if delays else None
 
 
 def reply_size_refusal(response: Any, *, max_body_bytes: int) -> str | None:

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
+import json
+import uuid
 from typing import Any
 
 import pytest
+from celery import Celery, Signature, chain, chord, group
+from celery.signals import before_task_publish
 
-from ledger.records import NewOperation
+from ledger.records import NewOperation, OutboxMessage
 from ledger.routing import RECORDED_DECISION, RecordedDecision
+from workers.delivery import publisher
 from workers.errors import InvalidSubmission
 from workers.rollout import in_canary
 from workers.settings import FleetConfig
@@ -189,3 +195,145 @@ def test_a_recorded_routed_decision_is_answered_whatever_the_rollout_says() -> N
     assert canary_admission(FLEET, new)({"canary_percent": 5, **recorded}) == new
     with pytest.raises(NotRouted):
         canary_admission(FLEET, new)({"canary_percent": 5})
+
+
+# ----------------------------------------- downstream signatures: published as delivery builds them (rule 9)
+
+PIPELINE = Celery("pipeline", set_as_current=False)
+STEP = PIPELINE.signature("pipeline.next", kwargs={"stage": 1}, queue="pipeline")
+AFTER = PIPELINE.signature("pipeline.after", queue="pipeline")
+
+
+def with_options(signature: Signature[Any], **options: Any) -> Signature[Any]:
+    """A copy of ``signature`` with ``options`` added, whatever their type (this module gives bad ones)."""
+    changed = signature.clone()
+    changed.options.update(options)
+    return changed
+
+
+def in_minutes(minutes: float) -> str:
+    return (dt.datetime.now(dt.UTC) + dt.timedelta(minutes=minutes)).isoformat()
+
+
+def with_terminal(signature: Any, **extra: Any) -> dict[str, Any]:
+    return {**GOOD, "on_terminal": json.loads(json.dumps(signature)), **extra}
+
+
+@pytest.mark.parametrize(
+    "signature",
+    [
+        STEP,
+        with_options(STEP, expires=600, countdown=30, priority=5, headers={"trace": "t-1"}),
+        chain(STEP, AFTER),
+        group(STEP, AFTER),
+        chord([STEP, AFTER], AFTER),
+        chord(group(STEP, AFTER), AFTER),
+        with_options(STEP, link=AFTER, link_error=[AFTER], retry=True),
+        chain(STEP, group(AFTER, AFTER)),
+        with_options(STEP, expires=in_minutes(24 * 60)),
+    ],
+    ids=["task", "options", "chain", "group", "chord", "chord-of-group", "links", "chain-of-group", "date"],
+)
+def test_a_signature_delivery_can_publish_is_taken_as_it_is_and_publishes(signature: Any) -> None:
+    kwargs = with_terminal(signature)
+    new = validate_submission(kwargs, FLEET, max_body_bytes=100_000)
+    assert new.on_terminal == kwargs["on_terminal"]
+    assert published(new.on_terminal)
+
+
+def test_a_signature_dict_without_its_empty_parts_is_completed_so_that_it_can_take_the_receipt() -> None:
+    """``{"task": ..., "options": {}}`` builds a signature whose kwargs are None: delivery's
+    ``apply_async(kwargs={"receipt": ...})`` raised TypeError for it, every time. It is completed at submit,
+    members of a chain too."""
+    bare = {"task": "pipeline.gate", "options": {}}
+    bare_chain = {**json.loads(json.dumps(chain(STEP, AFTER))), "kwargs": {"tasks": [bare, {"task": "p.x"}]}}
+    for given in (bare, {"task": "pipeline.gate", "kwargs": None}, bare_chain):
+        new = validate_submission({**GOOD, "on_terminal": given}, FLEET, max_body_bytes=100_000)
+        assert new.on_terminal is not None
+        assert published(new.on_terminal)
+    assert validate_submission({**GOOD, "on_terminal": bare}, FLEET, max_body_bytes=100_000).on_terminal == {
+        "task": "pipeline.gate",
+        "args": [],
+        "kwargs": {},
+        "options": {},
+    }
+
+
+def published(stored: dict[str, Any]) -> bool:
+    """Whether delivery's own publisher (``workers.delivery.publisher``) sends ``stored`` with a receipt:
+    on an in-memory broker (and result store, for a chord), every message it sends seen as it leaves."""
+    app = Celery("longcall-probe", broker="memory://", backend="cache+memory://", set_as_current=False)
+    app.conf.task_serializer = "json"
+    sent: list[str] = []
+
+    def seen(sender: str | None = None, headers: dict[str, Any] | None = None, **_: Any) -> None:
+        if headers is not None and headers.get("longcall_outbox_id") == "7":
+            sent.append(str(sender))
+
+    before_task_publish.connect(seen, weak=False)
+    try:
+        receipt = {"receipt_id": str(uuid.uuid4()), "op_id": str(uuid.uuid4()), "result": None}
+        publisher(app)(
+            OutboxMessage(7, "terminal", uuid.uuid4(), None, {"signature": stored, "receipt": receipt}, 0)
+        )
+    finally:
+        before_task_publish.disconnect(seen)
+        app.close()
+    return len(sent) > 0
+
+
+@pytest.mark.parametrize(
+    ("signature", "message"),
+    [
+        # Routes the broker may lack: refused (longcall sends by queue only).
+        (with_options(STEP, exchange="pipeline.topic"), r"on_terminal: exchange refused: .* by queue"),
+        (with_options(STEP, exchange_type="topic"), "exchange_type refused"),
+        (with_options(STEP, routing_key="reports.done"), "routing_key refused"),
+        (chain(STEP, with_options(AFTER, exchange="x")), r"on_terminal\.kwargs\.tasks\[1\]: exchange"),
+        (chord([STEP], with_options(AFTER, routing_key="r")), r"on_terminal\.kwargs\.body: routing_key"),
+        # Expiries shorter than delivery can take.
+        (with_options(STEP, expires=5), r"expires=5s would let the message expire unrun"),
+        (with_options(STEP, expires=80, countdown=60), r"at least 120s here"),
+        (with_options(STEP, expires=0), "expires must be a positive number"),
+        (with_options(STEP, expires=in_minutes(30)), "comes before the receipt can be sent"),
+        (group(STEP, with_options(AFTER, expires=in_minutes(90))), r"group.*tasks\[1\]|tasks\[1\]"),
+        (with_options(STEP, expires="next week"), "expires must be an ISO 8601 date"),
+        # Options that are not JSON-safe Celery message options, or that would never arrive.
+        (with_options(STEP, producer="p"), r"options \['producer'\] are not Celery message options"),
+        (with_options(STEP, serializer="pickle"), "serializer must be json"),
+        (with_options(STEP, priority="high"), "priority must be a whole number"),
+        (with_options(STEP, delivery_mode=1), "delivery_mode must be persistent"),
+        (with_options(STEP, compression="brotli"), "compression must be one of"),
+        (with_options(STEP, retry_policy={"max_retries": -1}), r"retry_policy\.max_retries"),
+        (with_options(STEP, time_limit="long"), "time_limit must be a positive number"),
+        (with_options(STEP, queue=""), "queue must be a non-empty string"),
+        (with_options(STEP, link={"task": "pipeline.x", "options": {"exchange": "e"}}), r"options\.link"),
+        # Shapes Celery cannot publish with a receipt.
+        (group(), r"on_terminal\.kwargs\.tasks must be a non-empty list"),
+        (
+            {**chain(STEP, AFTER), "kwargs": {"tasks": [dict(STEP), {"args": []}]}},
+            r"on_terminal\.kwargs\.tasks\[1\] must name its task",
+        ),
+        ({**STEP, "subtask_type": "xmap"}, "subtask_type 'xmap' cannot take a receipt"),
+        ({**STEP, "task": "celery.chain"}, "do not go together"),
+        (STEP.clone(kwargs={"when": {"__type__": "datetime", "__value__": "2026-01-01"}}), "__type__"),
+    ],
+)
+def test_a_signature_that_would_never_be_delivered_is_refused_at_submit(signature: Any, message: str) -> None:
+    with pytest.raises(InvalidSubmission, match=message):
+        validate_submission(with_terminal(signature), FLEET, max_body_bytes=100_000)
+
+
+def test_on_input_is_held_to_the_same_checks() -> None:
+    kwargs = {**GOOD, "on_input": json.loads(json.dumps(with_options(STEP, routing_key="gate")))}
+    with pytest.raises(InvalidSubmission, match=r"^on_input: routing_key refused"):
+        validate_submission(kwargs, FLEET, max_body_bytes=100_000)
+
+
+def test_an_expiry_date_is_held_to_the_submissions_own_wait_budget() -> None:
+    # 110 minutes from now: too early for the server's default hour of budget and the delivery margin's hour,
+    # fine for a budget of ten minutes.
+    signature = with_options(STEP, expires=in_minutes(110))
+    with pytest.raises(InvalidSubmission, match="3600s from now"):
+        validate_submission(with_terminal(signature), FLEET, max_body_bytes=100_000)
+    validate_submission(with_terminal(signature, wait_budget_s=600), FLEET, max_body_bytes=100_000)
