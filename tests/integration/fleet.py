@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +48,17 @@ class McpServer:
     def log(self) -> list[dict[str, Any]]:
         entries: list[dict[str, Any]] = httpx.get(f"{self.control}/log", timeout=5).json()["entries"]
         return entries
+
+    def http_log(self) -> list[dict[str, Any]]:
+        """Every HTTP request the server received: ``{"t", "verb", "budget", ...}`` (``budget``: the bucket
+        the request was charged to, as its ``Longcall-Budget`` header names it)."""
+        entries: list[dict[str, Any]] = httpx.get(f"{self.control}/http_log", timeout=5).json()["entries"]
+        return entries
+
+    def replies(self) -> list[dict[str, Any]]:
+        """Every input reply (client JSON-RPC response) the server received, with what became of it."""
+        replies: list[dict[str, Any]] = httpx.get(f"{self.control}/replies", timeout=5).json()["replies"]
+        return replies
 
     def tasks(self) -> list[dict[str, Any]]:
         tasks: list[dict[str, Any]] = httpx.get(f"{self.control}/tasks", timeout=5).json()["tasks"]
@@ -254,6 +265,19 @@ class Fleet:
             worker.name = f"{worker.name}(revived)"
         return [w.name for w in dead]
 
+    def start_beat(self, name: str = "beat") -> support.CeleryProcess:
+        """longcall's beat (exactly one should run), its schedule file in the fleet's log directory."""
+        schedule = self.log_dir.parent / "beat-schedule"
+        process = support.start_celery(
+            ["-A", "workers.app", "beat", "-s", str(schedule), "--loglevel", "INFO"],
+            env=self.env,
+            log_dir=self.log_dir,
+            name=name,
+            ready_marker="beat: Starting",
+        )
+        self.processes.append(process)
+        return process
+
     def start_worker(
         self, name: str, queues: str = "longcall.control,longcall.poll,longcall.outbox", concurrency: int = 2
     ) -> support.CeleryProcess:
@@ -299,14 +323,17 @@ def running_fleet(
     env: dict[str, str] | None = None,
     pipeline: bool = True,
     url_userinfo: str | None = None,
+    route: Callable[[McpServer], str] | None = None,
 ) -> Iterator[Fleet]:
     """Starts the MCP server, ``workers`` longcall workers, beat and (unless ``pipeline`` is False: then
-    ``Fleet.start_pipeline`` does, later) the pipeline worker; stops them all."""
+    ``Fleet.start_pipeline`` does, later) the pipeline worker; stops them all. ``route``: the URL longcall
+    is configured with for the server (e.g. through a path the test can cut), by default its own."""
     broker_prefix, tmp_path, log_dir = parts.broker_prefix, parts.tmp_path, parts.log_dir
     mcp = start_mcp_server(log_dir, *mcp_flags, poll_interval_ms=poll_interval_ms)
     config = tmp_path / "longcall.toml"
+    url = route(mcp) if route is not None else mcp.url
     # With ``url_userinfo`` ("user:password"), longcall is configured with the server's URL carrying it.
-    url = mcp.url.replace("://", f"://{url_userinfo}@", 1) if url_userinfo else mcp.url
+    url = url.replace("://", f"://{url_userinfo}@", 1) if url_userinfo else url
     config.write_text(fleet_config(url, **(server or {})))
     sink = f"{broker_prefix}sink"
     longcall_env = {
@@ -341,15 +368,7 @@ def running_fleet(
     try:
         for index in range(workers):
             fleet.start_worker(f"longcall{index}")
-        fleet.processes.append(
-            support.start_celery(
-                ["-A", "workers.app", "beat", "-s", str(tmp_path / "beat-schedule"), "--loglevel", "INFO"],
-                env=longcall_env,
-                log_dir=log_dir,
-                name="beat",
-                ready_marker="beat: Starting",
-            )
-        )
+        fleet.start_beat()
         if pipeline:
             fleet.start_pipeline()
         yield fleet

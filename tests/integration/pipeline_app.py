@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from typing import Any
 
 import redis
@@ -34,9 +35,22 @@ def make_app(broker_url: str, keyprefix: str, sink: str, redis_url: str | None =
 
     @app.task(name="pipeline.record", bind=True)
     def record(self: Task[Any, Any], /, **kwargs: Any) -> None:
-        client = redis.Redis.from_url(store)
-        client.rpush(sink, json.dumps({"task_id": self.request.id, "kwargs": kwargs}))
-        client.close()
+        """Records the call; through a Redis restart (the sink's Redis), for up to a minute, as a consumer
+        that must not lose what it was handed does."""
+        entry = json.dumps({"task_id": self.request.id, "kwargs": kwargs})
+        deadline = time.monotonic() + 60
+        while True:
+            client = redis.Redis.from_url(store, socket_timeout=5, socket_connect_timeout=5)
+            try:
+                client.rpush(sink, entry)
+            except redis.RedisError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)  # a bounded retry: Redis is restarting
+            else:
+                return
+            finally:
+                client.close()
 
     @app.task(name="pipeline.check_digest", bind=True)
     def check_digest(self: Task[Any, Any], /, receipt: dict[str, Any]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,9 +17,17 @@ import pytest
 from adapters.mcp_2025_11_25.adapter import McpTasksAdapter
 from ledger.migrate import upgrade
 from ledger.records import Operation
+from ledger.repository import Ledger
 from ledger.states import OpState
 from tests import support
-from tests.integration.fleet import McpServer, fleet_config, in_process_runtime, start_mcp_server
+from tests.integration.fleet import (
+    FleetParts,
+    McpServer,
+    fleet_config,
+    in_process_runtime,
+    running_fleet,
+    start_mcp_server,
+)
 from workers.executor import Executor
 from workers.runtime import Runtime
 from workers.settings import Settings
@@ -275,3 +284,43 @@ def test_a_submission_whose_first_step_outlasts_its_lease_in_a_fault_answers_wit
             restart.join(timeout=60)
         executor.rt.close()
         mcp.process.stop()
+
+
+# ------------------------------------------- item 0: messages sent by name while Postgres is down, a fleet
+
+
+def test_messages_sent_by_name_while_postgres_is_down_are_recorded_once_it_is_back(
+    private_ledger: tuple[support.PrivatePostgres, str], tmp_path: Path, log_dir: Path, redis_client: Any
+) -> None:
+    """A fleet on a Postgres of its own; one operation running. Postgres stops (immediate); while it is
+    down a pipeline sends a new submission and a cancel of the running operation, by name, once each. It
+    comes back 6 s later: the submission answers with its operation (never FAILURE, its message never
+    acknowledged as a failure and forgotten), the cancel is recorded and carried out, and the server holds
+    one task per call node."""
+    postgres, url = private_ledger
+    ledger = Ledger.from_url(url)
+    prefix = f"lc-pgdown-{uuid.uuid4().hex[:8]}:"
+    parts = FleetParts(ledger, url, prefix, redis_client, tmp_path, log_dir)
+    try:
+        with running_fleet(parts, env={"LONGCALL_LEASE_S": "10"}) as fleet:
+            running = fleet.submit("n/pg-running", "slow_report", {"seconds": 60})
+            fleet.wait_state(running, S.WORKING)
+
+            postgres.stop()
+            submitted = fleet.submit_nowait("n/pg-while-down", "slow_report", {"seconds": 2})
+            cancelled = fleet.send_nowait("longcall.cancel", op_id=str(running))
+            time.sleep(6)  # Postgres stays down this long (a restart, a failover): the messages wait
+            assert submitted.state in ("PENDING", "RETRY", "STARTED"), submitted.state
+            postgres.start()
+            ledger.engine.dispose()  # the test's own pooled connections died with the server
+
+            answer = submitted.get(timeout=60)
+            assert answer["call_node_id"] == "n/pg-while-down"
+            assert cancelled.get(timeout=60)["op_id"] == str(running)  # an answer, not a failure
+            receipt = fleet.wait_receipt("n/pg-while-down", timeout=60)
+            assert receipt["terminal_state"] == "completed"
+            fleet.wait_state(running, S.CANCELLED_ACCEPTED, timeout=60)
+            tasks = fleet.mcp.tasks()
+            assert sorted(t["arguments"]["seconds"] for t in tasks) == [2, 60]
+    finally:
+        ledger.dispose()
