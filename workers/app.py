@@ -97,6 +97,13 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         ),
         "broker_transport_options": transport_options,
         "broker_connection_retry_on_startup": True,
+        # A worker whose broker connection drops reconnects (kombu's backoff: 2 s, 4 s, ... 30 s between
+        # tries; Celery gives up after broker_connection_max_retries, 100 tries, about 45 min), and lets the
+        # tasks it is running finish: Celery 6 will cancel them by default, and a step cut off mid-request (a
+        # create, a cancel) has an unknown outcome. Each step is fenced by the ledger; one that ends after the
+        # reconnect acknowledges its message then (workers/broker.py), or leaves it to be delivered again.
+        "broker_connection_retry": True,
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
         # JSON only, in and out (DESIGN §7; never pickle).
         "task_serializer": "json",
         "result_serializer": "json",

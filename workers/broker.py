@@ -1,4 +1,5 @@
-"""kombu's Redis transport, with one Redis client per channel instead of one per broker command.
+"""kombu's Redis transport, with one Redis client per channel instead of one per broker command, and a channel
+that outlives its connection without taking the worker down.
 
 kombu's Redis channel builds a new ``redis.Redis`` (over its connection pool) for every command it sends
 outside its consumer loop: each delivery's unacked bookkeeping, each acknowledgement, each event and each
@@ -7,6 +8,29 @@ per task, in the worker's main process (issue 13's profile of a poll step). This
 built and hands it out again while its connection pool is the same one. A ``redis.Redis`` over a pool is
 safe to share: it takes a pool connection per command and gives it back; the pool (and so what is sent, to
 which server, with which timeouts and key prefix) is kombu's own, unchanged.
+
+**A worker survives its Redis going away** (issue 19). When the broker connection is lost, Celery's consumer
+(``Consumer.on_connection_error_after_connected``) closes the old connection twice: ``collect()``, then
+``close()``. The first pass fails early on a channel whose BRPOP was in flight (kombu's ``Channel.close``
+reads that reply first, and Redis is gone), and ``collect()`` then detaches the transport from its kombu
+connection (``transport.client = None``). The second pass closes the channel for real, and kombu, to give
+back the messages the worker holds (``restore_unacked``), builds a new connection pool from
+``self.connection.client``, which is now None: ``AttributeError: 'NoneType' object has no attribute
+'hostname'``. That is not a connection error, so Celery logs "Unrecoverable error" and the worker exits;
+the same happens later to the acknowledgement of a task that was running at the loss and ends after the
+reconnect (its message belongs to the old channel). kombu does this with its own transport as well (the
+same traceback as celery/kombu#582, through the consumer's reconnect instead of gossip); it needs unacked
+messages in hand at the loss, so it hits a busy worker, not an idle one.
+
+This channel keeps its connection parameters from when it opened (``_connparams``, computed once), so a
+channel whose connection is gone can still reach its Redis: the restore on close either works (Redis is
+back) or fails with a connection error, which Celery ignores before it reconnects; and the late
+acknowledgement of a task that ran through the loss removes its message from the unacked hash once Redis is
+back, instead of raising (or leaving it to be delivered again after the visibility timeout, an hour). A
+message is never acknowledged twice across deliveries: once a closing channel has given a message back to
+its queue (where the next delivery takes it, under the same delivery tag), its late acknowledgement or
+rejection on the old channel leaves Redis alone (``RedisQoS``). A message whose acknowledgement fails
+(Redis still down) stays in the unacked hash and is delivered again after the visibility timeout: never lost.
 
 Used for ``redis://`` brokers (``workers.app.celery_config``); other transports (``rediss://``,
 ``sentinel://``, AMQP) are kombu's own. A connection over it still shows itself as ``redis://...`` (its
@@ -17,21 +41,78 @@ among kombu's transport aliases that connections resolve when they describe them
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from kombu import connection as kombu_connection
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
 
-__all__ = ["TRANSPORT", "RedisChannel", "RedisTransport"]
+__all__ = ["TRANSPORT", "RedisChannel", "RedisQoS", "RedisTransport"]
 
 #: The ``broker_transport`` setting naming :class:`RedisTransport`.
 TRANSPORT = "workers.broker:RedisTransport"
 
 
+class RedisQoS(kombu_redis.QoS):
+    """kombu's Redis acknowledgement emulation, safe for a channel that closed with messages in hand.
+
+    What the channel still holds is ``_delivered``: a message leaves it when it is acknowledged or given back
+    to its queue. kombu empties it only once every message is given back; here each one leaves as soon as it
+    is, so after a restore that failed half-way (Redis down) it holds exactly the messages whose entries in
+    the unacked hash are still this channel's.
+    """
+
+    def restore_unacked(self, client: Any | None = None) -> None:
+        delivered = self._delivered
+        if not delivered:
+            return
+        channel = cast("RedisChannel", self.channel)
+        with channel.conn_or_acquire(client) as acquired:
+            for tag in list(delivered):
+                self.restore_by_tag(tag, client=acquired)
+                delivered.pop(tag, None)
+
+    def ack(self, delivery_tag: str) -> None:
+        if self._given_back(delivery_tag):
+            virtual.QoS.ack(self, delivery_tag)
+            return
+        super().ack(delivery_tag)
+
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        if self._given_back(delivery_tag):
+            virtual.QoS.ack(self, delivery_tag)
+            return
+        super().reject(delivery_tag, requeue=requeue)
+
+    def _given_back(self, delivery_tag: str) -> bool:
+        """The channel closed and gave this message back to its queue: its entry in the unacked hash, if any,
+        is the next delivery's (the same tag), not this one's."""
+        delivered = self._delivered
+        return bool(self.channel.closed) and (delivered is None or delivery_tag not in delivered)
+
+
 class RedisChannel(kombu_redis.Channel):
-    """A kombu Redis channel that reuses its synchronous client (see the module docstring)."""
+    """A kombu Redis channel that reuses its synchronous client and outlives its connection (see the module
+    docstring)."""
+
+    QoS = RedisQoS
 
     _kept_client: Any = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._kept_params: dict[bool, dict[str, Any]] = {}
+        super().__init__(*args, **kwargs)
+        # Both kinds now, while the transport still has its connection (the asynchronous one is already made).
+        self._connparams(asynchronous=False)
+
+    def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
+        # kombu reads them from the transport's connection each time it builds a pool: after a connection loss
+        # that is None by the time the channel closes (module docstring). They never change for a channel.
+        kept = self._kept_params.get(asynchronous)
+        if kept is None:
+            build: Callable[..., dict[str, Any]] = getattr(super(), "_connparams")  # noqa: B009 - kombu's, not in its stubs
+            kept = self._kept_params[asynchronous] = build(asynchronous=asynchronous)
+        return dict(kept)
 
     def _create_client(self, asynchronous: bool = False) -> Any:
         build: Callable[..., Any] = getattr(super(), "_create_client")  # noqa: B009 - kombu's, not in its stubs
