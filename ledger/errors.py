@@ -9,6 +9,9 @@ LedgerError
 ├── AdapterDisabled      new operations for this adapter are refused (executor_control.disabled_adapters)
 └── UnstorableResult     a result the ledger cannot store and give back exactly (never retried)
 
+Raised *to* the ledger: :class:`PublishUnavailable`, by which an outbox publisher (``workers/delivery.py``)
+says the broker is out of reach; the drain paces the row without counting the attempt (``ledger/outbox.py``).
+
 Not raised by the ledger but by its driver, listed here because only the ledger knows its driver:
 :data:`UNAVAILABLE`, what a call raises when Postgres is out of reach or went away mid-statement.
 """
@@ -29,6 +32,7 @@ __all__ = [
     "IllegalTransition",
     "LedgerError",
     "OperationNotFound",
+    "PublishUnavailable",
     "StaleTransition",
     "UnstorableResult",
 ]
@@ -115,3 +119,10 @@ class UnstorableResult(LedgerError):
     def __init__(self, why: str) -> None:
         super().__init__(why)
         self.why = why
+
+
+class PublishUnavailable(Exception):
+    """Raised by an outbox publisher when the broker is out of reach (a connection refused, reset or timed
+    out, a broker restarting), as opposed to a broker that refused the message: the row is not at fault, so
+    the drain paces it and stops, and the attempt does not count toward ``outbox_max_attempts`` (rule 9).
+    The broker's own error is its ``__cause__``."""

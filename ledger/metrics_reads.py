@@ -41,6 +41,7 @@ __all__ = [
     "LagHistogram",
     "LedgerMetrics",
     "OperationCount",
+    "OutboxDead",
     "OutboxLag",
     "ReconciliationCount",
     "UnknownOperations",
@@ -83,6 +84,14 @@ class OutboxLag:
 
 
 @dataclass(frozen=True, slots=True)
+class OutboxDead:
+    """Dead-lettered outbox rows of one kind (rule 9): not published after their bounded attempts."""
+
+    kind: str
+    dead: int
+
+
+@dataclass(frozen=True, slots=True)
 class ReconciliationCount:
     reason: str
     open: int
@@ -107,6 +116,7 @@ class LedgerMetrics:
     reconciliations: tuple[ReconciliationCount, ...]
     cancel_lag: tuple[LagHistogram, ...]
     detection_lag: tuple[LagHistogram, ...]
+    outbox_dead: tuple[OutboxDead, ...] = ()
 
 
 def read_metrics(engine: Engine, *, buckets: Sequence[float] = LAG_BUCKETS_S) -> LedgerMetrics:
@@ -124,6 +134,7 @@ def read_metrics(engine: Engine, *, buckets: Sequence[float] = LAG_BUCKETS_S) ->
                 reconciliations=_reconciliations(conn),
                 cancel_lag=_histograms(conn, _cancel_lags(), bounds),
                 detection_lag=_histograms(conn, _detection_lags(), bounds),
+                outbox_dead=_outbox_dead(conn),
             )
 
 
@@ -168,6 +179,16 @@ def _outbox(conn: Connection) -> tuple[OutboxLag, ...]:
         .order_by(OUTBOX.c.kind)
     ).all()
     return tuple(OutboxLag(kind, int(n), max(0.0, float(age or 0.0))) for kind, n, age in rows)
+
+
+def _outbox_dead(conn: Connection) -> tuple[OutboxDead, ...]:
+    rows = conn.execute(
+        select(OUTBOX.c.kind, func.count())
+        .where(OUTBOX.c.status == "dead")
+        .group_by(OUTBOX.c.kind)
+        .order_by(OUTBOX.c.kind)
+    ).all()
+    return tuple(OutboxDead(kind, int(n)) for kind, n in rows)
 
 
 def _reconciliations(conn: Connection) -> tuple[ReconciliationCount, ...]:

@@ -264,7 +264,10 @@ class OutboxMessage:
 @dataclass(frozen=True, slots=True)
 class DrainReport:
     dispatched: tuple[int, ...]
+    #: Every row whose publish failed, dead-lettered or not.
     failed: tuple[int, ...]
+    #: The failed rows this drain dead-lettered (``outbox.status = 'dead'``, rule 9).
+    dead: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

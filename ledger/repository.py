@@ -1,10 +1,10 @@
 """The only port to the ledger database. Every public method of ``Ledger`` is one transaction.
 
 ``Ledger`` holds the transactions: the submission (rule 1), reads, claims, the single acceptance point
-(rule 8), the outbox and reconciliation records. The guarded moves of an operation, each named for what it
-does, come from :class:`ledger.moves.OperationMoves` and :class:`ledger.intent_moves.IntentMoves`, the
-executor control transactions from ``ledger/control.py``; the SQL is in ``ledger/statements.py``, the
-records in ``ledger/records.py``.
+(rule 8), reconciliation records. The guarded moves of an operation, each named for what it does, come from
+:class:`ledger.moves.OperationMoves` and :class:`ledger.intent_moves.IntentMoves`, the executor control
+transactions from ``ledger/control.py``, the outbox's (its drain, dead letters and resends) from
+``ledger/outbox.py``; the SQL is in ``ledger/statements.py``, the records in ``ledger/records.py``.
 """
 
 from __future__ import annotations
@@ -30,21 +30,19 @@ from ledger.events import EventKind
 from ledger.evidence import evidence_problems, receipt_payload, row_mismatches, same_receipt
 from ledger.intent_moves import IntentMoves
 from ledger.moves import OperationMoves
+from ledger.outbox import OutboxTransactions
 from ledger.reasons import ReconciliationReason
 from ledger.records import (
     Acceptance,
     Claim,
-    DrainReport,
     NewOperation,
     Operation,
-    OutboxMessage,
     Receipt,
     ReconciliationRecord,
     Submission,
     TerminalEvidence,
     adapter_key,
 )
-from ledger.redact import publish_error
 from ledger.results import ResultStorage
 from ledger.retention import HistoryRetention
 from ledger.routing import (
@@ -59,7 +57,6 @@ from ledger.side_rows import append_event, open_reconciliation, record_stale
 from ledger.statements import (
     EVENT,
     OP,
-    OUTBOX,
     RECEIPT,
     RECON,
     STATEMENTS,
@@ -69,11 +66,9 @@ from ledger.statements import (
     literal_json,
     select_operation_by_call_node,
     select_operation_by_id,
-    select_ready_outbox,
     update_claim_due,
     update_claim_due_by_server,
     update_claim_one,
-    update_outbox_dispatched,
 )
 from ledger.states import ACCEPT_FROM, ACCEPT_TO, FINAL_STATES, OpState, TerminalKind
 
@@ -86,6 +81,7 @@ class Ledger(
     IntentMoves,
     ExecutorControlTransactions,
     HistoryRetention,
+    OutboxTransactions,
     ResultStorage,
     ShadowComparisons,
 ):
@@ -421,50 +417,7 @@ class Ledger(
 
     # ------------------------------------------------------------------------------------------ outbox
 
-    def drain_outbox(
-        self,
-        publish: Callable[[OutboxMessage], None],
-        *,
-        limit: int = 100,
-        op_id: uuid.UUID | None = None,
-    ) -> DrainReport:
-        """Claim ready outbox rows (SKIP LOCKED), hand each to ``publish`` and mark it dispatched.
-
-        The rows stay locked until the transaction commits, so two drainers never deliver the same row; a
-        crash after ``publish`` and before the commit leaves the row ready, and it is delivered again:
-        delivery is at-least-once, and the outbox id is the consumer's dedupe key. With ``op_id``: that
-        operation's rows only, and the drain stops at the first failed publish (the rest stays ready, for
-        the beat's drain): a step draining what it wrote never waits behind a backlog or a slow broker.
-        """
-        dispatched: list[int] = []
-        failed: list[tuple[int, str]] = []
-        with self._tx() as conn:
-            rows = conn.execute(
-                STATEMENTS.get(select_ready_outbox, op_id is not None), {"limit": limit, "op_id": op_id}
-            ).all()
-            for r in rows:
-                message = OutboxMessage(r.id, r.kind, r.op_id, r.input_round, r.payload, r.attempts)
-                try:
-                    publish(message)
-                except Exception as exc:  # noqa: BLE001 - any publish failure leaves the row ready
-                    failed.append((r.id, publish_error(exc)))
-                    if op_id is not None:
-                        break
-                else:
-                    dispatched.append(r.id)
-            if dispatched:
-                conn.execute(STATEMENTS.get(update_outbox_dispatched), {"ids": dispatched})
-            for outbox_id, error in failed:
-                conn.execute(
-                    update(OUTBOX)
-                    .where(OUTBOX.c.id == outbox_id)
-                    .values(attempts=OUTBOX.c.attempts + 1, last_error=error)
-                )
-        return DrainReport(tuple(dispatched), tuple(i for i, _ in failed))
-
-    def ready_outbox_count(self) -> int:
-        with self._tx() as conn:
-            return int(conn.execute(select(func.count()).where(OUTBOX.c.status == "ready")).scalar_one())
+    # drain_outbox, ready_outbox_count, outbox_for, resend_outbox: ledger/outbox.py
 
     # ---------------------------------------------------------------------------------- reconciliation
 

@@ -577,8 +577,12 @@ def select_operation_by_call_node() -> Any:
 
 
 def select_ready_outbox(with_op: bool = False) -> Any:
-    """Ready rows in order, SKIP LOCKED; ``with_op``: one operation's only (``:op_id``)."""
-    query = select(OUTBOX).where(OUTBOX.c.status == "ready")
+    """Ready rows whose retry pause is over (``next_attempt_at``), in order, SKIP LOCKED; ``with_op``: one
+    operation's only (``:op_id``)."""
+    query = select(OUTBOX).where(
+        OUTBOX.c.status == "ready",
+        or_(OUTBOX.c.next_attempt_at.is_(None), OUTBOX.c.next_attempt_at <= func.now()),
+    )
     if with_op:
         query = query.where(OUTBOX.c.op_id == bindparam("op_id"))
     return query.order_by(OUTBOX.c.id).limit(bindparam("limit")).with_for_update(skip_locked=True)
@@ -588,7 +592,27 @@ def update_outbox_dispatched() -> Any:
     return (
         update(OUTBOX)
         .where(OUTBOX.c.id.in_(bindparam("ids", expanding=True)))
-        .values(status="dispatched", dispatched_at=func.now(), attempts=OUTBOX.c.attempts + 1)
+        .values(
+            status="dispatched",
+            dispatched_at=func.now(),
+            attempts=OUTBOX.c.attempts + 1,
+            next_attempt_at=None,
+        )
+    )
+
+
+def update_outbox_failed() -> Any:
+    """A failed publish (``ledger/outbox.py``): the row's attempts, its error, its status (``ready`` or
+    ``dead``) and its pause (``now + :new_pause``; NULL for a dead row)."""
+    return (
+        update(OUTBOX)
+        .where(OUTBOX.c.id == bindparam("outbox_id"))
+        .values(
+            attempts=bindparam("new_attempts", type_=Integer()),
+            last_error=bindparam("new_error", type_=Text()),
+            status=bindparam("new_status", type_=Text()),
+            next_attempt_at=func.now() + bindparam("new_pause", type_=Interval()),
+        )
     )
 
 

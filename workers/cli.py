@@ -289,13 +289,16 @@ def status(ref: str, show_events: bool, as_json: bool) -> None:
             op = _find(ledger, ref)
             receipt = ledger.receipt_for(op.id)
             events = ledger.events(op.id) if show_events else None
+            outbox = ledger.outbox_for(op.id)
         except LedgerError as exc:
             raise click.ClickException(str(exc)) from exc
-    data = output.status_json(op, receipt, events)
+    data = output.status_json(op, receipt, events, outbox)
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
     console.print(output.status_table(data, receipt))
+    for line in output.outbox_lines(outbox):
+        console.print(line)
     if events is not None:
         console.print(output.events_table(events))
 
@@ -394,6 +397,14 @@ def input_(ref: str, input_round: int, response: str, timeout: float, as_json: b
 @click.option(
     "--close", "close_id", type=int, default=None, help="Close reconciliation record ID as handled."
 )
+@click.option(
+    "--resend",
+    "resend_id",
+    type=int,
+    default=None,
+    metavar="OUTBOX_ID",
+    help="Put dead-lettered outbox row OUTBOX_ID back to ready, its attempts reset: the next drain sends it.",
+)
 @click.option("--evidence", default=None, help="What the decision rests on (kept in the ledger).")
 @click.option("--json", "as_json", is_flag=True)
 def reconcile(
@@ -403,14 +414,22 @@ def reconcile(
     never_created: bool,
     terminal: str | None,
     close_id: int | None,
+    resend_id: int | None,
     evidence: str | None,
     as_json: bool,
 ) -> None:
-    """List what waits for an operator, or resolve one operation (or close one record) with evidence."""
+    """List what waits for an operator, or resolve one operation (or close one record, or resend one
+    dead-lettered outbox row) with evidence."""
     settings = _settings()
-    decisions = [remote_id is not None, never_created, terminal is not None, close_id is not None]
+    decisions = [
+        remote_id is not None,
+        never_created,
+        terminal is not None,
+        close_id is not None,
+        resend_id is not None,
+    ]
     if sum(decisions) > 1:
-        raise click.UsageError("choose one of --found, --never-created, --terminal, --close")
+        raise click.UsageError("choose one of --found, --never-created, --terminal, --close, --resend")
     with _ledger(settings) as ledger:
         if not any(decisions):
             _list_reconciliations(ledger, ref, as_json)
@@ -419,6 +438,9 @@ def reconcile(
             raise click.UsageError("a decision needs --evidence (what it rests on; it is kept in the ledger)")
         if close_id is not None:
             _close_reconciliation(ledger, close_id, evidence)
+            return
+        if resend_id is not None:
+            _resend_outbox(ledger, resend_id, evidence, as_json)
             return
         if ref is None:
             raise click.UsageError("name the operation to resolve")
@@ -466,6 +488,19 @@ def _close_reconciliation(ledger: Ledger, close_id: int, evidence: str) -> None:
     ):
         raise click.ClickException(f"no open reconciliation record {close_id}")
     console.print(f"record {close_id} closed")
+
+
+def _resend_outbox(ledger: Ledger, outbox_id: int, evidence: str, as_json: bool) -> None:
+    """A dead-lettered outbox row back to ready (rule 9), for the beat's next drain to send."""
+    resend = ledger.resend_outbox(outbox_id, actor=_actor(), evidence=evidence)
+    if resend.found is None:
+        raise click.ClickException(f"no outbox row {outbox_id}")
+    if not resend.resent:
+        raise click.ClickException(f"outbox row {outbox_id} is {resend.found}, not dead: nothing to resend")
+    if as_json:
+        click.echo(json.dumps(output.resend_json(resend), indent=2))
+        return
+    console.print(output.resend_line(resend))
 
 
 @main.command()

@@ -12,8 +12,10 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
+from ledger.outbox import OutboxResend, OutboxRow
 from ledger.records import Operation, Receipt, ReconciliationRecord
 from ledger.states import OpState
 
@@ -75,9 +77,13 @@ def operation_json(op: Operation) -> dict[str, Any]:
 
 
 def status_json(
-    op: Operation, receipt: Receipt | None, events: Sequence[Mapping[str, Any]] | None
+    op: Operation,
+    receipt: Receipt | None,
+    events: Sequence[Mapping[str, Any]] | None,
+    outbox: Sequence[OutboxRow] | None = None,
 ) -> dict[str, Any]:
-    """``status --json``: the operation, its receipt (or null) and, when asked for, its events."""
+    """``status --json``: the operation, its receipt (or null), its outbox rows (what was, or is still to be,
+    sent downstream: ``outbox``) and, when asked for, its events."""
     data = operation_json(op)
     data["receipt"] = (
         None
@@ -89,9 +95,68 @@ def status_json(
             "accepted_at": receipt.accepted_at.isoformat(),
         }
     )
+    if outbox is not None:
+        data["outbox"] = [outbox_json(row) for row in outbox]
     if events is not None:
         data["events"] = [jsonable(e) for e in events]
     return data
+
+
+def outbox_json(row: OutboxRow) -> dict[str, Any]:
+    """One outbox row: ``status`` ready (``next_attempt_at``: not tried again before), dispatched, or dead
+    (not published after its bounded attempts: ``longcall reconcile --resend ID`` once the cause is
+    fixed)."""
+    return {
+        "outbox_id": row.id,
+        "kind": row.kind,
+        "input_round": row.input_round,
+        "status": row.status,
+        "attempts": row.attempts,
+        "last_error": row.last_error,
+        "created_at": jsonable(row.created_at),
+        "next_attempt_at": jsonable(row.next_attempt_at),
+        "dispatched_at": jsonable(row.dispatched_at),
+    }
+
+
+def outbox_lines(rows: Iterable[OutboxRow]) -> list[str]:
+    """``status``: one line per outbox row; a dead one in red with the command that sends it again."""
+    lines = []
+    for row in rows:
+        what = f"outbox {row.id} ({row.kind}" + (f", round {row.input_round})" if row.input_round else ")")
+        if row.status == "dispatched" and row.dispatched_at is not None:
+            lines.append(f"{what}: dispatched {row.dispatched_at.isoformat(timespec='milliseconds')}")
+        elif row.status == "dead":
+            lines.append(
+                f"[bold red]{what}: DEAD[/] after {row.attempts} failed attempts: "
+                f"{escape(row.last_error or '')}\n  once the cause is fixed: "
+                f"longcall reconcile --resend {row.id} --evidence '...'"
+            )
+        elif row.last_error:
+            retry = row.next_attempt_at.isoformat(timespec="seconds") if row.next_attempt_at else "now"
+            lines.append(
+                f"{what}: not sent yet, {row.attempts} failed attempts counted, next try {retry}: "
+                f"{escape(row.last_error)}"
+            )
+        else:
+            lines.append(f"{what}: ready, to be sent")
+    return lines
+
+
+def resend_json(resend: OutboxResend) -> dict[str, Any]:
+    return {
+        "outbox_id": resend.outbox_id,
+        "op_id": jsonable(resend.op_id),
+        "status": "ready",
+        "resolved_reconciliations": list(resend.resolved),
+    }
+
+
+def resend_line(resend: OutboxResend) -> str:
+    resolved = ", ".join(str(r) for r in resend.resolved)
+    return f"outbox row {resend.outbox_id} ready again: the next drain sends it" + (
+        f"; record {resolved} resolved" if resolved else ""
+    )
 
 
 def status_table(data: Mapping[str, Any], receipt: Receipt | None) -> Table:

@@ -5,6 +5,11 @@ row ready, and it is sent again. Every message names its receipt and carries ``o
 is derived from the receipt (or the input round), so a consumer dedupes with one line::
 
     if not redis.set(f"seen:{receipt['outbox_id']}", 1, nx=True, ex=86400): return
+
+A publish that fails is the drain's to retry (``ledger/outbox.py``): paced, and dead-lettered after
+``outbox_max_attempts`` failures. A broker that is out of reach is told apart here
+(:func:`broker_unreachable`) and raised as :class:`~ledger.errors.PublishUnavailable`, which the drain paces
+without counting: an outage dead-letters nothing.
 """
 
 from __future__ import annotations
@@ -13,11 +18,18 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import amqp.exceptions
+import kombu.exceptions
+import redis.exceptions
 from celery import Celery, signature
 from kombu.utils import json as celery_json
 
 from ledger.digests import NotJson, canonical_json
+from ledger.errors import PublishUnavailable
+from ledger.outbox import OutboxRetry
 from ledger.records import OutboxMessage
+from ledger.redact import error_line
+from workers.settings import Settings
 
 #: Namespace of the downstream task ids: uuid5(DELIVERY_NAMESPACE, "receipt:<id>" | "input:<op>:<round>").
 DELIVERY_NAMESPACE = uuid.UUID("5b0f7c1e-9a3c-4d51-8a59-2f6f3c0b9a11")
@@ -50,13 +62,71 @@ def downstream_call(message: OutboxMessage) -> tuple[dict[str, Any] | None, str,
 
 
 def publisher(app: Celery) -> Callable[[OutboxMessage], None]:
+    """What the drain calls for each row: the stored signature sent with its receipt (or input request).
+    Raises :class:`~ledger.errors.PublishUnavailable` (the broker's error as its cause) when the broker is
+    out of reach, and the broker's own error when it refused the message."""
+    channel_errors: tuple[type[BaseException], ...] | None = None
+
     def publish(message: OutboxMessage) -> None:
+        nonlocal channel_errors
         stored, keyword, value = downstream_call(message)
         if stored is None:
             return  # nobody downstream: the receipt alone is the record
         sig = signature(stored, app=app)
         # The signature's own headers are kept: apply_async's headers replace them, they do not add to them.
         headers = {**(sig.options.get("headers") or {}), "longcall_outbox_id": str(message.id)}
-        sig.apply_async(kwargs={keyword: value}, task_id=delivery_task_id(message), headers=headers)
+        try:
+            sig.apply_async(kwargs={keyword: value}, task_id=delivery_task_id(message), headers=headers)
+        except Exception as exc:
+            if channel_errors is None:
+                # The transport's own refusals (RabbitMQ's channel errors, Redis's error replies): kombu
+                # builds the transport without connecting.
+                channel_errors = tuple(app.connection_for_write().channel_errors)
+            if broker_unreachable(exc, channel_errors):
+                raise PublishUnavailable(error_line(exc)) from exc
+            raise
 
     return publish
+
+
+#: The failures of a broker that is out of reach: the network (refused, reset, unreachable, timed out, a
+#: name that does not resolve), the broker going away (RabbitMQ closing the connection as it stops, Redis
+#: loading its data after a restart).
+UNREACHABLE: tuple[type[BaseException], ...] = (
+    OSError,  # ConnectionError, TimeoutError, socket.gaierror among them
+    amqp.exceptions.ConnectionError,
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+)
+#: The broker refused the message itself, whatever wraps it: RabbitMQ's negative confirm (a full queue that
+#: rejects publishes, kombu raising it as an ``OperationalError``).
+REFUSED: tuple[type[BaseException], ...] = (amqp.exceptions.MessageNacked,)
+
+
+def broker_unreachable(exc: BaseException, channel_errors: tuple[type[BaseException], ...] = ()) -> bool:
+    """Whether ``exc`` (a failed publish) says the broker is out of reach rather than that it refused the
+    message. A refusal anywhere in the chain of causes (a channel error of the transport: a queue declared
+    with other arguments, a missing exchange, a permission, an error reply; a negative confirm) is the
+    message's, and counts; so is anything that is not a network or connection failure. kombu's own
+    ``OperationalError`` (also what Celery raises once its publish retries ran out) is one when it has no
+    cause to say otherwise."""
+    chain: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(chain) < 16 and seen not in chain:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    if any(isinstance(e, (*REFUSED, *channel_errors)) for e in chain):
+        return False
+    if any(isinstance(e, UNREACHABLE) for e in chain):
+        return True
+    return isinstance(chain[-1], kombu.exceptions.OperationalError)
+
+
+def outbox_retry(settings: Settings) -> OutboxRetry:
+    """The drain's pace (rule 9): ``outbox_max_attempts`` counted failures, pauses doubling from the beat's
+    drain interval up to ``outbox_retry_max_s``."""
+    return OutboxRetry(
+        max_attempts=settings.outbox_max_attempts,
+        max_pause_s=settings.outbox_retry_max_s,
+        first_pause_s=min(settings.outbox_interval_s, settings.outbox_retry_max_s),
+    )

@@ -201,6 +201,18 @@ def ledger_families(figures: LedgerMetrics, fleet: FleetConfig) -> Iterator[Metr
     yield ready
     yield ready_age
 
+    dead = GaugeMetricFamily(
+        "longcall_outbox_dead",
+        "Outbox rows dead-lettered, by kind: not published after LONGCALL_OUTBOX_MAX_ATTEMPTS failed "
+        "attempts, each with an OUTBOX_UNDELIVERABLE record (longcall reconcile --resend OUTBOX_ID sends one "
+        "again)",
+        labels=["kind"],
+    )
+    dead_counts = {d.kind: d.dead for d in figures.outbox_dead}
+    for kind in ("input_required", "terminal"):
+        dead.add_metric([kind], dead_counts.get(kind, 0))
+    yield dead
+
     records = GaugeMetricFamily(
         "longcall_reconciliations_open", "Open reconciliation records, by reason", labels=["reason"]
     )

@@ -18,7 +18,7 @@ from celery.exceptions import Reject
 
 from ledger.errors import AdapterDisabled, AdmissionClosed, CallNodeConflict, OperationNotFound
 from ledger.shadow import LegacyOutcomeRefused
-from workers.delivery import publisher
+from workers.delivery import outbox_retry, publisher
 from workers.errors import (
     InputRefused,
     IntentNotRecorded,
@@ -172,8 +172,12 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:  # noqa: PLR0915
         if step is None or not step.drain_now:
             return
         try:
-            report = holder.get().ledger.drain_outbox(
-                publisher(app), limit=OWN_ROWS_DRAIN_LIMIT, op_id=step.op_id
+            runtime = holder.get()
+            report = runtime.ledger.drain_outbox(
+                publisher(app),
+                limit=OWN_ROWS_DRAIN_LIMIT,
+                op_id=step.op_id,
+                retry=outbox_retry(runtime.settings),
             )
         except Exception:
             log.warning("draining the outbox after %s failed", step.op_id, exc_info=True)
@@ -295,7 +299,10 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:  # noqa: PLR0915
 
     @app.task(name="longcall.drain_outbox", shared=False, ignore_result=True)
     def drain_outbox(limit: int = OUTBOX_DRAIN_LIMIT) -> dict[str, int]:
-        report = holder.get().ledger.drain_outbox(publisher(app), limit=limit)
+        runtime = holder.get()
+        report = runtime.ledger.drain_outbox(
+            publisher(app), limit=limit, retry=outbox_retry(runtime.settings)
+        )
         if report.failed:
             log.warning("outbox rows %s could not be published; they stay ready", list(report.failed))
         return {"dispatched": len(report.dispatched), "failed": len(report.failed)}

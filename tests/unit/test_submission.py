@@ -199,6 +199,11 @@ def test_a_recorded_routed_decision_is_answered_whatever_the_rollout_says() -> N
 
 # ----------------------------------------- downstream signatures: published as delivery builds them (rule 9)
 
+#: A Celery app made in this process takes, when it is finalized, the shared tasks of every app made before
+#: it: tests/integration/pipeline_app.py's pipeline tasks (shared by default) from each fleet started earlier
+#: in the same test process, which then warn as duplicates of one another. Nothing to do with what is tested.
+PIPELINE_TASKS_SHARED = pytest.mark.filterwarnings("ignore::celery.exceptions.DuplicateTaskNameWarning")
+
 PIPELINE = Celery("pipeline", set_as_current=False)
 STEP = PIPELINE.signature("pipeline.next", kwargs={"stage": 1}, queue="pipeline")
 AFTER = PIPELINE.signature("pipeline.after", queue="pipeline")
@@ -234,6 +239,7 @@ def with_terminal(signature: Any, **extra: Any) -> dict[str, Any]:
     ],
     ids=["task", "options", "chain", "group", "chord", "chord-of-group", "links", "chain-of-group", "date"],
 )
+@PIPELINE_TASKS_SHARED
 def test_a_signature_delivery_can_publish_is_taken_as_it_is_and_publishes(signature: Any) -> None:
     kwargs = with_terminal(signature)
     new = validate_submission(kwargs, FLEET, max_body_bytes=100_000)
@@ -241,6 +247,7 @@ def test_a_signature_delivery_can_publish_is_taken_as_it_is_and_publishes(signat
     assert published(new.on_terminal)
 
 
+@PIPELINE_TASKS_SHARED
 def test_a_signature_dict_without_its_empty_parts_is_completed_so_that_it_can_take_the_receipt() -> None:
     """``{"task": ..., "options": {}}`` builds a signature whose kwargs are None: delivery's
     ``apply_async(kwargs={"receipt": ...})`` raised TypeError for it, every time. It is completed at submit,
