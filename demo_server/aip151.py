@@ -55,6 +55,11 @@ Control endpoints (test harness only, same port):
     ``request_id_window_s: W`` — a requestId is honoured for W s after its first create, then forgotten;
     ``request_id_conflict: "already_exists"`` — the same id with another body is 409 ALREADY_EXISTS.
   - ``missing_projects: ["p"]`` — RunReport under those projects is 404 NOT_FOUND, nothing is created.
+  - ``plain_404_create: {"count": N, "after": K}`` — after K more RunReport handled as usual, the next N
+    are answered a plain-text 404 with no google.rpc.Status (a proxy or a wrong route); nothing is created.
+  - ``refuse: {"<Rpc>" | "*": {"count": N, "status": "PERMISSION_DENIED"}}`` — the next N requests are
+    refused with that status (no RetryInfo, no Retry-After); nothing is done.
+  - ``response_padding_bytes: B`` — every done Report response carries a ``padding`` string of B bytes.
 
 RPC names (log and switches): RunReport, GetOperation, ListOperations, CancelOperation, DeleteOperation.
 """
@@ -92,6 +97,8 @@ from demo_server.aip151_requests import json_object, page_token, parse_page, par
 PROJECT = r"[a-z][a-z0-9-]{0,62}"
 RUN_PATH = re.compile(rf"/v1/projects/(?P<project>{PROJECT})/reports:run")
 LIST_PATH = re.compile(rf"/v1/projects/(?P<project>{PROJECT})/operations")
+#: What ``plain_404_create`` answers: a proxy's (or a router's) own page, no google.rpc.Status.
+PLAIN_404 = b"404 page not found\n"
 OP_PATH = re.compile(rf"/v1/(?P<name>projects/{PROJECT}/operations/[A-Za-z0-9_-]+)(?P<verb>:cancel)?")
 
 
@@ -185,6 +192,12 @@ class AipDemoServer:
             body = await read_body(receive)
             if body is None:
                 return  # the client went away
+            plain = self.switches.plain_404_create
+            if rpc == "RunReport" and plain is not None and plain.take():
+                # A proxy or a wrong route: no google.rpc.Status, and the server never saw the request.
+                entry["status"] = 404
+                await respond(send, 404, PLAIN_404, content_type="text/plain; charset=utf-8")
+                return
             self._refuse_if_switched(rpc)
             now = time.monotonic()
             self.store.sweep(now, self.switches)
@@ -230,6 +243,11 @@ class AipDemoServer:
                     reason="RATE_LIMIT_EXCEEDED",
                     retry_after_s=retry,
                 )
+        for key in (rpc, "*"):
+            refusal = self.switches.refuse.get(key)
+            if refusal is not None and refusal.count > 0:
+                refusal.count -= 1
+                raise ApiError(refusal.status, f"{rpc} refused: {refusal.status}", reason="REFUSED_BY_SWITCH")
         for status, table in (
             ("RESOURCE_EXHAUSTED", self.switches.status_429),
             ("UNAVAILABLE", self.switches.status_503),

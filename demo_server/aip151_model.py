@@ -216,7 +216,13 @@ class Operation:
         if switches.go_empty_response:
             return {"@type": EMPTY_TYPE, "value": {}}
         report_id = self.name.rpartition("/")[2]
-        fields = {"name": f"projects/{self.project}/reports/{report_id}", "seconds": self.seconds, "rows": 42}
+        fields: dict[str, Any] = {
+            "name": f"projects/{self.project}/reports/{report_id}",
+            "seconds": self.seconds,
+            "rows": 42,
+        }
+        if switches.response_padding_bytes:
+            fields["padding"] = "x" * switches.response_padding_bytes
         if switches.unknown_type_response:
             return {"@type": UNKNOWN_TYPE, **fields, "extra": {"nested": [1, 2, 3]}}
         return _any(RESPONSE_TYPE, fields, switches)
@@ -257,6 +263,36 @@ class RateLimitWindow(BaseModel):
             return None
         left = self.opens_at + self.seconds - now_wall
         return left if left > 0 else None
+
+
+class PlainNotFound(BaseModel):
+    """After ``after`` more RunReport requests handled as usual, the next ``count`` are answered a plain-text
+    404 (no google.rpc.Status) and never reach the service: nothing is created."""
+
+    model_config = ConfigDict(extra="forbid")
+    count: Count
+    after: Count = 0
+
+    def take(self) -> bool:
+        """Whether this RunReport is answered the plain 404 (the switch counts it either way)."""
+        if self.after > 0:
+            self.after -= 1
+            return False
+        if self.count > 0:
+            self.count -= 1
+            return True
+        return False
+
+
+class Refusal(BaseModel):
+    """Refuse the next ``count`` requests of one RPC with ``status`` (a google.rpc code name that refuses:
+    no RetryInfo, no Retry-After); nothing is done for a refused request."""
+
+    model_config = ConfigDict(extra="forbid")
+    count: Count
+    status: Literal[
+        "INVALID_ARGUMENT", "PERMISSION_DENIED", "UNAUTHENTICATED", "FAILED_PRECONDITION", "UNIMPLEMENTED"
+    ] = "PERMISSION_DENIED"
 
 
 class StatusAfterCreate(BaseModel):
@@ -312,8 +348,17 @@ class FaultSwitches(BaseModel):
     request_id_window_s: Seconds | None = None
     #: RunReport for these projects answers 404 NOT_FOUND (the parent is gone) and creates nothing.
     missing_projects: list[str] = Field(default_factory=list)
+    #: RunReport requests answered a plain-text HTTP 404 with no google.rpc.Status (what a proxy or a wrong
+    #: route sends): nothing is created, the server never saw them.
+    plain_404_create: PlainNotFound | None = None
+    #: The next N requests of an RPC (or ``"*"``: any) are refused with this google.rpc status (no
+    #: RetryInfo, no Retry-After): e.g. ``{"GetOperation": {"count": 5, "status": "PERMISSION_DENIED"}}``.
+    refuse: dict[str, Refusal] = Field(default_factory=dict)
+    #: Every done operation's Report response carries a ``padding`` string of this many bytes (a result
+    #: of that size, carried by GetOperation itself).
+    response_padding_bytes: Count = 0
 
-    @field_validator("status_429", "status_503", "delay_ms")
+    @field_validator("status_429", "status_503", "delay_ms", "refuse")
     @classmethod
     def _known_rpcs(cls, table: dict[str, Any]) -> dict[str, Any]:
         unknown = set(table) - {*RPCS, "*"}

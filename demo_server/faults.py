@@ -18,6 +18,7 @@ CountedFault = Literal[
     "complete_on_cancel",
     "force_input_required",
     "lose_input_request",
+    "malformed_result",
 ]
 
 
@@ -82,6 +83,9 @@ class FaultSwitches(BaseModel):
     result_payload: dict[str, Any] | None = None
     #: While set, every request to /mcp must carry ``Authorization: Bearer <this token>``, else HTTP 401.
     require_bearer: str | None = None
+    #: The next N ``tasks/result`` answers of a terminal task are not JSON (the same unparsable body each
+    #: time, in the SSE event's data or as the JSON body); the task itself is unchanged.
+    malformed_result: Count = 0
 
 
 class Faults:

@@ -80,6 +80,8 @@ Control endpoints (test harness only, same port):
     answers of a terminal task are the JSON-RPC error C (default -32603) instead of its result.
   - ``result_payload: {...}`` (or null) — while set, every tool run that finishes ends with this
     CallToolResult instead of its own (``isError`` true ends the task failed).
+  - ``malformed_result: N`` — the next N ``tasks/result`` answers of a terminal task are the same body
+    that is not JSON (:data:`MALFORMED_RESULT`, as SSE event data or as the JSON body).
 """
 
 from __future__ import annotations
@@ -126,6 +128,8 @@ REORDER_HOLD_S = 10.0
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 #: The request budget longcall charged a request to (``poll`` / ``control``), as the request names it.
 BUDGET_HEADER = "longcall-budget"
+#: What ``malformed_result`` answers a ``tasks/result`` with: the same unparsable body every time.
+MALFORMED_RESULT = b'{"jsonrpc": "2.0", "result": {"content": [ this is not JSON'
 _CLOSE = object()
 
 
@@ -652,6 +656,12 @@ class DemoMcpServer:
     ) -> None:
         if self.faults.take("drop_result"):
             await drop_connection(send)
+        elif self.faults.take("malformed_result"):
+            if stream is not None:
+                await stream.write(b"event: message\r\ndata: " + MALFORMED_RESULT + b"\r\n\r\n")
+                await stream.close()
+            else:
+                await respond(send, 200, MALFORMED_RESULT, headers=headers)
         elif self.faults.take("truncate_result"):
             data = sse_event(answer) if stream is not None else dumps(answer)
             if stream is not None:

@@ -22,6 +22,8 @@ Fault switches (``POST /_control/faults`` with a JSON object; ``DELETE`` clears 
 - ``nested_create: true`` — the create answer nests the task (``{"resultType": "task", "task": {...}}``),
   the prose's form, instead of the schema's flat one.
 - ``input_on: "slow_report"`` — that tool asks for input too (one round before it runs).
+- ``result_payload: {...}`` — while set, every task that finishes (and is not failed by ``result_error``)
+  completes with this result inline instead of its own report.
 """
 
 from __future__ import annotations
@@ -385,8 +387,11 @@ class ExtServer:
 
     def _finish(self, task: ExtTask, result: dict[str, Any]) -> None:
         error = self.faults.get("result_error")
+        chosen = self.faults.get("result_payload")
         if isinstance(error, dict):
             self._end(task, "failed", error=error)
+        elif isinstance(chosen, dict):
+            self._end(task, "completed", result=chosen)
         else:
             self._end(task, "completed", result=result)
 
