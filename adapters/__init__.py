@@ -25,6 +25,7 @@ from adapters.base import (
 )
 from adapters.errors import (
     AdapterError,
+    AnswerTooLarge,
     CapabilityRefused,
     NotFound,
     NotSent,
@@ -48,6 +49,7 @@ __all__ = [  # noqa: RUF022
     "AdapterError",
     "AdapterFactory",
     "AdapterRegistry",
+    "AnswerTooLarge",
     "CancelOutcome",
     "CapabilityRefused",
     "Created",

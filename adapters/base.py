@@ -12,6 +12,8 @@ from datetime import datetime
 from typing import Any, Final, Literal, Protocol, runtime_checkable
 
 __all__ = [
+    "DEFAULT_MAX_RESULT_BYTES",
+    "ENVELOPE_MARGIN_BYTES",
     "UNMETERED",
     "AdapterConfig",
     "CancelOutcome",
@@ -30,6 +32,7 @@ __all__ = [
     "ToolAdapter",
     "ToolCapabilities",
     "ToolRoute",
+    "answer_cap",
 ]
 
 TerminalKind = Literal["completed", "failed", "cancelled"]
@@ -267,17 +270,41 @@ class Timeouts:
     input_wait: float = 5.0
 
 
+#: The largest result accepted by default, in bytes of canonical JSON: the default of the fleet's
+#: ``max_result_bytes`` (``LONGCALL_MAX_RESULT_BYTES``), which the transport's cap is derived from.
+DEFAULT_MAX_RESULT_BYTES: Final = 8 * 1024 * 1024
+#: What one answer may carry besides its result, over ``max_result_bytes``: the JSON-RPC envelope and the
+#: related-task ``_meta``, SSE framing (``event:``/``id:``/``data:`` lines, a priming event), the
+#: notifications and server requests a stream carries before its response, an HTTP body's own spacing.
+#: A few hundred bytes in practice; 256 KiB leaves room for a stream's other messages too.
+ENVELOPE_MARGIN_BYTES: Final = 256 * 1024
+
+
+def answer_cap(max_result_bytes: int) -> int:
+    """The transport's cap on one answer for results of at most ``max_result_bytes``: the two limits are
+    one, so every result the fleet can store can be read, and an answer over the cap is a result too large
+    to store (RESULT_UNSTORABLE) whatever the protocol."""
+    return max_result_bytes + ENVELOPE_MARGIN_BYTES
+
+
 @dataclass(frozen=True)
 class Limits:
-    """``max_body_bytes`` caps any one HTTP answer (JSON body or SSE stream, resumptions included);
-    ``max_pages`` caps paginated listings; ``max_resumptions`` caps how often an SSE stream that closed
-    before its response is resumed with ``Last-Event-ID``; ``tool_list_max_age_s`` is how long a tool list
-    (and so a descriptor digest) is reused before it is read again."""
+    """``max_body_bytes`` caps any one HTTP answer (JSON body or SSE stream, resumptions included; an
+    error answer's body is read only up to its first 64 KiB): derived from ``max_result_bytes`` with
+    :func:`answer_cap` (:meth:`for_results`); ``max_pages`` caps paginated listings; ``max_resumptions``
+    caps how often an SSE stream that closed before its response is resumed with ``Last-Event-ID``;
+    ``tool_list_max_age_s`` is how long a tool list (and so a descriptor digest) is reused before it is
+    read again."""
 
-    max_body_bytes: int = 4 * 1024 * 1024
+    max_body_bytes: int = answer_cap(DEFAULT_MAX_RESULT_BYTES)
     max_pages: int = 50
     max_resumptions: int = 3
     tool_list_max_age_s: float = 300.0
+
+    @classmethod
+    def for_results(cls, max_result_bytes: int) -> Limits:
+        """The limits of a fleet whose results may be ``max_result_bytes`` long (the others' defaults)."""
+        return cls(max_body_bytes=answer_cap(max_result_bytes))
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ of these, with ``raise ... from``. Each class carries its retry meaning::
      ├── NotFound(session_gone)          task unknown, expired, or its session is gone
      ├── OutcomeUnknown(retry_after)     a non-idempotent request may or may not have taken effect
      ├── ProtocolViolation               malformed, oversized or mismatched answer
+     │    └── AnswerTooLarge(limit)      an answer over the transport's cap (``max_result_bytes`` and its
+     │                                   envelope margin): reading it again gives the same answer
      └── UnknownAdapter                  no adapter registered for (protocol, protocol_version)
 """
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 __all__ = [
     "AdapterError",
+    "AnswerTooLarge",
     "CapabilityRefused",
     "NoWorkDone",
     "NotFound",
@@ -152,6 +155,29 @@ class OutcomeUnknown(AdapterError):
 
 class ProtocolViolation(AdapterError):
     """The answer broke the protocol: malformed, oversized, of the wrong type or about another task."""
+
+
+class AnswerTooLarge(ProtocolViolation):
+    """An answer larger than the transport reads (``limit`` bytes: ``Limits.max_body_bytes``, derived from
+    ``max_result_bytes``): refused where that is proved, from its ``Content-Length`` before the body is read
+    (``declared_bytes``), else once more than ``limit`` bytes arrived (``read_bytes``, a lower bound of its
+    size). Not a failure that passes: the same request gets the same answer, so a step never reads it again
+    (a result goes to an operator as RESULT_UNSTORABLE)."""
+
+    def __init__(
+        self, message: str, *, limit: int, read_bytes: int, declared_bytes: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.read_bytes = read_bytes
+        self.declared_bytes = declared_bytes
+
+    @property
+    def size_seen(self) -> str:
+        """The size as far as it is known: ``"N bytes"`` (declared) or ``"more than N bytes"``."""
+        if self.declared_bytes is not None:
+            return f"{self.declared_bytes} bytes"
+        return f"more than {self.limit} bytes"
 
 
 class UnknownAdapter(AdapterError, LookupError):

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 import httpx
 
-from adapters.errors import NotFound, OutcomeUnknown, ProtocolViolation, Transient
+from adapters.errors import AnswerTooLarge, NotFound, OutcomeUnknown, ProtocolViolation, Transient
 from adapters.jsonrpc import (
     ErrorResponse,
     Message,
@@ -40,8 +40,10 @@ __all__ = [
     "Session",
     "SessionGone",
     "StreamState",
+    "declared_length",
     "read_answer",
     "read_bounded",
+    "read_error_body",
     "read_stream",
 ]
 
@@ -115,18 +117,59 @@ class StreamState:
     reconnect_ms: int | None = None
 
 
-def read_bounded(answer: httpx.Response, limit: int, deadline: Deadline | None) -> bytes:
-    """The whole body, refused past ``limit`` bytes or (when given) past ``deadline``."""
+def read_bounded(
+    answer: httpx.Response, limit: int, deadline: Deadline | None, *, what: str = "answer"
+) -> bytes:
+    """The whole body, refused past ``limit`` bytes or (when given) past ``deadline``.
+
+    Raises:
+        AnswerTooLarge: its ``Content-Length`` says it is over ``limit`` (nothing of it is read), or more
+            than ``limit`` bytes arrived.
+        ReadBudgetExceeded: ``deadline`` passed while reading.
+    """
+    declared = declared_length(answer)
+    if declared is not None and declared > limit:
+        raise AnswerTooLarge(
+            f"{what}: {declared} bytes (Content-Length), over the {limit}-byte cap",
+            limit=limit,
+            read_bytes=0,
+            declared_bytes=declared,
+        )
     chunks: list[bytes] = []
     size = 0
     for chunk in answer.iter_bytes():
         size += len(chunk)
         if size > limit:
-            raise ProtocolViolation(f"answer larger than {limit} bytes")
+            raise AnswerTooLarge(
+                f"{what}: larger than the {limit}-byte cap ({size} bytes read)", limit=limit, read_bytes=size
+            )
         chunks.append(chunk)
         if deadline is not None and deadline.expired():
             raise ReadBudgetExceeded
     return b"".join(chunks)
+
+
+def read_error_body(answer: httpx.Response) -> bytes:
+    """The start of an error answer's body, for its message: at most :data:`ERROR_BODY_LIMIT` bytes, the
+    rest left unread (it goes with the connection). An error answer is never refused for its size: what
+    it says is in its status, and its body only adds the words."""
+    chunks: list[bytes] = []
+    size = 0
+    for chunk in answer.iter_bytes():
+        chunks.append(chunk[: ERROR_BODY_LIMIT - size])
+        size += len(chunks[-1])
+        if size >= ERROR_BODY_LIMIT:
+            break
+    return b"".join(chunks)
+
+
+def declared_length(answer: httpx.Response) -> int | None:
+    """The body's size as its ``Content-Length`` declares it, when that is the size of what is read (no
+    ``Content-Encoding``: a compressed body is read decoded, larger than declared)."""
+    length = answer.headers.get("content-length")
+    if length is None or not length.isdigit() or answer.headers.get("content-encoding"):
+        return None
+    return int(length)
 
 
 def read_answer(
@@ -168,11 +211,11 @@ def read_answer(
             raise Transient(message)
         raise OutcomeUnknown(message)
     if status != 200:
-        body = read_bounded(answer, ERROR_BODY_LIMIT, None)
+        body = read_error_body(answer)
         raise classify_http_status(status, headers=answer.headers, body=body, idempotent=idempotent)
     content_type = answer.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type == "application/json" and not resuming:
-        body = read_bounded(answer, max_body_bytes, deadline)
+        body = read_bounded(answer, max_body_bytes, deadline, what=method)
         messages = parse_messages(decode_json(body))
         return _collect(messages, request_id, method, session_header, from_stream=False)
     if content_type == "text/event-stream":
@@ -219,7 +262,12 @@ def read_stream(
             state.size += len(chunk)
             leg_size += len(chunk)
             if state.size > max_body_bytes:
-                raise ProtocolViolation(f"{method}: event stream larger than {max_body_bytes} bytes")
+                raise AnswerTooLarge(
+                    f"{method}: event stream larger than the {max_body_bytes}-byte cap ({state.size} bytes "
+                    f"read)",
+                    limit=max_body_bytes,
+                    read_bytes=state.size,
+                )
             for event in decoder.feed(chunk):
                 if not event.data.strip():
                     continue

@@ -19,9 +19,16 @@ from typing import Any
 import httpx
 
 from adapters.base import UNMETERED, Limits, RequestBudget, Timeouts, redact_url
-from adapters.errors import AdapterError, NotSent, OutcomeUnknown, ProtocolViolation, Rejected, Transient
+from adapters.errors import (
+    AdapterError,
+    AnswerTooLarge,
+    NotSent,
+    OutcomeUnknown,
+    ProtocolViolation,
+    Rejected,
+    Transient,
+)
 from adapters.http_answers import (
-    ERROR_BODY_LIMIT,
     Deadline,
     Exchange,
     ReadBudgetExceeded,
@@ -30,7 +37,7 @@ from adapters.http_answers import (
     SessionGone,
     StreamState,
     read_answer,
-    read_bounded,
+    read_error_body,
     read_stream,
 )
 from adapters.jsonrpc import Message, Request, classify_http_status
@@ -356,7 +363,7 @@ class StreamableHttpClient:
             ) as answer:
                 if answer.status_code in (200, 202, 204):
                     return
-                body = read_bounded(answer, ERROR_BODY_LIMIT, None)
+                body = read_error_body(answer)
                 if answer.status_code == 404 and session is not None and session.session_id is not None:
                     raise SessionGone(f"{what}: session {session.session_id} not found (HTTP 404)")
                 raise classify_http_status(
@@ -396,7 +403,7 @@ class StreamableHttpClient:
                 if status == 404 and session.session_id is not None:
                     raise SessionGone(f"GET stream: session {session.session_id} not found (HTTP 404)")
                 if status != 200:
-                    body = read_bounded(answer, ERROR_BODY_LIMIT, None)
+                    body = read_error_body(answer)
                     raise classify_http_status(status, headers=answer.headers, body=body, idempotent=True)
                 content_type = answer.headers.get("content-type", "").split(";")[0].strip().lower()
                 if content_type != "text/event-stream":
@@ -414,6 +421,10 @@ class StreamableHttpClient:
                 )
         except (httpx.ReadTimeout, ReadBudgetExceeded):
             return Exchange(response=None, waited_out=True)
+        except AnswerTooLarge as exc:
+            # The session's stream carries no result: what it brought past the cap is a stream to drop,
+            # not a result too large to store.
+            raise ProtocolViolation(f"GET stream: {exc}") from exc
         except httpx.HTTPError as exc:
             raise map_transport_error(exc, idempotent=True, method="GET stream") from exc
         except UnicodeDecodeError as exc:

@@ -11,8 +11,8 @@ import threading
 
 import httpx
 
-from adapters import AdapterConfig, AdapterRegistry, Timeouts, ToolAdapter, default_registry
-from adapters.base import ToolRoute
+from adapters import AdapterConfig, AdapterRegistry, Limits, Timeouts, ToolAdapter, default_registry
+from adapters.base import DEFAULT_MAX_RESULT_BYTES, ToolRoute
 from adapters.streamable_http import parse_cookies_only_when_set
 from workers.budget import label_request
 from workers.errors import UnknownServer
@@ -20,12 +20,23 @@ from workers.settings import FleetConfig, ServerConfig
 
 
 class RemotePool:
+    """The adapters of one worker process. ``max_result_bytes`` (``Settings.max_result_bytes``) sets the
+    transport's cap on every answer (:func:`adapters.base.answer_cap`: the limit plus an envelope margin),
+    so the largest result the fleet stores is the largest one it reads, and a larger answer is refused at
+    its first read (:class:`~adapters.errors.AnswerTooLarge`)."""
+
     def __init__(
-        self, fleet: FleetConfig, *, registry: AdapterRegistry | None = None, timeouts: Timeouts | None = None
+        self,
+        fleet: FleetConfig,
+        *,
+        registry: AdapterRegistry | None = None,
+        timeouts: Timeouts | None = None,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
     ) -> None:
         self._fleet = fleet
         self._registry = registry or default_registry()
         self._timeouts = timeouts or Timeouts()
+        self._limits = Limits.for_results(max_result_bytes)
         self._adapters: dict[tuple[str, str, str], ToolAdapter] = {}
         self._clients: list[httpx.Client] = []
         self._lock = threading.Lock()
@@ -59,6 +70,7 @@ class RemotePool:
                     protocol_version=key[2],
                     token_provider=server.token,  # read per request: a rotated token needs no restart
                     timeouts=self._timeouts,
+                    limits=self._limits,
                     tools={
                         tool: ToolRoute(create=config.create, request_id_field=config.request_id_field)
                         for tool, config in server.tools.items()

@@ -56,7 +56,7 @@ class Runtime:
     def remote(self) -> RemotePool:
         self._forked()
         if self._remote is None:
-            self._remote = RemotePool(self.fleet)
+            self._remote = RemotePool(self.fleet, max_result_bytes=self.settings.max_result_bytes)
         return self._remote
 
     def close(self) -> None:

@@ -18,7 +18,7 @@ import httpx
 from adapters.aip151.wire import classify_error
 from adapters.base import AdapterConfig, RequestBudget
 from adapters.errors import OutcomeUnknown, ProtocolViolation, Rejected, Transient
-from adapters.http_answers import ERROR_BODY_LIMIT, Deadline, ReadBudgetExceeded, read_bounded
+from adapters.http_answers import Deadline, ReadBudgetExceeded, read_bounded, read_error_body
 from adapters.streamable_http import map_transport_error
 
 __all__ = ["Answer", "RestClient", "decode_json", "query_value"]
@@ -88,8 +88,10 @@ class RestClient:
             answer = self._http.send(request, stream=True)
             try:
                 ok = 200 <= answer.status_code < 300
-                limit = self._config.limits.max_body_bytes if ok else ERROR_BODY_LIMIT
-                body = read_bounded(answer, limit, deadline)
+                if ok:
+                    body = read_bounded(answer, self._config.limits.max_body_bytes, deadline, what=what)
+                else:
+                    body = read_error_body(answer)
             finally:
                 answer.close()
             if ok:

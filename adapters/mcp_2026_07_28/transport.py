@@ -19,12 +19,11 @@ import httpx
 from adapters.base import Limits, RequestBudget, Timeouts, redact_url
 from adapters.errors import AdapterError, OutcomeUnknown, ProtocolViolation, Transient
 from adapters.http_answers import (
-    ERROR_BODY_LIMIT,
     Deadline,
     ReadBudgetExceeded,
     Resume,
     read_answer,
-    read_bounded,
+    read_error_body,
 )
 from adapters.jsonrpc import ErrorResponse, Response, classify_http_status
 from adapters.mcp_2026_07_28.wire import PROTOCOL_VERSION, error_for, header_value, request_meta
@@ -142,7 +141,7 @@ class ExtHttp:
                 "POST", self._endpoint, json=body, headers=headers, timeout=timeout
             ) as answer:
                 if 400 <= answer.status_code < 500 and answer.status_code != 429:
-                    raw = read_bounded(answer, ERROR_BODY_LIMIT, None)
+                    raw = read_error_body(answer)
                     error = _rpc_error_in(raw)
                     if error is not None:
                         raise error_for(method, *error, server=self._server)

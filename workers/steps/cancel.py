@@ -20,6 +20,7 @@ import redis
 
 from adapters import (
     AdapterError,
+    AnswerTooLarge,
     NotFound,
     Rejected,
     RemoteStatus,
@@ -33,8 +34,8 @@ from ledger.records import Claim, Fence, Operation
 from ledger.states import CANCEL_WAITS_IN, OpState, TerminalKind
 from workers.errors import NotCancellable, NoToken
 from workers.steps.context import TRY_AGAIN, StepContext, StepOutcome, describe, remote_ref, server_status
-from workers.steps.poll import observed
-from workers.steps.result import accept, not_found
+from workers.steps.poll import observed, rejected_read
+from workers.steps.result import accept, not_found, too_large
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +193,8 @@ def send(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
         )
     except NotFound as exc:
         return not_found(ctx, op, fence, exc)
+    except AnswerTooLarge as exc:
+        return too_large(ctx, op, fence, exc)  # the status read first carried a result over the cap
     except Rejected as exc:
         # No cancel on this server: the outcome comes from polling, as for AIP-151.
         return _after(
@@ -316,10 +319,19 @@ def _after(
             )
         except NotFound as exc:
             return not_found(ctx, op, fence, exc)
+        except AnswerTooLarge as exc:
+            return too_large(ctx, op, fence, exc)  # a status read carrying a result over the cap
         except AdapterError as exc:
             if _budget_spent(ctx, op):
                 return _never_carried_out(
                     ctx, op, fence, detail, answered_at=answered_at, status=None, error=describe(exc)
+                )
+            if isinstance(exc, Rejected):
+                # Refused reads are bounded as the poll's are: an operator after a few in a row, not reads
+                # every second until the wait deadline. The cancel's answer is kept with each refusal, so
+                # the step that comes back reads again and never sends the cancel a second time.
+                return rejected_read(
+                    ctx, op, fence, exc, event=EventKind.CANCEL_READ_FAILED, step_detail=detail
                 )
             return ctx.retry_later(op, fence, exc, EventKind.CANCEL_READ_FAILED)
     if status.terminal == "cancelled":

@@ -7,9 +7,11 @@ anything else schedules the next poll from the server's hint plus jitter.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from adapters import (
+    AnswerTooLarge,
     NotFound,
     RateLimited,
     Rejected,
@@ -34,7 +36,7 @@ from workers.steps.input_rounds import (
     ask_for_input,
     unreadable_input,
 )
-from workers.steps.result import fetch, not_found
+from workers.steps.result import fetch, not_found, too_large
 
 #: How many status reads in a row the server may refuse (:class:`Rejected`: a 4xx other than 404, 408 and
 #: 429, or a JSON-RPC error) before an operator gets the operation (PROTOCOL_VIOLATION, the server's answer
@@ -63,18 +65,35 @@ def poll(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
         return ctx.retry_later(op, fence, exc, EventKind.RATE_LIMITED)
     except NotFound as exc:
         return not_found(ctx, op, fence, exc)
+    except AnswerTooLarge as exc:
+        # A status read that carries the result (the done AIP-151 Operation, the MCP tasks extension's
+        # tasks/get) over the transport's cap: read again, it is the same answer (rule 7).
+        return too_large(ctx, op, fence, exc)
     except Rejected as exc:
-        return _rejected(ctx, op, fence, exc)
+        return rejected_read(ctx, op, fence, exc)
     except TRY_AGAIN as exc:
         return ctx.retry_later(op, fence, exc, EventKind.POLL_FAILED)
     return observed(ctx, op, fence, status)
 
 
-def _rejected(ctx: StepContext, op: Operation, fence: Fence, exc: Rejected) -> StepOutcome:
+def rejected_read(
+    ctx: StepContext,
+    op: Operation,
+    fence: Fence,
+    exc: Rejected,
+    *,
+    event: EventKind = EventKind.POLL_FAILED,
+    step_detail: Mapping[str, Any] | None = None,
+) -> StepOutcome:
     """The server refused the status read: read again after a growing pause, unless it refused the last
-    :data:`MAX_POLL_REJECTIONS` - 1 reads as well; then an operator decides (``longcall reconcile``)."""
-    rejections = _rejections_in_a_row(ctx, op) + 1
+    :data:`MAX_POLL_REJECTIONS` - 1 reads as well; then an operator decides (``longcall reconcile``).
+
+    ``event``: the kind the refusal is recorded as, and whose refusals count (the poll's ``poll_failed``,
+    a cancel's ``cancel_read_failed``); ``step_detail``: what the step's own event keeps besides (a
+    cancel's answer), in the event and the record."""
+    rejections = _rejections_in_a_row(ctx, op, event) + 1
     detail: dict[str, Any] = {
+        **(step_detail or {}),
         "error": describe(exc),
         "http_status": exc.http_status,
         "code": exc.code,
@@ -97,21 +116,21 @@ def _rejected(ctx: StepContext, op: Operation, fence: Fence, exc: Rejected) -> S
         )
         return StepOutcome(op.id, "manual_reconciliation", op.state)
     delay = min(REJECTION_PAUSE_MAX_S, 2.0 ** (rejections - 1))
-    return ctx.reschedule(op, fence, delay, EventKind.POLL_FAILED, detail)
+    return ctx.reschedule(op, fence, delay, event, detail)
 
 
-def _rejections_in_a_row(ctx: StepContext, op: Operation) -> int:
-    """How many refused status reads (``poll_failed`` events with a ``rejections`` count) came last, with
-    no answer since: a read that failed without an answer (a timeout, a 5xx, a 429) neither counts nor
-    ends the run; any other event, or an unchanged answer counted on the row since, ends it. Read only
-    on a refusal: the events of one operation."""
+def _rejections_in_a_row(ctx: StepContext, op: Operation, kind: EventKind) -> int:
+    """How many refused status reads (``kind`` events with a ``rejections`` count) came last, with no
+    answer since: a read that failed without an answer (a timeout, a 5xx, a 429) neither counts nor ends
+    the run; any other event, or an unchanged answer counted on the row since, ends it. Read only on a
+    refusal: the events of one operation."""
     for event in reversed(ctx.ledger.events(op.id)):
         detail = event["detail"] if isinstance(event["detail"], dict) else {}
-        if event["kind"] == EventKind.POLL_FAILED.value and "rejections" in detail:
+        if event["kind"] == kind.value and "rejections" in detail:
             if detail.get("unchanged_polls") != op.unchanged_polls:
                 return 0
             return int(detail["rejections"])
-        if event["kind"] not in (EventKind.POLL_FAILED.value, EventKind.RATE_LIMITED.value):
+        if event["kind"] not in (kind.value, EventKind.RATE_LIMITED.value):
             return 0
     return 0
 

@@ -15,13 +15,16 @@ from typing import Any
 
 from adapters import (
     AdapterError,
+    AnswerTooLarge,
     ErrorInfo,
     NotFound,
+    ProtocolViolation,
     Rejected,
     RemoteResult,
     RemoteStatus,
     ResultNotReady,
 )
+from adapters.base import ENVELOPE_MARGIN_BYTES
 from adapters.errors import ResultContradictsStatus
 from ledger.digests import NotJson, canonical_json, digest
 from ledger.errors import UnstorableResult
@@ -35,8 +38,16 @@ from workers.steps.context import TRY_AGAIN, StepContext, StepOutcome, describe,
 
 #: The longest pause between two reads of a result that contradicts the observed terminal state.
 CONTRADICTION_PAUSE_MAX_S = 30.0
-#: A lost, truncated or early result read decided nothing: read it again later (rule 7).
+#: A lost, truncated or early result read decided nothing: read it again later (rule 7), within a bound
+#: (:func:`_read_failed`).
 FETCH_AGAIN: tuple[type[AdapterError], ...] = (*TRY_AGAIN, ResultNotReady)
+#: How many result reads in a row may meet the same protocol violation (the same unparsable or malformed
+#: answer) before an operator gets the operation (RESULT_UNREADABLE): such an answer is definitive in kind
+#: (the same request gets the same answer), so the first read and two more, 1 and 2 s apart, are all it
+#: gets; a passing fault (a proxy's one bad answer) is read past.
+MAX_SAME_VIOLATIONS = 3
+#: The longest pause between two failed result reads (the pause doubles from 1 s).
+RESULT_PAUSE_MAX_S = 30.0
 
 
 class NotFoundKind(enum.Enum):
@@ -101,11 +112,13 @@ def fetch(
         return ctx.no_token(op, fence, no_token)  # nothing was read that is not read again
     except NotFound as exc:
         return _unknown(ctx, op, fence, exc)  # no result is held here (it would have been accepted above)
+    except AnswerTooLarge as exc:
+        return too_large(ctx, op, fence, exc)
     except ResultContradictsStatus as exc:
         return _contradicted(ctx, op, fence, exc, exc.code)
     except FETCH_AGAIN as exc:
         # A lost or truncated result is fetched again; nothing advances without a whole one (rule 7).
-        return ctx.retry_later(op, fence, exc, EventKind.RESULT_FAILED)
+        return _read_failed(ctx, op, fence, exc)
     except Rejected as exc:
         if op.observed_terminal is TerminalKind.COMPLETED:
             # A refusal to hand the result over is not the result: only a failed status fails a task.
@@ -251,6 +264,92 @@ def unstorable(
         detail["fetched_digest"] = digest(result_json(result))
     op = ctx.hand_to_operator(op, fence, ReconciliationReason.RESULT_UNSTORABLE, detail)
     return StepOutcome(op.id, "manual_reconciliation", op.state)
+
+
+def too_large(ctx: StepContext, op: Operation, fence: Fence, exc: AnswerTooLarge) -> StepOutcome:
+    """An answer over the transport's cap (``max_result_bytes`` plus the envelope margin): a result too
+    large to store, proved by this read, so an operator decides now (RESULT_UNSTORABLE, with the size),
+    rather than a read made again for ever (rule 7). The read is the result fetch's, or a status read that
+    carries the result (the done AIP-151 Operation, the MCP tasks extension's ``tasks/get``)."""
+    max_result_bytes = ctx.settings.max_result_bytes
+    detail = {
+        "why": (
+            f"too large: the server's answer was {exc.size_seen}, over the transport's {exc.limit}-byte cap "
+            f"(max_result_bytes {max_result_bytes} and a {ENVELOPE_MARGIN_BYTES}-byte envelope margin)"
+        ),
+        "error": describe(exc),
+        "size_bytes": exc.declared_bytes,
+        "more_than_bytes": exc.limit,
+        "read_bytes": exc.read_bytes,
+        "max_result_bytes": max_result_bytes,
+        "observed_terminal": op.observed_terminal.value if op.observed_terminal else None,
+        "server_state": op.server_state,
+        "remote_id": op.remote_id,
+    }
+    op = ctx.hand_to_operator(op, fence, ReconciliationReason.RESULT_UNSTORABLE, detail)
+    return StepOutcome(op.id, "manual_reconciliation", op.state)
+
+
+def _read_failed(ctx: StepContext, op: Operation, fence: Fence, exc: AdapterError) -> StepOutcome:
+    """A result read that decided nothing (lost, cut, unparsable, refused for now, early): read again after
+    a growing pause, never sooner than the server asked, within a bound (rule 7). The same protocol
+    violation :data:`MAX_SAME_VIOLATIONS` times in a row, or failures for ``result_retry_s`` since the first
+    one of this fetch (whatever they were: a server that never answers the read included), hand the
+    operation to an operator (RESULT_UNREADABLE, with the last error and the count) instead of reading it
+    for ever or until the wait deadline."""
+    error = describe(exc)
+    earlier = _failed_reads(ctx, op)
+    failures = len(earlier) + 1
+    same = 1
+    for event in reversed(earlier):
+        if event["detail"].get("error") != error:
+            break
+        same += 1
+    elapsed_s = (ctx.now() - earlier[0]["at"]).total_seconds() if earlier else 0.0
+    bound_s = ctx.settings.result_retry_s
+    detail: dict[str, Any] = {"error": error, "failures": failures, "same_error": same}
+    definitive = isinstance(exc, ProtocolViolation) and same >= MAX_SAME_VIOLATIONS
+    if definitive or elapsed_s >= bound_s:
+        why = (
+            f"the result read met the same protocol violation {same} times in a row"
+            if definitive
+            else f"the result read failed {failures} times in {elapsed_s:.1f} s (result_retry_s {bound_s:g})"
+        )
+        op = ctx.hand_to_operator(
+            op,
+            fence,
+            ReconciliationReason.RESULT_UNREADABLE,
+            {
+                **detail,
+                "why": why,
+                "first_error": earlier[0]["detail"].get("error") if earlier else error,
+                "for_s": round(elapsed_s, 3),
+                "result_retry_s": bound_s,
+                "observed_terminal": op.observed_terminal.value if op.observed_terminal else None,
+                "server_state": op.server_state,
+                "remote_id": op.remote_id,
+            },
+        )
+        return StepOutcome(op.id, "manual_reconciliation", op.state)
+    # Doubling from 1 s, at most RESULT_PAUSE_MAX_S, not past the bound (the read then is the last one
+    # before an operator is asked), never sooner than the server's Retry-After.
+    pause = min(RESULT_PAUSE_MAX_S, 2.0 ** (failures - 1), bound_s - elapsed_s)
+    return ctx.reschedule(op, fence, max(retry_s(exc), pause), EventKind.RESULT_FAILED, detail)
+
+
+def _failed_reads(ctx: StepContext, op: Operation) -> list[dict[str, Any]]:
+    """The ``result_failed`` events of this fetch (since its latest ``fetching_result`` event, which a
+    fetch an operator restarts writes again), oldest first, each ``detail`` a dict. Read only on a failed
+    read: the events of one operation."""
+    found: list[dict[str, Any]] = []
+    for event in reversed(ctx.ledger.events(op.id)):
+        if event["kind"] == EventKind.FETCHING_RESULT.value:
+            break
+        if event["kind"] == EventKind.RESULT_FAILED.value:
+            detail = event["detail"] if isinstance(event["detail"], dict) else {}
+            found.append({**event, "detail": detail})
+    found.reverse()
+    return found
 
 
 def _storable_audit(ctx: StepContext, audit: Any) -> Any:

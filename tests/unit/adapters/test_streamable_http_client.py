@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from adapters import Limits, Timeouts
 from adapters.errors import (
+    AnswerTooLarge,
     NotFound,
     NotSent,
     OutcomeUnknown,
@@ -164,10 +165,20 @@ def test_an_oversized_answer_is_a_protocol_violation(mode: str) -> None:
     def handler(_: httpx.Request) -> httpx.Response:
         return httpx.Response(200, json=big) if mode == "json" else sse([big])
 
-    with pytest.raises(ProtocolViolation, match="larger than 1024 bytes"):
+    # Its own error (issue 19): an answer over the cap is a result too large to store, not a read to retry.
+    with pytest.raises(AnswerTooLarge, match=r"the 1024-byte cap") as caught:
         client(handler, limits=Limits(max_body_bytes=1024)).request(
             "tasks/get", {}, session=SESSION, idempotent=True
         )
+    assert isinstance(caught.value, ProtocolViolation)
+    assert caught.value.limit == 1024
+    if mode == "json":  # its Content-Length proves it before any byte of it is read
+        assert caught.value.declared_bytes is not None
+        assert caught.value.declared_bytes > 5000
+        assert caught.value.read_bytes == 0
+    else:
+        assert caught.value.declared_bytes is None
+        assert caught.value.read_bytes > 1024
 
 
 @pytest.mark.parametrize(("idempotent", "error"), [(True, Transient), (False, OutcomeUnknown)])
