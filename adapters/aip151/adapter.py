@@ -20,6 +20,7 @@ from adapters.aip151.wire import (
     ADAPTER_VERSION,
     PROTOCOL,
     PROTOCOL_VERSION,
+    StatusNotFound,
     build_create,
     operation_path,
     parse_operation,
@@ -41,6 +42,7 @@ from adapters.base import (
     ToolRoute,
 )
 from adapters.errors import (
+    AnswerTooLarge,
     CapabilityRefused,
     NotFound,
     OutcomeUnknown,
@@ -160,6 +162,18 @@ class AipOperationsAdapter:
     def _create(
         self, tool: str, arguments: Mapping[str, Any], submission_key: str, budget: RequestBudget
     ) -> RemoteStatus:
+        """The create call; any 404 to it is a refusal (its parent is unknown: nothing was created)."""
+        try:
+            return self._send_create(tool, arguments, submission_key, budget)
+        except NotFound as exc:
+            raise Rejected(str(exc), code=exc.code, http_status=404) from exc
+
+    def _send_create(
+        self, tool: str, arguments: Mapping[str, Any], submission_key: str, budget: RequestBudget
+    ) -> RemoteStatus:
+        """The create call as sent: a 404 raised as what it is (:class:`StatusNotFound` when the server
+        said NOT_FOUND in a google.rpc.Status, else a plain :class:`NotFound`); an answer that cannot be
+        read (over the size cap included) is :class:`OutcomeUnknown`: it may have started."""
         request = build_create(tool, self._route(tool), arguments, submission_key)
         what = f"server {self.name!r}: create {tool!r} ({request.method} {request.path})"
         query = request.method in ("GET", "DELETE")
@@ -173,10 +187,6 @@ class AipOperationsAdapter:
                 json_body=None if query else request.body,
                 params={k: query_value(v) for k, v in request.body.items()} if query else None,
             )
-        except NotFound as exc:
-            # The create itself was refused (its parent is unknown): nothing was created.
-            raise Rejected(str(exc), code=exc.code, http_status=404) from exc
-        try:
             return parse_operation(decode_json(answer.body, what), server=self.name)
         except ProtocolViolation as exc:
             raise OutcomeUnknown(f"{what}: the answer is unreadable ({exc}); it may have started") from exc
@@ -194,9 +204,12 @@ class AipOperationsAdapter:
         """AIP-155: the create repeated with the same request id IS the lookup; the server answers the
         operation the first one made (found), or makes it now (found too: still exactly one).
 
-        NOT_FOUND to the repeated create (its parent is gone) is the proof of ``never_created``. Any other
-        refusal, an answer with no name, or a submission older than :data:`DEDUPE_TRUST_S` (the server may
-        have forgotten the id and would make a second operation) is ``unprovable``.
+        NOT_FOUND to the repeated create (its parent is gone), in the server's own words — an HTTP 404
+        whose body is a google.rpc.Status NOT_FOUND (:func:`~adapters.aip151.wire.is_status_not_found`) —
+        is the proof of ``never_created``. A plain 404 (a proxy's page, a wrong route: no such Status)
+        proves nothing; it, any other refusal, an answer with no name or one too large to read, or a
+        submission older than :data:`DEDUPE_TRUST_S` (the server may have forgotten the id and would make
+        a second operation) is ``unprovable``.
 
         Raises:
             Transient, RateLimited, OutcomeUnknown, ProtocolViolation: nothing was learned; ask again.
@@ -216,13 +229,25 @@ class AipOperationsAdapter:
                     f"operation on {self.name!r}"
                 )
         try:
-            status = self._create(tool, arguments, submission_key, budget)
+            status = self._send_create(tool, arguments, submission_key, budget)
+        except StatusNotFound as exc:
+            return LookupResult(
+                proof="never_created", ref=None, detail=f"the repeated create was NOT_FOUND: {exc}"
+            )
+        except NotFound as exc:
+            return _unprovable(
+                f"the repeated create of {submission_key} was answered a plain 404, with no "
+                f"google.rpc.Status NOT_FOUND (a proxy or a wrong route?): it proves nothing: {exc}"
+            )
         except Rejected as exc:
-            if exc.http_status == 404:
-                return LookupResult(
-                    proof="never_created", ref=None, detail=f"the repeated create was NOT_FOUND: {exc}"
-                )
             return _unprovable(f"the repeated create of {submission_key} was refused: {exc}")
+        except OutcomeUnknown as exc:
+            if not isinstance(exc.__cause__, AnswerTooLarge):
+                raise
+            return _unprovable(
+                f"the repeated create of {submission_key} answered {exc.__cause__.size_seen}, over the "
+                f"transport's cap: an operation may exist, its answer cannot be read"
+            )
         if status.remote_id == "":
             return _unprovable(f"the repeated create of {submission_key} answered an unnamed operation")
         return LookupResult(
@@ -279,7 +304,8 @@ class AipOperationsAdapter:
 
         Raises:
             Rejected: UNIMPLEMENTED and other refusals (the outcome comes from polling). NotFound.
-            OutcomeUnknown, Transient, RateLimited (a 429), ProtocolViolation.
+            OutcomeUnknown (an unreadable answer included), Transient, RateLimited (a 429),
+            ProtocolViolation (the status read first).
         """
         if read_status_first:
             observed = self.get(remote, read_input=False, budget=budget)
@@ -301,6 +327,9 @@ class AipOperationsAdapter:
             if exc.code == 9:  # FAILED_PRECONDITION: done already
                 return CancelOutcome(kind="already_terminal", status=None, message=str(exc))
             raise
+        except ProtocolViolation as exc:
+            # An answer we cannot read (one over the size cap included) says nothing of whether it landed.
+            raise OutcomeUnknown(f"{what}: the answer is unreadable ({exc}); it may have landed") from exc
         return CancelOutcome(kind="acknowledged", status=None, message=None)
 
     @budget_edge

@@ -39,8 +39,10 @@ __all__ = [
     "PROTOCOL_VERSION",
     "CreateRequest",
     "RpcError",
+    "StatusNotFound",
     "build_create",
     "classify_error",
+    "is_status_not_found",
     "operation_path",
     "parse_duration",
     "parse_error_body",
@@ -304,6 +306,36 @@ def _name_of_http(http_status: int) -> str:
     return "INTERNAL" if http_status >= 500 else "UNKNOWN" if http_status < 400 else "FAILED_PRECONDITION"
 
 
+class StatusNotFound(NotFound):
+    """NOT_FOUND in the server's own words: an HTTP 404 whose body is a google.rpc.Status NOT_FOUND
+    (:func:`is_status_not_found`). A plain 404 (a proxy's page, a router's, a JSON body that is no Status)
+    is a :class:`NotFound` only: it says the URL was not found by whatever answered, not what the service
+    holds."""
+
+
+def is_status_not_found(http_status: int, body: bytes) -> bool:
+    """Whether an error answer is the service's NOT_FOUND: HTTP 404 with a google.rpc.Status saying so, in
+    AIP-193's envelope (``{"error": {"code": 404, "status": "NOT_FOUND", ...}}``, ``code`` the HTTP status
+    when present) or grpc-gateway's bare Status (``{"code": 5, "message": ...}``, the gRPC code; the
+    Spanner emulator's). Anything else, a 404 without such a body included, is not."""
+    if http_status != 404:
+        return False
+    try:
+        value = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    if not isinstance(value, Mapping):
+        return False
+    envelope = value.get("error")
+    if envelope is not None:
+        if not isinstance(envelope, Mapping) or envelope.get("status") != "NOT_FOUND":
+            return False
+        code = envelope.get("code", 404)
+        return isinstance(code, int) and not isinstance(code, bool) and code == 404
+    code, message = value.get("code"), value.get("message", "")
+    return isinstance(code, int) and not isinstance(code, bool) and code == 5 and isinstance(message, str)
+
+
 def classify_error(
     http_status: int, headers: Mapping[str, str], body: bytes, *, effect: bool, what: str
 ) -> tuple[RpcError, AdapterError]:
@@ -311,7 +343,8 @@ def classify_error(
 
     The wait the server asked for is the longer of ``RetryInfo.retryDelay`` and ``Retry-After``. A 429 or
     RESOURCE_EXHAUSTED proves no work was done (:class:`TooManyRequests`); NOT_FOUND is :class:`NotFound`
-    (classifying it is the executor's job); UNIMPLEMENTED is a :class:`Rejected`; UNAVAILABLE, a 408, a
+    (classifying it is the executor's job), :class:`StatusNotFound` when the server said it in a
+    google.rpc.Status; UNIMPLEMENTED is a :class:`Rejected`; UNAVAILABLE, a 408, a
     timeout and any other 5xx decide nothing for a read (:class:`RateLimited` for UNAVAILABLE, else
     :class:`Transient`) and leave a request with an ``effect`` (a create, a cancel) unknown
     (:class:`OutcomeUnknown`: a gateway may answer so after the origin did the work). The rest refuses.
@@ -324,6 +357,8 @@ def classify_error(
     if http_status == 429 or name == "RESOURCE_EXHAUSTED":
         return error, TooManyRequests(said, retry_after=retry_after)
     if http_status == 404 or name == "NOT_FOUND":
+        if is_status_not_found(http_status, body):
+            return error, StatusNotFound(said, code=error.code)
         return error, NotFound(said, code=error.code)
     if http_status == 501 or name == "UNIMPLEMENTED":
         return error, Rejected(said, code=error.code, http_status=http_status, data=list(error.details))

@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from adapters.aip151 import AipOperationsAdapter
+from adapters.aip151.wire import StatusNotFound
 from adapters.base import AdapterConfig, RemoteRef, RemoteStatus, Timeouts, ToolAdapter
 from adapters.errors import NotFound, Rejected
 from adapters.registry import default_registry
@@ -199,6 +200,9 @@ def test_unknown_operation_is_not_found_from_the_bare_grpc_gateway_envelope(
         adapter.get(ref(name))
     assert caught.value.code == 5
     assert "Operation not found" in str(caught.value)
+    # The server's own NOT_FOUND (a google.rpc.Status), not a proxy's plain 404: the kind of answer a lookup
+    # by key takes as proof of "never created" (issue 19).
+    assert isinstance(caught.value, StatusNotFound)
 
 
 def test_operation_of_an_unknown_instance_is_not_found(adapter: ToolAdapter) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from adapters.aip151.wire import (
+    StatusNotFound,
     build_create,
     classify_error,
     operation_path,
@@ -196,8 +197,10 @@ def test_unavailable_is_rate_limited_for_a_read_and_unknown_for_an_effect() -> N
 @pytest.mark.parametrize(
     ("http", "body", "kind"),
     [
-        (404, _aip193(404, "NOT_FOUND"), NotFound),
-        (404, _gateway(5), NotFound),
+        # The server's own NOT_FOUND (a google.rpc.Status): the proof a lookup by key needs (issue 19).
+        (404, _aip193(404, "NOT_FOUND"), StatusNotFound),
+        (404, _gateway(5), StatusNotFound),
+        (404, b"404 page not found", NotFound),  # a proxy's or a router's: a plain NotFound only
         (501, _aip193(501, "UNIMPLEMENTED"), Rejected),
         (501, _gateway(12), Rejected),
         (400, _aip193(400, "FAILED_PRECONDITION"), Rejected),
