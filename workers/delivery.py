@@ -14,8 +14,9 @@ without counting: an outage dead-letters nothing.
 
 from __future__ import annotations
 
+import copy
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import amqp.exceptions
@@ -46,6 +47,38 @@ def delivered_unchanged(value: Any) -> bool:
         return False
 
 
+#: What a signature dict may leave out (or give as null), filled in as Celery writes it.
+SIGNATURE_DEFAULTS: Mapping[str, Any] = {"args": [], "kwargs": {}, "options": {}}
+
+
+def completed_signature(value: Mapping[str, Any]) -> dict[str, Any]:
+    """``value`` (a signature as a dict) with the parts a dict may leave out filled in, its nested signatures
+    too (a chain's or a group's tasks, a chord's header and body, ``link`` and ``link_error``): Celery
+    builds a signature from a dict as it is, and one whose ``kwargs`` is missing cannot take the receipt
+    (``apply_async(kwargs=...)`` raises TypeError, every time). Submit stores signatures completed
+    (``workers/signatures.py``); delivery completes the ones stored before it did."""
+    sig = dict(value)
+    for key, empty in SIGNATURE_DEFAULTS.items():
+        if sig.get(key) is None:
+            sig[key] = copy.copy(empty)
+
+    def nested(member: Any) -> Any:
+        if isinstance(member, dict):
+            return completed_signature(member)
+        if isinstance(member, list | tuple):
+            return [completed_signature(m) if isinstance(m, dict) else m for m in member]
+        return member
+
+    if isinstance(sig["kwargs"], dict):
+        kind = sig.get("subtask_type")
+        parts = ("tasks",) if kind in ("chain", "group") else ("header", "body") if kind == "chord" else ()
+        sig["kwargs"] = {k: nested(v) if k in parts else v for k, v in sig["kwargs"].items()}
+    if isinstance(sig["options"], dict):
+        links = ("link", "link_error")
+        sig["options"] = {k: nested(v) if k in links else v for k, v in sig["options"].items()}
+    return sig
+
+
 def delivery_task_id(message: OutboxMessage) -> str:
     if message.kind == "terminal":
         key = f"receipt:{message.payload['receipt']['receipt_id']}"
@@ -72,7 +105,7 @@ def publisher(app: Celery) -> Callable[[OutboxMessage], None]:
         stored, keyword, value = downstream_call(message)
         if stored is None:
             return  # nobody downstream: the receipt alone is the record
-        sig = signature(stored, app=app)
+        sig = signature(completed_signature(stored), app=app)
         # The signature's own headers are kept: apply_async's headers replace them, they do not add to them.
         headers = {**(sig.options.get("headers") or {}), "longcall_outbox_id": str(message.id)}
         try:

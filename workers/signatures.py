@@ -31,12 +31,10 @@ import celery
 
 from ledger.digests import NotJson, canonical_json
 from ledger.redact import error_line
-from workers.delivery import delivered_unchanged
+from workers.delivery import completed_signature, delivered_unchanged
 from workers.errors import InvalidSubmission
 
 SIGNATURE_KEYS = frozenset({"task", "args", "kwargs", "options", "subtask_type", "immutable", "chord_size"})
-#: What a signature dict may leave out (or give as null), filled in as Celery writes it.
-SIGNATURE_DEFAULTS: Mapping[str, Any] = {"args": [], "kwargs": {}, "options": {}}
 #: The longest queue name, task id or other text option accepted.
 MAX_OPTION_TEXT = 512
 
@@ -56,14 +54,11 @@ def checked_signature(field: str, value: Any, max_delay_s: float | None = None) 
         canonical_json(value)
     except NotJson as exc:
         raise InvalidSubmission(f"{field} is not JSON: {exc}") from exc
-    value = copy.deepcopy(value)
     for where, sig in downstream_signatures(field, value):
-        # Celery builds a signature from a dict as it is: one without ``kwargs`` cannot take the receipt
-        # (``apply_async(kwargs=...)`` raises TypeError), so the parts a dict may leave out are filled in.
-        for key, empty in SIGNATURE_DEFAULTS.items():
-            if sig.get(key) is None:
-                sig[key] = copy.copy(empty)
-        _check_options(where, sig["options"], max_delay_s)
+        _check_options(where, sig.get("options") or {}, max_delay_s)
+    # Celery builds a signature from a dict as it is: one without ``kwargs`` cannot take the receipt
+    # (``apply_async(kwargs=...)`` raises TypeError), so the parts a dict may leave out are filled in.
+    value = completed_signature(value)
     if not delivered_unchanged(value):
         raise InvalidSubmission(
             f"{field} holds an object with exactly the keys __type__ and __value__: Celery's JSON serializer "

@@ -266,6 +266,16 @@ def test_a_signature_dict_without_its_empty_parts_is_completed_so_that_it_can_ta
     }
 
 
+@PIPELINE_TASKS_SHARED
+def test_a_bare_signature_stored_before_submit_completed_it_is_still_delivered() -> None:
+    """An outbox row written before submit completed signatures (a ledger upgraded with rows in it) is
+    completed by delivery itself: it used to raise TypeError at every publish, for ever."""
+    bare = {"task": "pipeline.gate", "options": {}}
+    assert published(bare)
+    assert published({**json.loads(json.dumps(group(STEP, AFTER))), "kwargs": {"tasks": [bare, bare]}})
+    assert published({"task": "pipeline.gate", "options": {"link": bare}})
+
+
 def published(stored: dict[str, Any]) -> bool:
     """Whether delivery's own publisher (``workers.delivery.publisher``) sends ``stored`` with a receipt:
     on an in-memory broker (and result store, for a chord), every message it sends seen as it leaves."""
