@@ -60,6 +60,7 @@ Control endpoints (test harness only, same port):
   - ``refuse: {"<Rpc>" | "*": {"count": N, "status": "PERMISSION_DENIED"}}`` — the next N requests are
     refused with that status (no RetryInfo, no Retry-After); nothing is done.
   - ``response_padding_bytes: B`` — every done Report response carries a ``padding`` string of B bytes.
+  - ``malformed_response: true`` — every done Report response is a JSON string, not an Any object.
 
 RPC names (log and switches): RunReport, GetOperation, ListOperations, CancelOperation, DeleteOperation.
 """

@@ -8,6 +8,7 @@ is the gRPC integer. See ``demo_server.aip151`` for the routes and what every sw
 
 from __future__ import annotations
 
+import json
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -196,6 +197,8 @@ class Operation:
         wire["done"] = True
         if self.forced_error is not None:
             wire["error"] = self.forced_error
+        elif self.outcome == "response" and switches.malformed_response:
+            wire["response"] = json.dumps(self._response(switches))
         elif self.outcome == "response":
             wire["response"] = self._response(switches)
         elif self.outcome == "error":
@@ -357,6 +360,9 @@ class FaultSwitches(BaseModel):
     #: Every done operation's Report response carries a ``padding`` string of this many bytes (a result
     #: of that size, carried by GetOperation itself).
     response_padding_bytes: Count = 0
+    #: Every done operation with a Report response carries it as a JSON string instead of an ``Any``
+    #: object: a protocol violation, the same answer every time.
+    malformed_response: bool = False
 
     @field_validator("status_429", "status_503", "delay_ms", "refuse")
     @classmethod

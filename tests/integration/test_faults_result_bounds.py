@@ -414,3 +414,52 @@ def test_an_aip151_cancel_whose_status_reads_are_refused_goes_to_an_operator(par
         assert sum(1 for e in aip.log() if e["rpc"] == "CancelOperation") == 1
         refused = [e for e in aip.log() if e["rpc"] == "GetOperation" and e["status"] == 403]
         assert len(refused) == MAX_POLL_REJECTIONS
+
+
+def test_an_aip151_done_operation_with_the_same_malformed_response_goes_to_an_operator(
+    parts: dict[str, Any],
+) -> None:
+    """AIP-151's result is read by the poll (the done Operation): a done Operation whose response is not an
+    Any object, the same every time, sends the operation to an operator (PROTOCOL_VIOLATION, the error in
+    the record) after ``MAX_SAME_VIOLATIONS`` reads in a row; before, it was polled every second until the
+    wait deadline (an hour by default)."""
+    with aip_rig(parts) as (aip, rig):
+        aip.faults(malformed_response=True)
+        op_id = rig.submit("n/aip-malformed", AIP_TOOL, args(seconds=0.2))
+        support.wait_for(
+            "the operation to be done on the server",
+            lambda: all(o.get("done") for o in aip.operations()["operations"]) or None,
+            timeout=20,
+        )
+        reads_before = sum(1 for e in aip.log() if e["rpc"] == "GetOperation")
+        actions = rig.run_until(op_id, S.MANUAL_RECONCILIATION, S.ACCEPTED)
+        assert actions == ["poll_failed"] * (MAX_SAME_VIOLATIONS - 1) + ["manual_reconciliation"], actions
+        records = rig.ledger.reconciliations_for(op_id)
+        assert [r.reason for r in records] == [ReconciliationReason.PROTOCOL_VIOLATION], records
+        detail = records[0].detail
+        assert detail["violations"] == MAX_SAME_VIOLATIONS, detail
+        assert "not an Any object" in detail["error"], detail
+        assert sum(1 for e in aip.log() if e["rpc"] == "GetOperation") == reads_before + MAX_SAME_VIOLATIONS
+        assert receipts(rig.ledger, op_id) == 0
+
+
+def test_a_protocol_violation_short_of_the_bound_is_read_past_and_the_result_accepted(
+    parts: dict[str, Any],
+) -> None:
+    """The malformed done Operation one read short of the bound, then the server answers it whole: the poll
+    reads past the passing fault and the operation ends ACCEPTED, no operator."""
+    with aip_rig(parts) as (aip, rig):
+        aip.faults(malformed_response=True)
+        op_id = rig.submit("n/aip-malformed-passing", AIP_TOOL, args(seconds=0.2))
+        support.wait_for(
+            "the operation to be done on the server",
+            lambda: all(o.get("done") for o in aip.operations()["operations"]) or None,
+            timeout=20,
+        )
+        assert [rig.step(op_id) for _ in range(MAX_SAME_VIOLATIONS - 1)] == ["poll_failed"] * (
+            MAX_SAME_VIOLATIONS - 1
+        )
+        aip.faults(malformed_response=False)
+        rig.run_until(op_id, S.ACCEPTED, S.MANUAL_RECONCILIATION, steps=5)
+        assert rig.ledger.get(op_id).state is S.ACCEPTED, rig.ledger.reconciliations_for(op_id)
+        assert rig.ledger.reconciliations_for(op_id) == []

@@ -13,6 +13,7 @@ from typing import Any
 from adapters import (
     AnswerTooLarge,
     NotFound,
+    ProtocolViolation,
     RateLimited,
     Rejected,
     RemoteStatus,
@@ -28,6 +29,7 @@ from workers.steps.context import (
     StepOutcome,
     describe,
     remote_ref,
+    retry_s,
     server_status,
 )
 from workers.steps.input_rounds import (
@@ -36,7 +38,7 @@ from workers.steps.input_rounds import (
     ask_for_input,
     unreadable_input,
 )
-from workers.steps.result import fetch, not_found, too_large
+from workers.steps.result import MAX_SAME_VIOLATIONS, fetch, not_found, too_large
 
 #: How many status reads in a row the server may refuse (:class:`Rejected`: a 4xx other than 404, 408 and
 #: 429, or a JSON-RPC error) before an operator gets the operation (PROTOCOL_VIOLATION, the server's answer
@@ -71,6 +73,8 @@ def poll(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
         return too_large(ctx, op, fence, exc)
     except Rejected as exc:
         return rejected_read(ctx, op, fence, exc)
+    except ProtocolViolation as exc:
+        return _violated_read(ctx, op, fence, exc)
     except TRY_AGAIN as exc:
         return ctx.retry_later(op, fence, exc, EventKind.POLL_FAILED)
     return observed(ctx, op, fence, status)
@@ -91,7 +95,7 @@ def rejected_read(
     ``event``: the kind the refusal is recorded as, and whose refusals count (the poll's ``poll_failed``,
     a cancel's ``cancel_read_failed``); ``step_detail``: what the step's own event keeps besides (a
     cancel's answer), in the event and the record."""
-    rejections = _rejections_in_a_row(ctx, op, event) + 1
+    rejections = _in_a_row(ctx, op, event, "rejections") + 1
     detail: dict[str, Any] = {
         **(step_detail or {}),
         "error": describe(exc),
@@ -119,17 +123,47 @@ def rejected_read(
     return ctx.reschedule(op, fence, delay, event, detail)
 
 
-def _rejections_in_a_row(ctx: StepContext, op: Operation, kind: EventKind) -> int:
-    """How many refused status reads (``kind`` events with a ``rejections`` count) came last, with no
-    answer since: a read that failed without an answer (a timeout, a 5xx, a 429) neither counts nor ends
-    the run; any other event, or an unchanged answer counted on the row since, ends it. Read only on a
-    refusal: the events of one operation."""
+def _violated_read(ctx: StepContext, op: Operation, fence: Fence, exc: ProtocolViolation) -> StepOutcome:
+    """The status read's answer broke the protocol: read again (a passing fault), unless the last
+    :data:`~workers.steps.result.MAX_SAME_VIOLATIONS` - 1 reads met the same violation, with no answer
+    between; then an operator decides (PROTOCOL_VIOLATION, the error in the record). The same answer every
+    time is no passing fault: a done AIP-151 Operation (or an MCP tasks extension task) whose result is
+    malformed is read by the poll, and was read every second until the wait deadline (rule 7)."""
+    error = describe(exc)
+    violations = _in_a_row(ctx, op, EventKind.POLL_FAILED, "violations", error=error) + 1
+    detail: dict[str, Any] = {"error": error, "violations": violations, "unchanged_polls": op.unchanged_polls}
+    if violations >= MAX_SAME_VIOLATIONS:
+        op = ctx.hand_to_operator(
+            op,
+            fence,
+            ReconciliationReason.PROTOCOL_VIOLATION,
+            {
+                **detail,
+                "why": f"the status read met the same protocol violation {violations} times in a row",
+                "remote_id": op.remote_id,
+                "session_ref": op.session_ref,
+            },
+        )
+        return StepOutcome(op.id, "manual_reconciliation", op.state)
+    return ctx.reschedule(op, fence, retry_s(exc), EventKind.POLL_FAILED, detail)
+
+
+def _in_a_row(ctx: StepContext, op: Operation, kind: EventKind, key: str, *, error: str | None = None) -> int:
+    """How many failed status reads of one sort (``kind`` events whose detail counts ``key``: refusals,
+    or violations with this same ``error``) came last, with no answer since: a read that failed without an
+    answer (a timeout, a 5xx, a 429) neither counts nor ends the run; any other event, an answer of another
+    sort, or an unchanged answer counted on the row since, ends it. Read only on a failed read: the events
+    of one operation."""
     for event in reversed(ctx.ledger.events(op.id)):
         detail = event["detail"] if isinstance(event["detail"], dict) else {}
-        if event["kind"] == kind.value and "rejections" in detail:
+        if event["kind"] == kind.value and key in detail:
             if detail.get("unchanged_polls") != op.unchanged_polls:
                 return 0
-            return int(detail["rejections"])
+            if error is not None and detail.get("error") != error:
+                return 0
+            return int(detail[key])
+        if event["kind"] == kind.value and {"rejections", "violations"} & detail.keys():
+            return 0  # a failed read of the other sort: the server answered something else
         if event["kind"] not in (kind.value, EventKind.RATE_LIMITED.value):
             return 0
     return 0
