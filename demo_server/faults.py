@@ -173,13 +173,14 @@ class RequestLog:
 
 class HttpLog:
     """Every HTTP request to the MCP endpoint (POST, GET, DELETE; JSON-RPC responses and refused requests
-    included), with the request budget the client named in its ``Longcall-Budget`` header (None: none)."""
+    included), with the request budget the client named in its ``Longcall-Budget`` header (None: none) and
+    the URL's query string ("" without one: a client configured with ``/mcp?fleet=b`` can be told apart)."""
 
     def __init__(self, limit: int = 100_000) -> None:
         self.entries: deque[dict[str, Any]] = deque(maxlen=limit)
 
-    def record(self, *, verb: str, budget: str | None) -> None:
-        self.entries.append({"t": time.time(), "verb": verb, "budget": budget})
+    def record(self, *, verb: str, budget: str | None, query: str = "") -> None:
+        self.entries.append({"t": time.time(), "verb": verb, "budget": budget, "query": query})
 
     def clear(self) -> None:
         self.entries.clear()

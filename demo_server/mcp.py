@@ -43,8 +43,9 @@ Control endpoints (test harness only, same port):
 * ``GET /_control/log`` -> ``{"entries": [{"t": time.time(), "method", "id", "task_id", "session",
   "budget"}]}``, one entry per JSON-RPC request or notification received, refused ones included
   (``budget``: the request's ``Longcall-Budget`` header, or null). ``DELETE`` clears it.
-* ``GET /_control/http_log`` -> ``{"entries": [{"t", "verb", "budget"}]}``: every HTTP request to ``/mcp``
-  (POST, GET, DELETE; JSON-RPC responses and refused requests included). ``DELETE`` clears it.
+* ``GET /_control/http_log`` -> ``{"entries": [{"t", "verb", "budget", "query"}]}``: every HTTP request to
+  ``/mcp`` (POST, GET, DELETE; JSON-RPC responses and refused requests included), ``query`` its URL's query
+  string. ``DELETE`` clears it.
 * ``GET /_control/tasks`` -> ``{"tasks": [every task with session, tool, arguments, result, error,
   pendingInputs], "expired": [purged ids]}``.
 * ``GET /_control/faults`` shows the switches; ``POST`` a JSON object sets the named ones (others stay);
@@ -244,7 +245,11 @@ class DemoMcpServer:
         path: str = scope["path"]
         method: str = scope["method"]
         if path.rstrip("/") == "/mcp":
-            self.http_log.record(verb=method, budget=request_headers(scope).get(BUDGET_HEADER))
+            self.http_log.record(
+                verb=method,
+                budget=request_headers(scope).get(BUDGET_HEADER),
+                query=scope.get("query_string", b"").decode("latin-1"),
+            )
             origin = request_headers(scope).get("origin")
             required = self.faults.switches.require_bearer
             if origin is not None and urlsplit(origin).hostname not in LOOPBACK_HOSTS:
