@@ -18,6 +18,8 @@ CountedFault = Literal[
     "complete_on_cancel",
     "force_input_required",
     "lose_input_request",
+    "refuse_reply",
+    "ignore_reply",
     "malformed_result",
 ]
 
@@ -83,6 +85,12 @@ class FaultSwitches(BaseModel):
     result_payload: dict[str, Any] | None = None
     #: While set, every request to /mcp must carry ``Authorization: Bearer <this token>``, else HTTP 401.
     require_bearer: str | None = None
+    #: The next N client JSON-RPC responses (input replies) are not taken: the connection is closed with no
+    #: answer (a refused or cut POST); the task still waits for its input.
+    refuse_reply: Count = 0
+    #: The next N client JSON-RPC responses are answered 202 and thrown away: the task still waits (a
+    #: server that took the reply and never carried it to the task).
+    ignore_reply: Count = 0
     #: The next N ``tasks/result`` answers of a terminal task are not JSON (the same unparsable body each
     #: time, in the SSE event's data or as the JSON body); the task itself is unchanged.
     malformed_result: Count = 0

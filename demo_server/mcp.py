@@ -73,6 +73,10 @@ Control endpoints (test harness only, same port):
     counts the request as sent and never sends it on another stream (as the mcp 1.30 server): only a
     resumption of that stream (``sse_event_ids``) brings it back.
   - ``delay_reply_ms: M`` — a client's JSON-RPC response (an input reply) waits M ms before it is taken.
+  - ``refuse_reply: N`` — a client's JSON-RPC response is not taken: its connection is closed with no
+    answer; the task still waits for its input (the server asks once: it does not show the question again).
+  - ``ignore_reply: N`` — a client's JSON-RPC response is answered 202 and thrown away: the task still
+    waits.
   - ``require_bearer: "<token>"`` (or null) — every request to /mcp without ``Authorization: Bearer
     <token>`` is answered 401 (a rotated credential: set the new token here).
   - ``force_input_required: N`` — a ``slow_report`` task first asks ``elicitation/create`` ("Continue the
@@ -93,6 +97,7 @@ import base64
 import contextlib
 import copy
 import json
+import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -225,6 +230,8 @@ class DemoMcpServer:
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
         self.faults = Faults()
+        #: Every client JSON-RPC response (an input reply) received: its id and what became of it.
+        self.replies: list[dict[str, Any]] = []
         self.log = RequestLog()
         self.http_log = HttpLog()
         self.store = TaskStore()
@@ -387,15 +394,17 @@ class DemoMcpServer:
         answer = {"jsonrpc": "2.0", "id": message.get("id"), "result": result}
         await self._answer(send, answer, self._session_headers(session))
 
-    def _client_response(self, incoming: Incoming) -> None:
-        """A JSON-RPC response to one of our requests: hand it to the task that waits for it."""
+    def _client_response(self, incoming: Incoming) -> bool:
+        """A JSON-RPC response to one of our requests: hand it to the task that waits for it. False when no
+        task waits for it (answered already, unknown id, another session): ignored, as the SDK does."""
         pending = self._pending.get(str(incoming.message.get("id")))
         if pending is None or pending.answer.done():
-            return
+            return False
         if not self.options.stateless and pending.task.session_id != incoming.session_id:
-            return
+            return False
         result = incoming.message.get("result")
         pending.answer.set_result(result if isinstance(result, dict) else {"action": "cancel"})
+        return True
 
     async def _answer(
         self, send: Send, message: dict[str, Any], headers: dict[str, str], *, plain_json: bool = False
@@ -850,6 +859,8 @@ class DemoMcpServer:
             await respond(send, 200, dumps(self.faults.switches.model_dump()))
         elif name == "log" and method == "GET":
             await respond(send, 200, dumps({"entries": list(self.log.entries)}))
+        elif name == "replies" and method == "GET":
+            await respond(send, 200, dumps({"replies": self.replies}))
         elif name == "log" and method == "DELETE":
             self.log.clear()
             await respond(send, 200, dumps({"entries": []}))

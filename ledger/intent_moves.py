@@ -13,7 +13,7 @@ from typing import Any
 from ledger.events import EventKind
 from ledger.guarded import GuardedWrite, GuardedWrites
 from ledger.reasons import ReconciliationReason
-from ledger.records import Fence, NewReconciliation, Operation, ServerStatus, due_in
+from ledger.records import Fence, NewReconciliation, Operation, ServerStatus, due_after, due_in
 from ledger.states import CANCEL_WAITS_IN, IllegalTransition, OpState, TerminalKind
 
 S = OpState
@@ -94,6 +94,7 @@ class IntentMoves(GuardedWrites):
             "input_schema_digest": schema_digest,
             "input_deadline": deadline,
             "lease_until": None,
+            "input_reply": None,  # the new round has no reply yet
         }
         write = GuardedWrite(
             (from_state,),
@@ -106,34 +107,80 @@ class IntentMoves(GuardedWrites):
         return self._write(op_id, fence, write)
 
     def record_input_reply(
-        self, op_id: uuid.UUID, fence: Fence, *, input_round: int, action: str | None
+        self, op_id: uuid.UUID, fence: Fence, *, input_round: int, response: Mapping[str, Any]
     ) -> Operation:
-        """INPUT_REQUIRED -> WORKING, polled at once, for the current round only (``input_round`` is in the
-        guard): the reply is about to be sent. Event ``input_provided``."""
+        """INPUT_REQUIRED -> WORKING, due at once, for the current round only (``input_round`` is in the
+        guard): the reply is stored with its round (``input_reply``, :func:`stored_reply`) before it is
+        sent, so a step that finds it not yet taken by the server sends the same reply again (rule 10).
+        Event ``input_provided``."""
         write = GuardedWrite(
             (S.INPUT_REQUIRED,),
             S.WORKING,
             EventKind.INPUT_PROVIDED,
-            {"input_round": input_round, "action": action},
-            # The round's deadline is met; in WORKING the column bounds an unreadable request only.
-            {"next_poll_at": due_in(0), "input_deadline": None},
+            {"input_round": input_round, "action": response.get("action")},
+            {
+                # The round's deadline is met; in WORKING the column bounds an unreadable request only.
+                "next_poll_at": due_in(0),
+                "input_deadline": None,
+                "input_reply": stored_reply(input_round, response),
+            },
             input_round=input_round,
         )
         return self._write(op_id, fence, write)
 
-    def record_input_reply_failed(
-        self, op_id: uuid.UUID, fence: Fence, *, input_round: int, answered: Mapping[str, Any], error: str
+    def record_input_reply_sent(
+        self, op_id: uuid.UUID, fence: Fence, *, reply: Mapping[str, Any]
     ) -> Operation:
-        """WORKING stays: the reply to round ``input_round`` was not delivered, so the same question seen
-        again opens a new round (``answered`` is the stored request, now marked ``reply_failed``). Event
-        ``input_reply_failed``."""
+        """WORKING stays, polled at once, its claim let go: the server took the stored ``reply`` of the
+        current round (its POST answered). Event ``input_reply_sent``."""
+        round_ = int(reply["input_round"])
+        sent = {
+            **reply,
+            "sent_at": dt.datetime.now(dt.UTC).isoformat(),
+            "attempts": int(reply["attempts"]) + 1,
+        }
+        write = GuardedWrite(
+            (S.WORKING,),
+            None,
+            EventKind.INPUT_REPLY_SENT,
+            {"input_round": round_, "attempts": sent["attempts"]},
+            {"input_reply": sent, "next_poll_at": due_in(0), "lease_until": None},
+            input_round=round_,
+            returns_body=False,
+        )
+        return self._write(op_id, fence, write)
+
+    def record_input_reply_failed(
+        self,
+        op_id: uuid.UUID,
+        fence: Fence,
+        *,
+        reply: Mapping[str, Any],
+        error: str,
+        answered: Mapping[str, Any] | None = None,
+        retry_in_s: float | None = None,
+    ) -> Operation:
+        """WORKING stays: the stored ``reply`` to its round was not delivered (event ``input_reply_failed``).
+        ``retry_in_s``: it may not have arrived (a refused or cut connection, a 5xx, a timeout): it stays
+        stored and is sent again then, by the step that finds it (its attempts and last error counted).
+        Otherwise (``answered``: the stored request) the server refused it: the reply is given up and the
+        request marked ``reply_failed``, so the same question seen again opens a new round."""
+        round_ = int(reply["input_round"])
+        failed = {**reply, "attempts": int(reply["attempts"]) + 1, "last_error": error}
+        sets: dict[str, Any] = {"input_reply": failed}
+        if retry_in_s is not None:
+            sets.update(next_poll_at=due_after(retry_in_s), lease_until=None)
+        else:
+            failed["given_up"] = True
+            sets["input_request"] = {**(answered or {}), "reply_failed": True}
         write = GuardedWrite(
             (S.WORKING,),
             None,
             EventKind.INPUT_REPLY_FAILED,
-            {"input_round": input_round, "error": error},
-            {"input_request": {**answered, "reply_failed": True}},
-            input_round=input_round,
+            {"input_round": round_, "error": error, "sent_again": retry_in_s is not None},
+            sets,
+            input_round=round_,
+            returns_body=False,
         )
         return self._write(op_id, fence, write)
 
@@ -247,3 +294,15 @@ class IntentMoves(GuardedWrites):
             after_intent="tolerate",
         )
         return self._write(op_id, fence, write)
+
+
+def stored_reply(input_round: int, response: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``input_reply`` of a round as first stored: the reply as the gate gave it, not yet sent."""
+    return {
+        "input_round": input_round,
+        "response": dict(response),
+        "recorded_at": dt.datetime.now(dt.UTC).isoformat(),
+        "sent_at": None,
+        "attempts": 0,
+        "last_error": None,
+    }

@@ -148,13 +148,29 @@ class Executor:
 
     @_own_log_context
     def provide_input(self, op_id: uuid.UUID, input_round: int, response: Mapping[str, Any]) -> StepOutcome:
-        """``longcall.provide_input``: the current round only, before its deadline, a reply the adapter takes.
+        """``longcall.provide_input``: the current round only, before its deadline, a reply the adapter takes
+        (rule 10). The reply is stored with its round first; then, under a fresh claim, it is sent at once.
+        Without the claim (a poll step holds it; or this fleet does not own the epoch), or without a token,
+        the step that next finds the reply not yet taken sends it: the answer is "input_recorded".
 
         Raises:
             InputRefused: the reply was refused (and the refusal recorded).
-            NoToken: no control token now; the task retries shortly.
         """
-        return input_rounds.provide_input(self.ctx, self.ledger.get(op_id), input_round, response)
+        recorded = input_rounds.record_reply(self.ctx, self.ledger.get(op_id), input_round, response)
+        if isinstance(recorded, StepOutcome):
+            return recorded
+        try:
+            claim = self.ledger.claim(op_id, lease_s=self.rt.settings.lease_s)
+            if claim is None:
+                return StepOutcome(
+                    op_id, "input_recorded", recorded.state, detail={"input_round": input_round}
+                )
+            op = self.ledger.get(op_id, with_body=False)
+            return self._guard(op, claim.poll_cursor, input_rounds.send_reply)
+        except INFRASTRUCTURE as exc:
+            # The reply is stored (rule 10): the dispatcher's next step sends it.
+            log.warning("the reply to %s is recorded; sending it met %s", op_id, describe_fault(exc))
+            return StepOutcome(op_id, "input_recorded", recorded.state, detail={"fault": describe_fault(exc)})
 
     @_own_log_context
     def dispatch_due(self, limit: int | None = None) -> list[Dispatch]:

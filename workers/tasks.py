@@ -24,7 +24,6 @@ from workers.errors import (
     IntentNotRecorded,
     InvalidSubmission,
     NotCancellable,
-    NoToken,
     RequestRefused,
     SubmissionRefused,
 )
@@ -266,11 +265,16 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:  # noqa: PLR0915
         if too_big is not None:
             log.warning("longcall.provide_input refused for %s: %s", op_id, too_big)
             raise RequestRefused(too_big)
+        target = _op_id(op_id)
         try:
-            step = executor().provide_input(_op_id(op_id), input_round, response)
-        except NoToken as no_token:
-            # A short countdown on the control queue, not a long ETA: the token is due within seconds.
-            raise self.retry(countdown=max(0.05, no_token.wait_s)) from None
+            # The reply is stored with its round, tried again through a fault until it is (a repeat of the
+            # same reply after a lost commit finds it stored); then sent, now or by the next step.
+            step = through_faults(
+                self,
+                f"longcall.provide_input of {target} round {input_round}",
+                lambda: executor().provide_input(target, input_round, response),
+                retry_s=holder.get().settings.intent_retry_s,
+            )
         except (InputRefused, OperationNotFound) as exc:
             raise RequestRefused(str(exc)) from None
         follow(step)

@@ -119,11 +119,11 @@ def test_an_input_request_that_cannot_be_read_goes_to_an_operator_within_the_bou
 
 
 def test_a_reply_posted_late_is_one_round_for_one_question(input_fleet: Fleet) -> None:
-    """Item 6: the reply to round 1 is committed before it is posted, and the server takes it only 8 s
-    later; the polls in between see the same question (same request id) again: no round 2."""
+    """Item 6 (issue 8), as issue 19 item 5 made it: the reply to round 1 is stored before it is sent, and
+    sent under a claim of the operation; the server takes it only 8 s later. While it is in flight no step
+    of the operation runs beside it (no status read sees the question again mid-reply), and the question is
+    never a round 2: one round, one reply taken, one receipt."""
     fleet = input_fleet
-    # Longer than a status read listens on the session's GET stream (5 s) before it re-reads the question
-    # from the tasks/result stream, so a poll re-reads it while the server still holds the reply.
     fleet.mcp.faults(delay_reply_ms=8000)
     op_id = fleet.submit("n/late-reply", "ask_approval", {"question": "Ship it?"})
     support.wait_for("the approval gate to be asked", lambda: gate_rounds(fleet, op_id) or None)
@@ -134,11 +134,15 @@ def test_a_reply_posted_late_is_one_round_for_one_question(input_fleet: Fleet) -
 
     receipt = fleet.wait_receipt("n/late-reply")
     assert (receipt["terminal_state"], receipt["result"]["content"][0]["text"]) == ("completed", "approved")
-    # The window was real: the operation was polled while the server still held the reply.
-    rereads = [
-        e for e in fleet.mcp.log() if e["method"] == "tasks/result" and sent_at < e["t"] < taken_by - 0.5
+    assert taken_by - sent_at >= 7.5, "the reply was not held: the late reply was not exercised"
+    # The window was real, and held: no status read while the server held the reply.
+    reads = [
+        e
+        for e in fleet.mcp.log()
+        if e["method"] in ("tasks/get", "tasks/result") and sent_at < e["t"] < taken_by - 0.5
     ]
-    assert rereads, "the question was not read again while the reply was held: the race was not exercised"
+    assert reads == [], f"{len(reads)} status reads ran beside the reply in flight"
+    assert [r["outcome"] for r in fleet.mcp.replies()] == ["taken"]
     assert gate_rounds(fleet, op_id) == [1]
     op = fleet.ledger.get(op_id)
     assert (op.state, op.input_round) == (S.ACCEPTED, 1)

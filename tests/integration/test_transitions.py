@@ -307,7 +307,7 @@ NAMED_MOVES: dict[str, tuple[OpState, MoveCall, OpState, list[str]]] = {
     "record_input_reply": (
         S.INPUT_REQUIRED,
         lambda ledger, op: ledger.record_input_reply(
-            op.id, op.fence, input_round=op.input_round, action="accept"
+            op.id, op.fence, input_round=op.input_round, response={"action": "accept"}
         ),
         S.WORKING,
         ["input_provided"],

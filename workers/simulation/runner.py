@@ -356,16 +356,25 @@ class Simulation:
         )
 
 
+#: Another answer to a round already answered: a replay of the round, refused (rule 10).
+OTHER_ANSWER = {"confirm": {"action": "decline"}}
+
+
 def answer_round(executor: Executor, op_id: uuid.UUID) -> list[str]:
-    """The approval gate answers the current round, then the same answer is replayed (refused)."""
+    """The approval gate answers the current round; the same answer again (a redelivered message) is a
+    repeat that sends nothing; another answer to that round is refused."""
     op = executor.ledger.get(op_id)
     round_no = op.input_round
     executor.provide_input(op_id, round_no, ANSWER)
+    problems: list[str] = []
+    repeat = executor.provide_input(op_id, round_no, ANSWER)
+    if repeat.action != "input_recorded" or not repeat.detail.get("repeat"):
+        problems.append(f"the repeat of the answer to round {round_no} was taken as {repeat.action}")
     try:
-        executor.provide_input(op_id, round_no, ANSWER)
+        executor.provide_input(op_id, round_no, OTHER_ANSWER)
     except InputRefused:
-        return []
-    return [f"the replay of the answered input round {round_no} was accepted"]
+        return problems
+    return [*problems, f"another answer to the answered input round {round_no} was accepted"]
 
 
 def _entry(executor: Executor, task: str, op_id: uuid.UUID, cursor: int) -> Callable[[], object]:

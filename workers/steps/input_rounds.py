@@ -8,22 +8,21 @@ reply for the current round only, before the deadline, in the shape the adapter 
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from adapters import AdapterError, InputRequest, RemoteStatus
+from adapters import AdapterError, InputRequest, NotFound, Rejected, RemoteStatus
 from adapters.mcp_2026_07_28.wire import REPLY_METHOD as KEYED_ROUND
 from adapters.mcp_2026_07_28.wire import without_answered
-from ledger.digests import digest
-from ledger.errors import StaleTransition
+from ledger.digests import canonical_json, digest
 from ledger.events import EventKind
 from ledger.reasons import ReconciliationReason
 from ledger.records import Fence, Operation
 from ledger.states import OpState
-from workers.errors import InputRefused, NoToken
-from workers.steps.context import StepContext, StepOutcome, describe, remote_ref, server_status
+from workers.errors import InputRefused
+from workers.steps.context import StepContext, StepOutcome, describe, remote_ref, retry_s, server_status
+from workers.steps.result import not_found
 
 #: How soon to look again when the server says it waits for input whose request could not be read yet.
 AWAITING_INPUT_RECHECK_S = 1.0
@@ -68,8 +67,9 @@ def ask_for_input(
 
 def answered_already(op: Operation, request: InputRequest) -> bool:
     """The server shows again the question round ``op.input_round`` answered: the same request id, one
-    round (rule 10). The reply is committed before it is posted, so until the server takes it a poll sees
-    the question again; after a reply that failed, the question is open again and opens a new round."""
+    round (rule 10). The reply is stored before it is sent, so until the server takes it a poll sees the
+    question again (and :func:`still_asked` bounds how long after it was taken); after a reply the server
+    refused, the question is open again and opens a new round."""
     if request.method == KEYED_ROUND:
         return op.state is OpState.WORKING and unanswered_part(op, request) is None
     stored = op.input_request
@@ -99,6 +99,47 @@ def unanswered_part(op: Operation, request: InputRequest) -> InputRequest | None
         return request
     answered = stored.get("params")
     return without_answered(request, answered.keys() if isinstance(answered, Mapping) else ())
+
+
+def answered_round(op: Operation) -> Mapping[str, Any] | None:
+    """The current round's reply once the server took it (``sent_at`` set), else None."""
+    held = op.input_reply
+    if (
+        isinstance(held, Mapping)
+        and held.get("input_round") == op.input_round
+        and held.get("sent_at") is not None
+        and not held.get("given_up")
+    ):
+        return held
+    return None
+
+
+def still_asked(ctx: StepContext, op: Operation, fence: Fence, status: RemoteStatus) -> StepOutcome | None:
+    """WORKING, the current round's reply taken by the server, and the server still asks for input (the
+    same question, or input required with its question not shown): past ``input_reply_s`` since the reply
+    was taken, an operator decides (INPUT_REPLY_NOT_TAKEN: the reply did not unblock the task); within it,
+    None (the caller polls again soon). None too when no reply of this round was taken."""
+    reply = answered_round(op)
+    if reply is None or op.state is not OpState.WORKING:
+        return None
+    since_s = (ctx.now() - dt.datetime.fromisoformat(str(reply["sent_at"]))).total_seconds()
+    if since_s <= ctx.settings.input_reply_s:
+        return None
+    op = ctx.hand_to_operator(
+        op,
+        fence,
+        ReconciliationReason.INPUT_REPLY_NOT_TAKEN,
+        {
+            "why": f"the server still asks for input {since_s:.0f} s after it took the reply to round "
+            f"{op.input_round}",
+            "input_round": op.input_round,
+            "sent_at": reply["sent_at"],
+            "server_state": status.server_state,
+            "status_message": status.status_message,
+            "remote_id": op.remote_id,
+        },
+    )
+    return StepOutcome(op.id, "input_reply_to_operator", op.state)
 
 
 def unreadable_input(
@@ -143,46 +184,100 @@ def unreadable_input(
     return StepOutcome(op.id, "input_unreadable_to_operator", op.state)
 
 
-def provide_input(
+def record_reply(
     ctx: StepContext, op: Operation, input_round: int, response: Mapping[str, Any]
-) -> StepOutcome:
-    """The approval gate's reply to round ``input_round``; a refusal is recorded and raised.
+) -> Operation | StepOutcome:
+    """The approval gate's reply to round ``input_round``, stored with its round before anything is sent
+    (rule 10): the operation as recorded (WORKING, the reply pending: :func:`send_reply` sends it), or, for
+    a repeat of the reply the round already holds (a redelivered ``longcall.provide_input``, or one tried
+    again after its commit's answer was lost), the outcome that says so. A refusal is recorded and raised.
 
     Raises:
         InputRefused: not the current round, past the deadline, or a reply the adapter refuses.
-        NoToken: no control token for the reply now; the caller retries shortly.
     """
+    held = op.input_reply if isinstance(op.input_reply, Mapping) else None
+    if (
+        held is not None
+        and held.get("input_round") == input_round
+        and canonical_json(held.get("response")) == canonical_json(response)
+    ):
+        return StepOutcome(
+            op.id,
+            "input_recorded",
+            op.state,
+            detail={"input_round": input_round, "sent": held.get("sent_at") is not None, "repeat": True},
+        )
     refusal = input_refusal(ctx, op, input_round, response)
     if refusal is not None:
         ctx.ledger.record_event(op.id, EventKind.INPUT_REFUSED, {"input_round": input_round, "why": refusal})
         raise InputRefused(f"input for operation {op.id} round {input_round} refused: {refusal}")
-    request = InputRequest.from_json(op.input_request or {})
-    # The reply's token is taken before the reply is recorded (a reply recorded is a reply sent); the
-    # budget passed to the adapter uses it for the reply's request.
-    ctx.take(op.server, "control")
-    op = ctx.ledger.record_input_reply(
-        op.id,
-        Fence(op.execution_epoch, op.cancel_generation),
-        input_round=input_round,
-        action=response.get("action"),
+    return ctx.ledger.record_input_reply(
+        op.id, Fence(op.execution_epoch, op.cancel_generation), input_round=input_round, response=response
     )
+
+
+def pending_reply(op: Operation) -> Mapping[str, Any] | None:
+    """The current round's stored reply while the server has not taken it (and it was not given up)."""
+    held = op.input_reply
+    if (
+        op.state is OpState.WORKING
+        and isinstance(held, Mapping)
+        and held.get("input_round") == op.input_round
+        and held.get("sent_at") is None
+        and not held.get("given_up")
+    ):
+        return held
+    return None
+
+
+def send_reply(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
+    """WORKING with the round's reply stored and not yet taken: send it (the same reply, every time: a
+    reply the server may already hold is answered again, idempotently) on the control budget. Taken: the
+    round is acknowledged and polling goes on. Not delivered (a refused or cut connection, a 5xx, a timeout,
+    no token): sent again shortly by the next step. Refused by the server: given up, so the question, if
+    the server still shows it, opens a new round. Still not taken ``input_reply_s`` after it was stored: an
+    operator decides (INPUT_REPLY_NOT_TAKEN), never a silent wait."""
+    reply = pending_reply(op)
+    if reply is None:
+        return StepOutcome(op.id, "nothing_to_do", op.state)
+    recorded_at = dt.datetime.fromisoformat(str(reply["recorded_at"]))
+    waited_s = (ctx.now() - recorded_at).total_seconds()
+    if waited_s > ctx.settings.input_reply_s:
+        op = ctx.hand_to_operator(
+            op,
+            fence,
+            ReconciliationReason.INPUT_REPLY_NOT_TAKEN,
+            {
+                "why": f"the reply to input round {op.input_round} was not delivered in {waited_s:.0f} s",
+                "input_round": op.input_round,
+                "recorded_at": reply["recorded_at"],
+                "attempts": reply.get("attempts"),
+                "last_error": reply.get("last_error"),
+                "remote_id": op.remote_id,
+            },
+        )
+        return StepOutcome(op.id, "input_reply_to_operator", op.state)
+    request = InputRequest.from_json(op.input_request or {})
     try:
         ctx.adapter(op).reply_input(
-            remote_ref(op), request, response, budget=ctx.request_budget(op.server, "control", prepaid=1)
+            remote_ref(op), request, reply["response"], budget=ctx.request_budget(op.server, "control")
         )
-    except (AdapterError, NoToken) as exc:
-        # Polling resumes either way: a server still waiting shows the question again, and after a failed
-        # reply that is a new round (see answered_already).
-        # A stale write means the operation moved on meanwhile (its refusal is recorded): nothing to mark.
-        with contextlib.suppress(StaleTransition):
-            op = ctx.ledger.record_input_reply_failed(
-                op.id,
-                Fence(op.execution_epoch, op.cancel_generation),
-                input_round=input_round,
-                answered=op.input_request or {},
-                error=describe(exc),
-            )
-        return StepOutcome(op.id, "input_reply_failed", op.state)
+    except NotFound as exc:
+        return not_found(ctx, op, fence, exc)  # the task (or its session) is gone: as a poll would find
+    except Rejected as exc:
+        op = ctx.ledger.record_input_reply_failed(
+            op.id, fence, reply=reply, error=describe(exc), answered=op.input_request or {}
+        )
+        return StepOutcome(op.id, "input_reply_refused", op.state)
+    except AdapterError as exc:
+        op = ctx.ledger.record_input_reply_failed(
+            op.id, fence, reply=reply, error=describe(exc), retry_in_s=retry_s(exc)
+        )
+        return StepOutcome(op.id, "input_reply_failed", op.state, detail={"sent_again_in_s": retry_s(exc)})
+    op = ctx.durably(
+        lambda: ctx.ledger.record_input_reply_sent(op.id, fence, reply=reply),
+        what=f"the delivered reply of {op.id} round {op.input_round}",
+    )
     return StepOutcome(op.id, "input_provided", op.state)
 
 

@@ -35,7 +35,11 @@ from workers.steps.context import (
 from workers.steps.input_rounds import (
     AWAITING_INPUT_RECHECK_S,
     answered_already,
+    answered_round,
     ask_for_input,
+    pending_reply,
+    send_reply,
+    still_asked,
     unreadable_input,
 )
 from workers.steps.result import MAX_SAME_VIOLATIONS, fetch, not_found, too_large
@@ -52,7 +56,10 @@ REJECTION_PAUSE_MAX_S = 30.0
 
 
 def poll(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
-    """WORKING: one status read on the poll budget, unless the wait budget ran out."""
+    """WORKING: one status read on the poll budget, unless the wait budget ran out; first, the stored reply
+    of the current input round, when the server has not taken it yet (rule 10: :func:`send_reply`)."""
+    if pending_reply(op) is not None:
+        return send_reply(ctx, op, fence)
     if op.wait_deadline is not None and op.wait_deadline <= ctx.now():
         op = ctx.hand_to_operator(
             op,
@@ -176,8 +183,13 @@ def observed(ctx: StepContext, op: Operation, fence: Fence, status: RemoteStatus
     interval = ctx.interval_s(op, status)
     if status.input_request is not None and not answered_already(op, status.input_request):
         return ask_for_input(ctx, op, fence, status, status.input_request)
+    if status.input_request is not None or status.awaiting_input:
+        # Still asking after the reply of this round was taken: bounded (rule 10).
+        handed = still_asked(ctx, op, fence, status)
+        if handed is not None:
+            return handed
     if status.input_request is None and status.awaiting_input:
-        if op.state is OpState.WORKING:
+        if op.state is OpState.WORKING and answered_round(op) is None:
             return unreadable_input(ctx, op, fence, status, interval)
         interval = min(interval, AWAITING_INPUT_RECHECK_S)  # the request could not be read yet
     elif op.state is OpState.WORKING and op.input_deadline is not None:
