@@ -472,56 +472,120 @@ def update_claim_due_by_server(with_epoch: bool | Literal["current"]) -> Any:
     ``ix_tool_operation_server_due`` each), and at most ``claim_limit`` over all of them, shared by the
     servers (rule 3: every configured server gets its share of every tick, whatever the others have due).
 
-    The share: each row is ranked within its server (1 = its most overdue row) and ordered by ``(rank - 1) /
-    room``, so every server's first due row comes before any server's second, and past the first rows the
-    limit is shared in proportion to the rooms (the servers' budgets per tick). Servers level on that order
-    are taken in a rotation that moves on by ``claim_limit`` at every tick (``dispatch_tick``, a sequence:
-    one value per tick): with more servers than the limit, consecutive ticks take the next servers, and
-    every server is reached within ``ceil(servers / claim_limit)`` ticks, whether the ticks come a second or
-    a millisecond apart, from one dispatcher or several.
+    The share: each server's due rows are ranked (1 = its most overdue) and the tick takes the ``claim_limit``
+    first by ``(rank - 1) / room``, so every server's first due row comes before any server's second, and
+    past the first rows the limit is shared in proportion to the rooms (the servers' budgets per tick).
+    Servers level on that order are taken in a rotation that moves on by ``claim_limit`` at every tick
+    (``dispatch_tick``, a sequence: one value per tick): with more servers than the limit, consecutive ticks
+    take the next servers, and every server is reached within ``ceil(servers / claim_limit)`` ticks, whether
+    the ticks come a second or a millisecond apart, from one dispatcher or several.
 
-    The ranking is outside the scans: Postgres refuses a window function at the level of a ``FOR UPDATE``.
-    Rows a server's scan locked beyond ``claim_limit`` are not claimed; their lock ends with the transaction.
+    The rows are counted first, reading and locking nothing, and only each server's quota is then locked
+    (SKIP LOCKED: a row another dispatcher holds is left to it, and this tick claims that much less); the
+    quotas are the ranking above done on the counts alone (Postgres refuses a window function at the level
+    of a ``FOR UPDATE``). So that a backlog costs about the rows claimed, not all a server could take, each
+    server is counted at first only up to twice its share of the limit were every server busy (``first``):
+    enough whenever most servers are; a server whose count reached that bound while it could matter (it
+    took all of it, or the limit was not filled) is counted again up to its room, and the quotas follow
+    those counts. Every value a quota depends on is thus exact.
     """
     servers = bindparam("claim_servers", type_=ARRAY(Text()))
+    room_list = bindparam("claim_rooms", type_=ARRAY(Integer()))
     limit = bindparam("claim_limit", type_=Integer())
     rooms = (
-        func.unnest(servers, bindparam("claim_rooms", type_=ARRAY(Integer())))
+        func.unnest(servers, room_list)
         .table_valued("server", "room", with_ordinality="ord")
         .render_derived(name="rooms")
     )
-    per_server = (
-        select(OP.c.id, OP.c.next_poll_at)
-        .where(
+
+    def due_and_free() -> list[Any]:
+        return [
             OP.c.server == rooms.c.server,
             OP.c.next_poll_at <= func.now() + bindparam("claim_horizon", type_=Interval()),
             or_(OP.c.lease_until.is_(None), OP.c.lease_until < func.now()),
+        ]
+
+    def counted(cap: Any, name: str) -> Any:
+        """(ord, n): each server's due and free rows, at most ``cap`` of them, read in due order."""
+        peek = select(OP.c.id).where(*due_and_free()).order_by(OP.c.next_poll_at).limit(cap).lateral()
+        return (
+            select(rooms.c.ord, func.count(peek.c.id).label("n"))
+            .select_from(rooms.join(peek, true()))
+            .group_by(rooms.c.ord)
+            .subquery(name)
         )
+
+    # The rotation's tick, taken once (two quota rounds read it); the first server's position: tick * limit,
+    # modulo the servers (each factor reduced first: the product of two bigints could overflow).
+    tick = select(func.nextval(DISPATCH_TICK.name).label("value")).cte("tick")
+    count = func.cardinality(servers)
+    first_turn = ((select(tick.c.value).scalar_subquery() % count) * (limit % count)) % count
+
+    def quotas(waiting: Any, name: str) -> Any:
+        """(ord, quota): the ``claim_limit`` first places over ``waiting``'s counts, by share then turn."""
+        place = func.generate_series(1, waiting.c.n).table_valued("rank").render_derived(name=f"{name}_place")
+        share = sql_cast(place.c.rank - 1, Float()) / waiting.c.room
+        turn = (waiting.c.ord - 1 - first_turn + count) % count
+        taken = (
+            select(waiting.c.ord)
+            .select_from(waiting.join(place, true()))
+            .order_by(share, turn)
+            .limit(limit)
+            .subquery(f"{name}_taken")
+        )
+        return select(taken.c.ord, func.count().label("quota")).group_by(taken.c.ord).cte(name)
+
+    full = func.least(rooms.c.room, limit)
+    listed = func.unnest(room_list).table_valued("room").render_derived(name="listed")
+    all_rooms = select(func.sum(listed.c.room)).scalar_subquery()
+    bound = func.least(full, func.ceil(2.0 * limit * rooms.c.room / all_rooms) + 1)
+    first = counted(bound, "first_count")
+    first_waiting = (
+        select(rooms.c.ord, rooms.c.room, bound.label("bound"), full.label("full"), first.c.n)
+        .select_from(rooms.join(first, first.c.ord == rooms.c.ord))
+        .cte("first_waiting")
+    )
+    first_quotas = quotas(first_waiting, "first_quotas")
+    unfilled = limit > func.coalesce(select(func.sum(first_quotas.c.quota)).scalar_subquery(), 0)
+    recount = (
+        select(first_waiting.c.ord)
+        .select_from(first_waiting.outerjoin(first_quotas, first_quotas.c.ord == first_waiting.c.ord))
+        .where(
+            first_waiting.c.n == first_waiting.c.bound,
+            first_waiting.c.bound < first_waiting.c.full,
+            or_(func.coalesce(first_quotas.c.quota, 0) == first_waiting.c.bound, unfilled),
+        )
+        .subquery("recount")
+    )
+    again_peek = select(OP.c.id).where(*due_and_free()).order_by(OP.c.next_poll_at).limit(full).lateral()
+    again = (
+        select(rooms.c.ord, func.count(again_peek.c.id).label("n"))
+        .select_from(rooms.join(recount, recount.c.ord == rooms.c.ord).join(again_peek, true()))
+        .group_by(rooms.c.ord)
+        .subquery("again")
+    )
+    waiting = (
+        select(
+            first_waiting.c.ord, first_waiting.c.room, func.coalesce(again.c.n, first_waiting.c.n).label("n")
+        )
+        .select_from(first_waiting.outerjoin(again, again.c.ord == first_waiting.c.ord))
+        .cte("waiting")
+    )
+    final_quotas = quotas(waiting, "quotas")
+    per_server = (
+        select(OP.c.id)
+        .where(*due_and_free())
         .order_by(OP.c.next_poll_at)
-        .limit(func.least(rooms.c.room, limit))
+        .limit(final_quotas.c.quota)
         .with_for_update(skip_locked=True)
         .lateral("per_server")
     )
-    ranked = (
-        select(
-            per_server.c.id,
-            rooms.c.ord,
-            rooms.c.room,
-            func.row_number()
-            .over(partition_by=rooms.c.ord, order_by=(per_server.c.next_poll_at, per_server.c.id))
-            .label("rank"),
-        )
-        .select_from(rooms.join(per_server, true()))
-        .subquery("ranked")
+    due = (
+        select(per_server.c.id)
+        .select_from(rooms.join(final_quotas, final_quotas.c.ord == rooms.c.ord).join(per_server, true()))
+        .limit(limit)  # no more than the quotas make: it tells the planner how few rows the update joins
+        .cte("due")
     )
-    count = func.cardinality(servers)
-    tick = select(func.nextval(DISPATCH_TICK.name)).scalar_subquery()
-    # The first server's position this tick: tick * limit, modulo the servers (each factor reduced first:
-    # the product of two bigints could overflow).
-    first = ((tick % count) * (limit % count)) % count
-    share = sql_cast(ranked.c.rank - 1, Float()) / ranked.c.room
-    turn = (ranked.c.ord - 1 - first + count) % count
-    due = select(ranked.c.id).order_by(share, turn).limit(limit).cte("due")
     return update(OP).where(OP.c.id == due.c.id).values(_claim_values(with_epoch)).returning(*CLAIM_COLUMNS)
 
 

@@ -11,6 +11,7 @@ than the batch every server is reached within ``ceil(servers / batch)`` ticks.
 from __future__ import annotations
 
 import math
+import random
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
@@ -117,6 +118,46 @@ def test_beyond_the_first_rows_the_batch_is_shared_in_proportion_to_the_rooms(le
     claimed = servers_claimed(ledger, [("a", 30), ("b", 10)], 20, server_of)
 
     assert claimed == Counter({"a": 15, "b": 5})
+
+
+def model_shares(counts: dict[str, int], rooms: dict[str, int], limit: int, tick: int) -> Counter[str]:
+    """What a tick should claim of each server, computed by brute force: every due row of every server (up
+    to its room and the limit) ranked by (rank - 1) / room, then by the rotation's turn, the limit first."""
+    names = list(rooms)
+    first = (tick % len(names)) * (limit % len(names)) % len(names)
+    places = [
+        ((rank - 1) / rooms[name], (i - first) % len(names), name)
+        for i, name in enumerate(names)
+        for rank in range(1, min(counts.get(name, 0), rooms[name], limit) + 1)
+    ]
+    return Counter(name for _, _, name in sorted(places)[:limit])
+
+
+def test_one_busy_server_among_idle_ones_still_fills_the_batch(ledger: Ledger) -> None:
+    """The claim counts each server at first only up to twice its share were every server busy; a server
+    that had more, with the batch not filled, is counted again up to its room: one busy server among 40
+    takes the whole batch, as in name order."""
+    server_of = load_due(ledger, {"srv-07": 600})
+
+    claimed = servers_claimed(ledger, [(name, 1000) for name in SERVERS], 500, server_of)
+
+    assert claimed == Counter({"srv-07": 500})
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_what_a_tick_claims_of_each_server_is_the_exact_share(ledger: Ledger, seed: int) -> None:
+    """Busy and idle servers, large and small rooms, mixed at random: each server gets exactly what the
+    ranking gives it over all its due rows (the counts that bound the first reading never change it)."""
+    rng = random.Random(seed)
+    rooms = {name: rng.choice([1, 3, 10, 40, 200]) for name in SERVERS}
+    counts = {name: rng.choice([0, 0, 1, 2, 5, 30, 150]) for name in SERVERS}
+    limit = rng.choice([7, 60, 200])
+    server_of = load_due(ledger, {name: n for name, n in counts.items() if n})
+    expected = model_shares(counts, rooms, limit, tick=1)  # a fresh database's first tick
+
+    claims = ledger.claim_due_by_server(list(rooms.items()), limit=limit, lease_s=30.0, epoch="current")
+
+    assert Counter(server_of[c.op_id] for c in claims) == expected
 
 
 # --------------------------------------------------------------------------- the dispatcher's own tick
