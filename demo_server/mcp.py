@@ -46,6 +46,9 @@ Control endpoints (test harness only, same port):
 * ``GET /_control/http_log`` -> ``{"entries": [{"t", "verb", "budget", "query"}]}``: every HTTP request to
   ``/mcp`` (POST, GET, DELETE; JSON-RPC responses and refused requests included), ``query`` its URL's query
   string. ``DELETE`` clears it.
+* ``GET /_control/replies`` -> ``{"replies": [{"t", "id", "session", "outcome"}]}``: every client JSON-RPC
+  response (an input reply) received; ``outcome`` is ``taken`` (a task waited for it), ``duplicate``
+  (none did: answered already, or unknown), ``refused`` or ``ignored`` (the fault switches below).
 * ``GET /_control/tasks`` -> ``{"tasks": [every task with session, tool, arguments, result, error,
   pendingInputs], "expired": [purged ids]}``.
 * ``GET /_control/faults`` shows the switches; ``POST`` a JSON object sets the named ones (others stay);
@@ -342,9 +345,18 @@ class DemoMcpServer:
             return
         incoming = Incoming(message, session)
         if raw_method is None:
+            reply = {"t": time.time(), "id": message.get("id"), "session": headers.get("mcp-session-id")}
+            if self.faults.take("refuse_reply"):
+                self.replies.append({**reply, "outcome": "refused"})
+                await drop_connection(send)
+                return
             if self.faults.switches.delay_reply_ms:
                 await asyncio.sleep(self.faults.switches.delay_reply_ms / 1000)
-            self._client_response(incoming)
+            if self.faults.take("ignore_reply"):
+                self.replies.append({**reply, "outcome": "ignored"})
+            else:
+                taken = self._client_response(incoming)
+                self.replies.append({**reply, "outcome": "taken" if taken else "duplicate"})
             await respond(send, 202, headers=self._session_headers(incoming.session))
         elif "id" not in message:
             await respond(send, 202, headers=self._session_headers(incoming.session))
