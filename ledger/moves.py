@@ -106,17 +106,20 @@ class OperationMoves(GuardedWrites):
         status: ServerStatus,
         expires_at: dt.datetime | None,
         next_poll_in_s: float,
+        keep_claim: bool = False,
     ) -> Operation:
         """SUBMITTING -> WORKING: the create call returned a queryable remote id; the first poll is due in
         ``next_poll_in_s``. Event ``created``. A cancel requested meanwhile never orphans the remote id: it
-        is recorded all the same, and the operation goes to CANCEL_REQUESTED instead (rule 6)."""
+        is recorded all the same, and the operation goes to CANCEL_REQUESTED instead (rule 6), its claim
+        kept for the step that sends the cancel. ``keep_claim``: the step goes on anyway (the create's
+        answer was terminal, or asks for input): the lease stays; otherwise the claim is let go."""
         sets = {
             "remote_id": remote_id,
             "session_ref": session_ref,
             **status.columns(),
             "expires_at": expires_at,
             "next_poll_at": due_in(next_poll_in_s),
-            "lease_until": None,
+            **({} if keep_claim else {"lease_until": None}),
         }
         detail = {"remote_id": remote_id, "server_state": status.server_state}
         write = GuardedWrite(
@@ -135,7 +138,7 @@ class OperationMoves(GuardedWrites):
     ) -> Operation:
         """SUBMISSION_UNKNOWN -> WORKING, polled at once: a lookup by submission key found the operation.
         Event ``found_by_key``. With a cancel requested (the generation above 0): -> CANCEL_REQUESTED, due
-        at once (rule 6)."""
+        at once, the claim kept for the step that sends it (rule 6); otherwise the claim is let go."""
         sets = {
             "remote_id": remote_id,
             "session_ref": session_ref,
@@ -202,12 +205,19 @@ class OperationMoves(GuardedWrites):
     ) -> Operation:
         """SUBMITTING -> TERMINAL_OBSERVED -> FETCHING_RESULT in one statement: the create call itself gave
         the final answer (event ``rejected`` or ``ran_synchronously``, then ``fetching_result``), or
-        longcall refused it before any remote call (event ``adapter_disabled``); the whole result and its
+        longcall refused it before any remote call (event ``adapter_disabled``, or ``create_never_sent``: the
+        create can never be sent, e.g. its server is no longer configured); the whole result and its
         digest are held for acceptance. ``result=None``: the answer could not be stored (an operator
         decides next, in the same step: :meth:`hand_to_operator` from FETCHING_RESULT)."""
-        if event not in (EventKind.REJECTED, EventKind.RAN_SYNCHRONOUSLY, EventKind.ADAPTER_DISABLED):
+        if event not in (
+            EventKind.REJECTED,
+            EventKind.RAN_SYNCHRONOUSLY,
+            EventKind.ADAPTER_DISABLED,
+            EventKind.CREATE_NEVER_SENT,
+        ):
             raise IllegalTransition(
-                f"a create's own final answer is rejected, ran_synchronously or adapter_disabled, not {event}"
+                "a create's own final answer is rejected, ran_synchronously, adapter_disabled or "
+                f"create_never_sent, not {event}"
             )
         sets = {
             "observed_terminal": kind.value,

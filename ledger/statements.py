@@ -166,13 +166,15 @@ def guarded_update(shape: WriteShape) -> Any:
     if shape.to_state:
         sets["state"] = bindparam("new_state", type_=OP.c.state.type)
         if shape.after_intent == "route":
+            routed = OP.c.cancel_generation > bindparam("fence_route_above")
             sets["state"] = case(
-                (
-                    OP.c.cancel_generation > bindparam("fence_route_above"),
-                    literal(OpState.CANCEL_REQUESTED.value, type_=OP.c.state.type),
-                ),
+                (routed, literal(OpState.CANCEL_REQUESTED.value, type_=OP.c.state.type)),
                 else_=sets["state"],
             )
+            if "lease_until" in sets:
+                # Routed, the writer's step goes on to send the cancel under its claim: the lease stays
+                # (rule 3: no move lets go of a claim while its step goes on).
+                sets["lease_until"] = case((routed, OP.c.lease_until), else_=sets["lease_until"])
     if shape.bump_generation:
         sets["cancel_generation"] = OP.c.cancel_generation + 1
     generation_ok: Any = OP.c.cancel_generation == bindparam("fence_generation")

@@ -30,13 +30,28 @@ from ledger.records import BODY_NOT_READ, Fence, Operation, adapter_key
 from ledger.states import OpState, TerminalKind
 from workers.errors import NoToken
 from workers.steps.cancel import send as send_cancel
-from workers.steps.context import TRY_AGAIN, Moved, StepContext, StepOutcome, describe, retry_s, server_status
+from workers.steps.context import (
+    DEADLINE_SLACK_S,
+    TRY_AGAIN,
+    Moved,
+    StepContext,
+    StepOutcome,
+    describe,
+    retry_s,
+    server_status,
+)
 from workers.steps.poll import observed
 from workers.steps.result import accept, error_result, fetch, result_json, storable, unstorable
 
 #: A capabilities read or a lookup that failed decided nothing (a "not found" included: the lookup, not
 #: the error, proves "never created"): ask again later.
 ASK_AGAIN: tuple[type[AdapterError], ...] = (*TRY_AGAIN, NotFound)
+#: How many times an operation may be submitted again after a proof of "never created" (each create's
+#: answer lost, each lookup proving no operation): the next proof goes to an operator (rule 2's bound).
+MAX_RESUBMISSIONS = 3
+#: How long the lookups of one unknown create outcome may keep failing (a server down, a refusal that
+#: never changes) before an operator decides (rule 2's bound; the wait budget bounds it too).
+LOOKUP_RETRY_S = 300.0
 #: What a capabilities read may end in short of an answer.
 CAPABILITIES_FAILURES: tuple[type[Exception], ...] = (Rejected, NoToken, *ASK_AGAIN)
 
@@ -66,6 +81,11 @@ def create(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved
         # Rule 6: a cancel was requested before any create was attempted (or before the resubmission that
         # followed a proof of "never created"): nothing runs on the server, and no create is made.
         return accept(ctx, op, TerminalKind.CANCELLED, None, audit={"why": "cancelled before any create"})
+    if op.wait_deadline is not None and op.wait_deadline <= ctx.now():
+        # Rule 3: a create's retries end with the wait budget. Nothing was ever sent (no attempt is
+        # recorded), so the operation ends failed without a create, its receipt saying why: the caller
+        # stopped waiting, and a create made now could start work nobody waits for.
+        return _answered_at_once(ctx, op, fence, _never_sent(op), EventKind.CREATE_NEVER_SENT)
     server = ctx.server(op)
     adapter = ctx.adapter(op)
     budget = ctx.request_budget(op.server, "control")
@@ -138,7 +158,12 @@ def arguments_of(ctx: StepContext, op: Operation) -> Any:
 
 def _undo_attempt(ctx: StepContext, op: Operation, fence: Fence, retry_in_s: float, why: str) -> StepOutcome:
     """The create was proved not to have done any work: the attempt is undone (durably: lost, the next step
-    would find an attempt and no answer, an unknown outcome for an operator)."""
+    would find an attempt and no answer, an unknown outcome for an operator), and the create is due again
+    after the server's wait, or at the wait deadline if that comes first (then it ends never sent: nothing
+    is sent sooner than the server asked)."""
+    if op.wait_deadline is not None:
+        left_s = (op.wait_deadline - ctx.now()).total_seconds()
+        retry_in_s = min(retry_in_s, max(0.0, left_s) + DEADLINE_SLACK_S)
     op = ctx.durably(
         lambda: ctx.ledger.undo_create_attempt(op.id, fence, retry_in_s=retry_in_s, detail={"error": why}),
         what=f"the refused create of {op.id}",
@@ -159,6 +184,23 @@ def lookup(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved
             budget=ctx.request_budget(op.server, "control"),
         )
     except ASK_AGAIN as exc:
+        failing_s = _lookups_failing_s(ctx, op)
+        spent = op.wait_deadline is not None and op.wait_deadline <= ctx.now()
+        if spent or (failing_s is not None and failing_s >= LOOKUP_RETRY_S):
+            # Rule 2: the lookup's retries have a bound; the create may have been sent, so an operator.
+            op = ctx.hand_to_operator(
+                op,
+                fence,
+                ReconciliationReason.SUBMISSION_UNKNOWN,
+                {
+                    "why": "the wait budget ran out with the create's outcome unknown"
+                    if spent
+                    else f"the lookup by submission key kept failing for {failing_s:.0f} s",
+                    "error": describe(exc),
+                    "submission_key": str(op.submission_key),
+                },
+            )
+            return StepOutcome(op.id, "manual_reconciliation", op.state)
         return ctx.retry_later(op, fence, exc, EventKind.LOOKUP_FAILED)
     if found.proof == "found" and found.ref is not None:
         op = ctx.ledger.record_found_by_key(
@@ -171,6 +213,21 @@ def lookup(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved
         if op.state is OpState.CANCEL_REQUESTED:
             return _cancel_now(ctx, op, fence)
         return StepOutcome(op.id, "found_by_key", op.state)
+    if found.proof == "never_created" and (resubmitted_n := _resubmissions(ctx, op)) >= MAX_RESUBMISSIONS:
+        # Rule 2: the create <-> lookup loop has a bound. Every create's answer was lost and every lookup
+        # proved it never created: something between longcall and the server eats the answers.
+        op = ctx.hand_to_operator(
+            op,
+            fence,
+            ReconciliationReason.SUBMISSION_UNKNOWN,
+            {
+                "why": f"proved never created after each of {resubmitted_n + 1} creates whose answers were "
+                "lost; not created again without an operator",
+                "detail": found.detail,
+                "submission_key": str(op.submission_key),
+            },
+        )
+        return StepOutcome(op.id, "manual_reconciliation", op.state)
     if found.proof == "never_created":
         # Made at once by this step (the create below), under its claim: the lease stays.
         resubmitted = ctx.ledger.resubmit(
@@ -190,6 +247,24 @@ def lookup(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved
     return StepOutcome(op.id, "manual_reconciliation", op.state)
 
 
+def _resubmissions(ctx: StepContext, op: Operation) -> int:
+    """How many times the operation was submitted again after a proof of "never created" (read only on
+    such a proof: the events of one operation)."""
+    return sum(1 for event in ctx.ledger.events(op.id) if event["kind"] == EventKind.RESUBMISSION.value)
+
+
+def _lookups_failing_s(ctx: StepContext, op: Operation) -> float | None:
+    """How long the lookups of this unknown outcome have been failing: since the first ``lookup_failed``
+    after the latest ``submission_unknown``; None when none failed yet (read only on a failed lookup)."""
+    first: dt.datetime | None = None
+    for event in ctx.ledger.events(op.id):
+        if event["kind"] == EventKind.SUBMISSION_UNKNOWN.value:
+            first = None
+        elif event["kind"] == EventKind.LOOKUP_FAILED.value and first is None:
+            first = event["at"]
+    return (ctx.now() - first).total_seconds() if first is not None else None
+
+
 def _created(ctx: StepContext, op: Operation, fence: Fence, created: Created) -> StepOutcome:
     if created.sync_result is not None:
         return _answered_at_once(ctx, op, fence, created.sync_result, EventKind.RAN_SYNCHRONOUSLY)
@@ -207,6 +282,8 @@ def _created(ctx: StepContext, op: Operation, fence: Fence, created: Created) ->
             status=server_status(status),
             expires_at=_expiry(ctx, status),
             next_poll_in_s=next_poll_in_s,
+            # The step goes on with what the answer says: the claim stays to its end (rule 3).
+            keep_claim=status.terminal is not None or status.input_request is not None,
         ),
         what=f"the create answer of {op.id} ({ref.remote_id})",
     )
@@ -260,6 +337,18 @@ def _refused_as_disabled(
 ) -> StepOutcome:
     """Answered at once, with no create call: the pipeline hears why (rule 14)."""
     return _answered_at_once(ctx, op, fence, _refused_here(str(refusal)), EventKind.ADAPTER_DISABLED)
+
+
+def _never_sent(op: Operation) -> RemoteResult:
+    """The failed result of a create the wait budget ended before it could be sent."""
+    budget = op.wait_deadline - op.created_at if op.wait_deadline is not None else None
+    return _refused_here(
+        f"the wait budget ({budget.total_seconds():.0f} s) ran out before the create of {op.tool_name!r} "
+        f"on {op.server!r} could be sent (the server refused it before any work, or no control token was "
+        f"had: {op.no_token_count} times without a token); no create was made"
+        if budget is not None
+        else f"the create of {op.tool_name!r} on {op.server!r} could not be sent; no create was made"
+    )
 
 
 def _refused_here(message: str) -> RemoteResult:
