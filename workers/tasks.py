@@ -17,6 +17,7 @@ from celery import Celery, Task
 from celery.exceptions import Reject
 
 from ledger.errors import AdapterDisabled, AdmissionClosed, CallNodeConflict, OperationNotFound
+from ledger.records import DrainReport
 from ledger.shadow import LegacyOutcomeRefused
 from workers.delivery import outbox_retry, publisher
 from workers.errors import (
@@ -147,6 +148,21 @@ def _hand_back(task: Task[Any, Any], what: str, exc: BaseException, *, retry_s: 
         raise Reject(describe_fault(exc), requeue=True) from None
 
 
+def _log_failed_publishes(report: DrainReport) -> None:
+    """The rows a drain could not publish: the ones it dead-lettered at ERROR (an operator's, rule 9), the
+    rest, which stay ready for the next drain, at WARNING."""
+    dead = set(report.dead)
+    if dead:
+        log.error(
+            "outbox rows %s could not be published after their bounded attempts: dead-lettered "
+            "(OUTBOX_UNDELIVERABLE; longcall reconcile --resend ID once the cause is gone)",
+            sorted(dead),
+        )
+    ready = [row for row in report.failed if row not in dead]
+    if ready:
+        log.warning("outbox rows %s could not be published; they stay ready", ready)
+
+
 def _op_id(value: Any) -> uuid.UUID:
     try:
         return uuid.UUID(str(value))
@@ -183,7 +199,7 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:  # noqa: PLR0915
         else:
             if not report.failed:
                 return
-            log.warning("outbox rows %s could not be published; they stay ready", list(report.failed))
+            _log_failed_publishes(report)
         try:
             app.send_task("longcall.drain_outbox", queue="longcall.outbox", ignore_result=True)
         except Exception:  # the beat's drain runs every outbox_interval_s anyway
@@ -308,8 +324,8 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:  # noqa: PLR0915
             publisher(app), limit=limit, retry=outbox_retry(runtime.settings)
         )
         if report.failed:
-            log.warning("outbox rows %s could not be published; they stay ready", list(report.failed))
-        return {"dispatched": len(report.dispatched), "failed": len(report.failed)}
+            _log_failed_publishes(report)
+        return {"dispatched": len(report.dispatched), "failed": len(report.failed), "dead": len(report.dead)}
 
     @app.task(name="longcall.reconcile", shared=False, ignore_result=True)
     def reconcile() -> dict[str, int]:

@@ -33,7 +33,7 @@ def make_app(broker_url: str, keyprefix: str, sink: str, redis_url: str | None =
         worker_hijack_root_logger=False,
     )
 
-    @app.task(name="pipeline.record", bind=True)
+    @app.task(name="pipeline.record", bind=True, shared=False)
     def record(self: Task[Any, Any], /, **kwargs: Any) -> None:
         """Records the call; through a Redis restart (the sink's Redis), for up to a minute, as a consumer
         that must not lose what it was handed does."""
@@ -52,7 +52,7 @@ def make_app(broker_url: str, keyprefix: str, sink: str, redis_url: str | None =
             finally:
                 client.close()
 
-    @app.task(name="pipeline.check_digest", bind=True)
+    @app.task(name="pipeline.check_digest", bind=True, shared=False)
     def check_digest(self: Task[Any, Any], /, receipt: dict[str, Any]) -> None:
         """Recomputes the receipt's digest over the ``result`` it received, with the recipe a consumer
         reads in longcall's documentation (and nothing of longcall's code), and records both."""
@@ -65,7 +65,7 @@ def make_app(broker_url: str, keyprefix: str, sink: str, redis_url: str | None =
         client.rpush(sink, json.dumps(entry))
         client.close()
 
-    @app.task(name="pipeline.flaky", bind=True, max_retries=3)
+    @app.task(name="pipeline.flaky", bind=True, max_retries=3, shared=False)
     def flaky(self: Task[Any, Any], /, **kwargs: Any) -> None:
         """Fails its first attempt; every attempt is recorded, so a test sees what each one received."""
         client = redis.Redis.from_url(store)
