@@ -4,12 +4,17 @@ same transaction, under the row's lock.
 
 ``executor_control.rollout`` holds the rollout (``workers/rollout.py`` reads it): ``canary_percent`` (absent
 until a canary is first enabled: everything is routed) and ``shadow`` (shadow mode on or off).
+
+``executor_control.epoch_owner`` names the executor identity that owns the current epoch (rule 13), set by
+:meth:`ExecutorControlTransactions.bump_epoch`: a fleet of another identity claims nothing and writes nothing
+under a claim (the statements compare it themselves: ``ledger.statements.owner_allows``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +22,7 @@ from typing import Any
 from sqlalchemy import Connection, func, insert, select, update
 
 from ledger.guarded import GuardedWrites
-from ledger.records import ControlState, adapter_key
+from ledger.records import ControlState, EpochOwnership, adapter_key
 from ledger.statements import (
     CONTROL,
     CONTROL_AUDIT,
@@ -58,15 +63,53 @@ def read_control(conn: Connection) -> ControlState:
         admission_open=row.admission_open,
         disabled_adapters=tuple(row.disabled_adapters),
         rollout=dict(row.rollout),
+        epoch_owner=row.epoch_owner,
     )
 
 
 class ExecutorControlTransactions(GuardedWrites):
     """The control transactions of ``Ledger``."""
 
+    #: What this ledger last saw of the control row's epoch and owner, and when (``time.monotonic()``).
+    _ownership_seen: tuple[float, EpochOwnership] | None = None
+
     def control(self) -> ControlState:
         with self._tx() as conn:
-            return read_control(conn)
+            control = read_control(conn)
+        self._saw_ownership(control.execution_epoch, control.epoch_owner)
+        return control
+
+    def epoch_ownership(self, *, max_age_s: float = 0.0, epoch: int | None = None) -> EpochOwnership:
+        """Who owns the current execution epoch, and whether this ledger's fleet (``executor_id``) is it
+        (rule 13): the control row read now (one statement). With ``max_age_s``: what a statement of this
+        ledger read of the control row within that many seconds, when there is one (``get`` reads it with
+        the operation's row, so a step's own read answers at no cost), unless that was of an epoch older
+        than ``epoch`` (the epoch of an operation read since: the control row moved on meanwhile).
+
+        The fence itself is in every claim and every write under a claim; this is what a step, or an input
+        reply about to be sent, asks before it sends anything to a server."""
+        seen = self._ownership_seen
+        if (
+            seen is not None
+            and max_age_s > 0
+            and time.monotonic() - seen[0] <= max_age_s
+            and (epoch is None or seen[1].execution_epoch >= epoch)
+        ):
+            return seen[1]
+        with self._one_statement() as conn:
+            row = conn.execute(STATEMENTS.get(select_control)).one()
+        return self._saw_ownership(row.execution_epoch, row.epoch_owner)
+
+    def owns_epoch(self, *, max_age_s: float = 0.0, epoch: int | None = None) -> bool:
+        """Whether this ledger's fleet may claim and write in the current epoch (see
+        :meth:`epoch_ownership`): the control row names no owner, or names this ledger's ``executor_id``,
+        or this ledger names none."""
+        return self.epoch_ownership(max_age_s=max_age_s, epoch=epoch).owns
+
+    def _saw_ownership(self, epoch: int, owner: str | None) -> EpochOwnership:
+        ownership = EpochOwnership(epoch, owner, self.executor_id)
+        self._ownership_seen = (time.monotonic(), ownership)  # one assignment: a thread sees old or new
+        return ownership
 
     def set_admission(self, *, open_: bool, actor: str, reason: str | None = None) -> ControlState:
         return self._change_control(actor, "set_admission", {"admission_open": open_}, reason=reason)
@@ -93,16 +136,19 @@ class ExecutorControlTransactions(GuardedWrites):
             rows = conn.execute(select(CONTROL_AUDIT).order_by(CONTROL_AUDIT.c.id.desc()).limit(limit)).all()
         return [ControlChange(r.id, r.at, r.actor, r.action, r.reason, r.before, r.after) for r in rows]
 
-    def bump_epoch(self, *, actor: str, reason: str | None = None) -> ControlState:
-        """Rule 13: the next execution epoch, and every operation not final yet taken over into it in the
-        same transaction. From the commit on, a step of the old epoch still in flight (its fence names the
-        old epoch) moves no row and has no receipt accepted: its write is refused as stale. Each guarded
-        statement also compares its epoch with the control row's, so a row the take-over could not see (one
-        inserted by a transaction still open) is fenced too; a claim takes such a row over."""
+    def bump_epoch(self, *, actor: str, reason: str | None = None, owner: str | None = None) -> ControlState:
+        """Rule 13: the next execution epoch, owned by the executor identity ``owner`` (None: by every
+        fleet), and every operation not final yet taken over into it in the same transaction. From the commit
+        on, a step of the old epoch still in flight (its fence names the old epoch) moves no row and has no
+        receipt accepted: its write is refused as stale. Each guarded statement also compares its epoch with
+        the control row's, so a row the take-over could not see (one inserted by a transaction still open)
+        is fenced too; a claim takes such a row over. A fleet of another identity than ``owner`` claims
+        nothing from then on, and a write it makes under a claim is refused: the rolled-back fleet is fenced
+        for good, not only its steps in flight."""
         return self._change_control(
             actor,
             "bump_epoch",
-            {"execution_epoch": CONTROL.c.execution_epoch + 1},
+            {"execution_epoch": CONTROL.c.execution_epoch + 1, "epoch_owner": owner},
             take_over=True,
             reason=reason,
         )
@@ -154,7 +200,8 @@ class ExecutorControlTransactions(GuardedWrites):
                     after=dataclasses.asdict(after) | {"disabled_adapters": list(after.disabled_adapters)},
                 )
             )
-            return after
+        self._saw_ownership(after.execution_epoch, after.epoch_owner)
+        return after
 
 
 def _control_json(mapping: Mapping[str, Any]) -> dict[str, Any]:
@@ -163,6 +210,7 @@ def _control_json(mapping: Mapping[str, Any]) -> dict[str, Any]:
         "admission_open": mapping["admission_open"],
         "disabled_adapters": list(mapping["disabled_adapters"]),
         "rollout": dict(mapping["rollout"]),
+        "epoch_owner": mapping["epoch_owner"],
     }
 
 

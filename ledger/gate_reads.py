@@ -27,12 +27,15 @@ What each figure means (``workers.launch_gate`` sets them against the targets):
 - Downstream advances: dispatched ``terminal`` outbox rows of live operations (a shadow operation's row
   names no task: nothing reaches the pipeline); traceable = its receipt exists, belongs to the same
   operation, and is the receipt its payload delivered (``payload.receipt.receipt_id``).
+- Unconfigured servers (rule 14): operations not final on a server the configuration given to the read
+  does not name (removed or renamed), by server; with an operator or not, they count until they are final.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection, Engine, TextClause, text
@@ -103,19 +106,34 @@ class GateFigures:
     overdue: Behind
     advances: int
     untraceable: Behind
+    #: Operations not final on servers the configuration does not name, and those servers (``"server: N in
+    #: flight"`` each; ``total``: how many servers).
+    unconfigured_operations: int = 0
+    unconfigured: Behind = field(default_factory=lambda: Behind((), 0))
 
 
 def read_gate(
-    engine: Engine, *, cancel_target_s: float, unknown_target_s: float, limit: int = 10
+    engine: Engine,
+    *,
+    cancel_target_s: float,
+    unknown_target_s: float,
+    limit: int = 10,
+    configured_servers: Sequence[str] | None = None,
 ) -> GateFigures:
     """Every ledger figure of one gate, from one snapshot; lists of what is behind a figure hold at most
-    ``limit`` names."""
+    ``limit`` names. With ``configured_servers``, the operations in flight on any other server are read
+    too (``unconfigured``)."""
     with engine.connect() as connection:
         conn = connection.execution_options(isolation_level="REPEATABLE READ")
         with conn.begin():
             conn.execute(text(f"SET LOCAL statement_timeout = {int(STATEMENT_TIMEOUT_MS)}"))
             conn.execute(text("SET TRANSACTION READ ONLY"))
             second_total, second_ops = _second_operations(conn, limit)
+            unconfigured_total, unconfigured = (
+                _unconfigured(conn, configured_servers, limit)
+                if configured_servers is not None
+                else (0, Behind((), 0))
+            )
             advances, untraceable = _advances(conn, limit)
             return GateFigures(
                 shadow=_shadow(conn, limit),
@@ -128,6 +146,8 @@ def read_gate(
                 overdue=_overdue(conn, limit),
                 advances=advances,
                 untraceable=untraceable,
+                unconfigured_operations=unconfigured_total,
+                unconfigured=unconfigured,
             )
 
 
@@ -310,3 +330,17 @@ def _advances(conn: Connection, limit: int) -> tuple[int, Behind]:
         {"limit": limit},
     ).all()
     return int(total), _behind(list(rows), int(untraceable))
+
+
+def _unconfigured(conn: Connection, configured: Sequence[str], limit: int) -> tuple[int, Behind]:
+    rows = conn.execute(
+        text(
+            "SELECT server || ': ' || count(*) || ' in flight', sum(count(*)) OVER (), count(*) OVER () "
+            "FROM tool_operation WHERE state NOT IN ('ACCEPTED', 'CANCELLED_ACCEPTED') "
+            "AND server <> ALL(:configured) GROUP BY server ORDER BY server LIMIT :limit"
+        ),
+        {"configured": list(configured), "limit": limit},
+    ).all()
+    if not rows:
+        return 0, Behind((), 0)
+    return int(rows[0][1]), _behind(list(rows), int(rows[0][2]))

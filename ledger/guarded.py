@@ -97,6 +97,10 @@ class GuardedWrites:
     """The engine, its transactions and the guarded write; the base of ``OperationMoves`` and ``Ledger``."""
 
     engine: Engine
+    #: The executor identity of the fleet writing (rule 13): a write under a claim (a fence with a poll
+    #: cursor) is refused unless the control row names no epoch owner or names this one. None: a ledger
+    #: that names no fleet (an operator's command, a test), never fenced by the owner.
+    executor_id: str | None = None
 
     @contextmanager
     def _tx(self) -> Iterator[Connection]:
@@ -184,6 +188,7 @@ class GuardedWrites:
             "fence_epoch": fence.execution_epoch,
             "fence_generation": fence.cancel_generation,
             "fence_cursor": fence.poll_cursor,
+            "fence_executor": self.executor_id,
             "fence_round": write.input_round,
             "new_state": end.value if end is not None else None,
             "event_kind": write.event.value,

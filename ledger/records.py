@@ -276,6 +276,33 @@ class ControlState:
     admission_open: bool
     disabled_adapters: tuple[str, ...]
     rollout: Mapping[str, Any]
+    #: The executor identity that owns the current epoch (rule 13, recorded by ``longcall rollback``); None:
+    #: every fleet works in it.
+    epoch_owner: str | None = None
+
+    def owned_by(self, executor_id: str | None) -> bool:
+        """Whether a fleet running as ``executor_id`` may claim and write in the current epoch (a None
+        ``executor_id``, a ledger that names no fleet, may)."""
+        return owns(self.epoch_owner, executor_id)
+
+
+@dataclass(frozen=True, slots=True)
+class EpochOwnership:
+    """Who owns the current execution epoch (rule 13), and whether the fleet that asked (``executor_id``;
+    None: a ledger that names no fleet, e.g. an operator's command) is it."""
+
+    execution_epoch: int
+    epoch_owner: str | None
+    executor_id: str | None
+
+    @property
+    def owns(self) -> bool:
+        return owns(self.epoch_owner, self.executor_id)
+
+
+def owns(epoch_owner: str | None, executor_id: str | None) -> bool:
+    """Rule 13: an epoch without an owner is every fleet's; a ledger that names no fleet is never fenced."""
+    return epoch_owner is None or executor_id is None or epoch_owner == executor_id
 
 
 @dataclass(frozen=True, slots=True)

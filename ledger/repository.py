@@ -69,6 +69,7 @@ from ledger.statements import (
     update_claim_due,
     update_claim_due_by_server,
     update_claim_one,
+    update_release_claim,
 )
 from ledger.states import ACCEPT_FROM, ACCEPT_TO, FINAL_STATES, OpState, TerminalKind
 
@@ -89,17 +90,37 @@ class Ledger(
 
     ``reconcile_deadline_s`` is how long an operator has for a record the ledger opens itself (a late
     completion after an accepted cancel); the seed's gate by default.
+
+    ``executor_id`` is the identity of the fleet this ledger works for (``LONGCALL_EXECUTOR_ID``, rule 13):
+    once a rollback names another owner of the epoch, its claims take nothing and its writes under a claim
+    are refused. None (the default: an operator's command, a test, an embedding): any owner, never fenced.
     """
 
-    def __init__(self, engine: Engine, *, reconcile_deadline_s: float = DEFAULT_RECONCILE_DEADLINE_S) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        reconcile_deadline_s: float = DEFAULT_RECONCILE_DEADLINE_S,
+        executor_id: str | None = None,
+    ) -> None:
         self.engine = engine
         self.reconcile_deadline = dt.timedelta(seconds=reconcile_deadline_s)
+        self.executor_id = executor_id
 
     @classmethod
     def from_url(
-        cls, url: str, *, pool_size: int = 5, reconcile_deadline_s: float = DEFAULT_RECONCILE_DEADLINE_S
+        cls,
+        url: str,
+        *,
+        pool_size: int = 5,
+        reconcile_deadline_s: float = DEFAULT_RECONCILE_DEADLINE_S,
+        executor_id: str | None = None,
     ) -> Ledger:
-        return cls(make_engine(url, pool_size=pool_size), reconcile_deadline_s=reconcile_deadline_s)
+        return cls(
+            make_engine(url, pool_size=pool_size),
+            reconcile_deadline_s=reconcile_deadline_s,
+            executor_id=executor_id,
+        )
 
     def dispose(self) -> None:
         self.engine.dispose()
@@ -119,7 +140,10 @@ class Ledger(
         node with a different digest raises :class:`CallNodeConflict`. The submission key is chosen here,
         once, and never regenerated. The new row is due at once; with ``lease_s`` it is also claimed by the
         caller (cursor 1), so the submitting worker can make the create call itself, and a crash before that
-        leaves it to the dispatcher when the lease runs out.
+        leaves it to the dispatcher when the lease runs out. A fleet that does not own the epoch (rule 13)
+        claims nothing: its submission is recorded unclaimed (cursor 0, no lease), due at once for the
+        owner's dispatcher, so a submission the wrong fleet consumed is recorded, never lost, and that fleet
+        makes no create.
 
         ``admit`` (the canary, ``workers/submission.py``) decides a call node that has no operation yet:
         given ``executor_control.rollout`` as this transaction reads it, it returns the operation to insert,
@@ -139,6 +163,9 @@ class Ledger(
         with self._tx() as conn:
             lock_submission(conn, new.call_node_id)
             control = read_control(conn)
+            self._saw_ownership(control.execution_epoch, control.epoch_owner)
+            if not control.owned_by(self.executor_id):
+                lease_s = None  # for the owner's dispatcher (its claim decides; a rollback meanwhile fences)
             refusal: Exception | None = None
             if not control.admission_open:
                 refusal = AdmissionClosed()
@@ -181,6 +208,8 @@ class Ledger(
             row = conn.execute(STATEMENTS.get(select_operation_by_id, with_body), {"op_id": op_id}).first()
         if row is None:
             raise OperationNotFound(op_id)
+        # The control row's epoch and owner came with it: what owns_epoch(max_age_s=...) answers from.
+        self._saw_ownership(row.control_epoch, row.control_epoch_owner)
         return Operation.from_row(row, with_body=with_body)
 
     def find_by_call_node(self, call_node_id: str) -> Operation | None:
@@ -232,7 +261,8 @@ class Ledger(
         late answer is fenced off. With ``epoch``, a row of an older execution epoch is taken over by it
         (rule 13): its old-epoch writers are refused from then on. With ``server``, only that server's rows.
         ``horizon_s`` also claims rows due within that many seconds; each claim says how long until it is
-        due (``delay_s``), so a dispatcher that ticks every ``horizon_s`` can send each step on time.
+        due (``delay_s``), so a dispatcher that ticks every ``horizon_s`` can send each step on time. A fleet
+        that does not own the epoch (rule 13: ``executor_id``) claims nothing, and locks nothing.
         """
         if limit <= 0:
             return []
@@ -246,6 +276,7 @@ class Ledger(
                     "claim_limit": limit,
                     "claim_lease": dt.timedelta(seconds=lease_s),
                     "claim_epoch": epoch,
+                    "claim_executor": self.executor_id,
                 },
             ).all()
         return [Claim.from_row(r) for r in rows]
@@ -282,6 +313,7 @@ class Ledger(
                     "claim_limit": limit,
                     "claim_lease": dt.timedelta(seconds=lease_s),
                     "claim_epoch": None if epoch == "current" else epoch,
+                    "claim_executor": self.executor_id,
                 },
             ).all()
         return [Claim.from_row(r) for r in rows]
@@ -294,16 +326,34 @@ class Ledger(
         epoch: int | None = None,
         cancel_before_create: bool = False,
     ) -> Claim | None:
-        """Claim one operation now, whether due or not, unless another worker holds its lease.
-        ``cancel_before_create``: a SUBMITTING row with a cancel requested and no create attempt recorded is
-        claimed whatever its lease (see ``ledger.statements.update_claim_one``)."""
+        """Claim one operation now, whether due or not, unless another worker holds its lease (or this fleet
+        does not own the epoch, rule 13: then None, as for a held lease). ``cancel_before_create``: a
+        SUBMITTING row with a cancel requested and no create attempt recorded is claimed whatever its lease
+        (see ``ledger.statements.update_claim_one``)."""
         with_epoch = epoch is not None
         with self._one_statement() as conn:
             row = conn.execute(
                 STATEMENTS.get(update_claim_one, with_epoch, cancel_before_create),
-                {"claim_id": op_id, "claim_lease": dt.timedelta(seconds=lease_s), "claim_epoch": epoch},
+                {
+                    "claim_id": op_id,
+                    "claim_lease": dt.timedelta(seconds=lease_s),
+                    "claim_epoch": epoch,
+                    "claim_executor": self.executor_id,
+                },
             ).first()
         return Claim.from_row(row) if row is not None else None
+
+    def hand_back_claim(self, op_id: uuid.UUID, poll_cursor: int) -> bool:
+        """Let go of the claim ``poll_cursor`` without running its step: its lease is cleared, nothing else
+        changes and no event is appended, so the row is the next claim's as it was due. What a worker of a
+        fleet that does not own the epoch does with a step message of the owner's it took from a shared
+        broker (rule 13): the owner's dispatcher claims the row again at its next tick instead of waiting
+        for the lease to run out. False when the claim is not the row's any more."""
+        with self._one_statement() as conn:
+            row = conn.execute(
+                STATEMENTS.get(update_release_claim), {"claim_id": op_id, "claim_cursor": poll_cursor}
+            ).first()
+        return row is not None
 
     # -------------------------------------------------------------------------------------- acceptance
 
@@ -332,6 +382,7 @@ class Ledger(
                         "ev_tool_descriptor_version": evidence.tool_descriptor_version,
                         "ev_execution_epoch": evidence.execution_epoch,
                         "ev_cancel_generation": evidence.cancel_generation,
+                        "ev_executor": self.executor_id,
                         "new_result": evidence.result if kind is not TerminalKind.CANCELLED else None,
                         "new_result_digest": evidence.result_digest,
                         "receipt_id": uuid.uuid4(),
@@ -401,6 +452,8 @@ class Ledger(
             if held is not None and not mismatches and same_receipt(held, evidence):
                 return Acceptance("already_accepted", held)
             problems = mismatches or row_mismatches(op, evidence, kind)
+            if not problems and not read_control(conn).owned_by(self.executor_id):
+                problems = ["epoch_owner"]  # this fleet does not own the epoch (rule 13)
             record_stale(
                 conn,
                 op_id,
@@ -449,6 +502,41 @@ class Ledger(
                 .returning(RECON.c.op_id)
             ).first()
             return row is not None
+
+    def close_reconciliation(
+        self, record_id: int, *, resolution: str, detail: Mapping[str, Any]
+    ) -> tuple[Literal["closed", "not_open", "holds_operation"], uuid.UUID | None]:
+        """An operator closes one open record as handled, unless it is what holds its operation with an
+        operator: the operation's last open record while it is in MANUAL_RECONCILIATION (closing it would
+        leave the operation waiting with nothing to say so; the operation is resolved instead, which closes
+        its records). Returns what happened and the record's operation. The operation's row is locked
+        first, so two operators closing its last two records one each are decided one after the other,
+        and a move of the operation waits (or is waited for)."""
+        with self._tx() as conn:
+            op_id = conn.execute(
+                select(RECON.c.op_id).where(RECON.c.id == record_id, RECON.c.resolved_at.is_(None))
+            ).scalar_one_or_none()
+            if op_id is None:
+                return "not_open", None
+            state = conn.execute(select(OP.c.state).where(OP.c.id == op_id).with_for_update()).scalar_one()
+            others = conn.execute(
+                select(func.count()).where(
+                    RECON.c.op_id == op_id, RECON.c.resolved_at.is_(None), RECON.c.id != record_id
+                )
+            ).scalar_one()
+            if state == OpState.MANUAL_RECONCILIATION.value and others == 0:
+                return "holds_operation", op_id
+            closed = conn.execute(
+                update(RECON)
+                .where(RECON.c.id == record_id, RECON.c.resolved_at.is_(None))
+                .values(
+                    resolved_at=func.now(),
+                    resolution=resolution,
+                    detail=RECON.c.detail.op("||")(literal_json(detail)),
+                )
+                .returning(RECON.c.id)
+            ).first()
+            return ("closed" if closed is not None else "not_open"), op_id
 
     def flag_overdue(self, record_id: int) -> None:
         """Mark an open record as reported past its deadline, with an event on its operation."""
@@ -514,6 +602,39 @@ class Ledger(
             record = ReconciliationRecord.from_row(row)
             found.append((handed[record.op_id], record))
         return found
+
+    def in_flight_by_server(self) -> dict[str, int]:
+        """How many operations of each server are not final yet (rule 14: a server the configuration no
+        longer names is reported with its count)."""
+        with self._tx() as conn:
+            rows = conn.execute(
+                select(OP.c.server, func.count())
+                .where(OP.c.state.not_in([s.value for s in FINAL_STATES]))
+                .group_by(OP.c.server)
+            ).all()
+        return {server: int(n) for server, n in rows}
+
+    def unconfigured_in_flight(self, configured: Sequence[str], *, limit: int = 100) -> list[Operation]:
+        """Operations not final and not with an operator yet, on a server not in ``configured``, oldest
+        first (rule 14: what ``longcall.reconcile`` hands over, each under a claim of its own)."""
+        with self._tx() as conn:
+            rows = conn.execute(
+                select(OP)
+                .where(
+                    OP.c.server.not_in(list(configured)),
+                    # IN, not NOT IN: the state index finds the few rows in flight among all the final ones.
+                    OP.c.state.in_(
+                        [
+                            s.value
+                            for s in OpState
+                            if s not in FINAL_STATES and s is not OpState.MANUAL_RECONCILIATION
+                        ]
+                    ),
+                )
+                .order_by(OP.c.created_at)
+                .limit(limit)
+            ).all()
+        return [Operation.from_row(r) for r in rows]
 
     def in_flight_by_adapter(self) -> dict[str, int]:
         """How many operations of each ``protocol/protocol_version`` are not final yet (rule 14)."""

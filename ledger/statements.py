@@ -91,6 +91,19 @@ def current_epoch() -> Any:
     return select(CONTROL.c.execution_epoch).where(CONTROL.c.id == 1).scalar_subquery()
 
 
+def current_owner() -> Any:
+    """The control row's epoch owner (rule 13), read by the statement itself."""
+    return select(CONTROL.c.epoch_owner).where(CONTROL.c.id == 1).scalar_subquery()
+
+
+def owner_allows(param: str) -> Any:
+    """Rule 13 in the statement itself: true unless the control row names an epoch owner and it is not the
+    fleet ``:param`` (its executor identity). A NULL ``:param`` is a ledger that names no fleet (an
+    operator's command, a test): never fenced. The owner is read by the statement (one init plan over the
+    one control row), so a rollback that committed before it is obeyed whatever the caller last saw."""
+    return func.coalesce(current_owner() == bindparam(param, type_=Text()), true())
+
+
 def due_at(param: str) -> Any:
     """``now + :param``; when ``:param_capped``, never past the wait deadline or the expiry while they are
     still ahead. A deadline already past caps nothing: the step that meets it decides (rule 11, the wait
@@ -137,7 +150,8 @@ class WriteShape:
 
 
 def guarded_update(shape: WriteShape) -> Any:
-    """``UPDATE ... WHERE id AND state IN AND epoch AND generation [AND cursor] [AND round] RETURNING``,
+    """``UPDATE ... WHERE id AND state IN AND epoch AND generation [AND cursor AND owner] [AND round]
+    RETURNING`` (the owner: a write under a claim is the epoch owner's, ``fence_executor``; rule 13),
     the row locked first (``prior``) so the statement also returns the state it found, and the move's event
     (``event_kind``, ``event_detail``) appended from the updated row by the same statement: a stale write
     updates nothing, so it appends nothing either. A move along two edges appends two events, the first
@@ -194,7 +208,10 @@ def guarded_update(shape: WriteShape) -> Any:
         generation_ok,
     ]
     if shape.with_cursor:
+        # A write under a claim: only the epoch's owner makes one (rule 13). A write without a cursor (an
+        # intent sent by name: a cancel, an input reply; an operator's decision) is any fleet's to record.
         where.append(OP.c.poll_cursor == bindparam("fence_cursor"))
+        where.append(owner_allows("fence_executor"))
     if shape.with_round:
         where.append(OP.c.input_round == bindparam("fence_round"))
     moved = (
@@ -296,6 +313,7 @@ def accept_update(kind: TerminalKind) -> Any:
             ),
             OP.c.execution_epoch == bindparam("ev_execution_epoch"),
             OP.c.execution_epoch == current_epoch(),
+            owner_allows("ev_executor"),  # every acceptance is made under a claim (rule 13)
             OP.c.cancel_generation == bindparam("ev_cancel_generation"),
             observed_ok,
         )
@@ -454,6 +472,7 @@ def update_claim_due(with_server: bool, with_epoch: bool) -> Any:
     conditions = [
         OP.c.next_poll_at <= func.now() + bindparam("claim_horizon", type_=Interval()),
         or_(OP.c.lease_until.is_(None), OP.c.lease_until < func.now()),
+        owner_allows("claim_executor"),  # a fleet that does not own the epoch claims nothing (rule 13)
     ]
     if with_server:
         conditions.append(OP.c.server == bindparam("claim_server"))
@@ -505,6 +524,8 @@ def update_claim_due_by_server(with_epoch: bool | Literal["current"]) -> Any:
             OP.c.server == rooms.c.server,
             OP.c.next_poll_at <= func.now() + bindparam("claim_horizon", type_=Interval()),
             or_(OP.c.lease_until.is_(None), OP.c.lease_until < func.now()),
+            # A fleet that does not own the epoch claims nothing, and locks nothing (rule 13).
+            owner_allows("claim_executor"),
         ]
 
     def counted(cap: Any, name: str) -> Any:
@@ -608,9 +629,24 @@ def update_claim_one(with_epoch: bool, cancel_before_create: bool = False) -> An
         )
     return (
         update(OP)
-        .where(OP.c.id == bindparam("claim_id"), free)
+        .where(OP.c.id == bindparam("claim_id"), free, owner_allows("claim_executor"))
         .values(_claim_values(with_epoch))
         .returning(*CLAIM_COLUMNS)
+    )
+
+
+def update_release_claim() -> Any:
+    """Let go of the claim ``claim_cursor`` on ``claim_id`` (its lease cleared, nothing else): the row is
+    due again as it was."""
+    return (
+        update(OP)
+        .where(
+            OP.c.id == bindparam("claim_id"),
+            OP.c.poll_cursor == bindparam("claim_cursor"),
+            OP.c.lease_until.is_not(None),
+        )
+        .values(lease_until=None)
+        .returning(OP.c.id)
     )
 
 
@@ -635,7 +671,14 @@ def operation_columns(with_body: bool) -> list[Any]:
 
 
 def select_operation_by_id(with_body: bool = True) -> Any:
-    return select(*operation_columns(with_body)).where(OP.c.id == bindparam("op_id"))
+    """The row, and the control row's epoch and owner as this statement reads them (``control_epoch``,
+    ``control_epoch_owner``): what a step needs to know before it sends anything (rule 13), at no extra
+    round trip."""
+    return select(
+        *operation_columns(with_body),
+        current_epoch().label("control_epoch"),
+        current_owner().label("control_epoch_owner"),
+    ).where(OP.c.id == bindparam("op_id"))
 
 
 def select_operation_by_call_node() -> Any:

@@ -147,8 +147,17 @@ def create_app(settings: Settings | None = None) -> Celery:
             except ConfigError as exc:
                 raise SystemExit(f"longcall: {exc}") from None
 
+    def report_at_start(sender: Any = None, **_: Any) -> None:
+        # Then it says what it finds in the ledger that needs saying (rules 13, 14): operations on servers
+        # the configuration no longer names, an epoch it does not own. A worker says it once its logging is
+        # set up (worker_ready; worker_init comes before it).
+        if getattr(sender, "app", None) is app:
+            holder.get().report_at_start()
+
     signals.worker_init.connect(refuse_bad_config, weak=False)
     signals.beat_init.connect(refuse_bad_config, weak=False)
+    signals.worker_ready.connect(report_at_start, weak=False)
+    signals.beat_init.connect(report_at_start, weak=False)
 
     # Logs (workers.logs): `celery -A workers.app worker|beat --log-format json`, op and call node on every
     # line, idle ticks at DEBUG.

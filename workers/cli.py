@@ -39,8 +39,9 @@ from ledger.repository import Ledger
 from ledger.states import TerminalKind
 from workers import cli_output as output
 from workers.app import celery_config, create_app, is_redis
+from workers.budget import label_request
 from workers.dev.command import dev
-from workers.errors import ConfigError, WrongState
+from workers.errors import ConfigError, NoToken, WrongState
 from workers.executor import Executor, Resolution
 from workers.launch_gate import evaluate_gate
 from workers.metrics import metrics
@@ -48,6 +49,7 @@ from workers.rollout import FIRST_CANARY_PERCENT, RolloutState, plain_percent, s
 from workers.runtime import Runtime
 from workers.settings import Settings, load_settings
 from workers.simulation.command import simulate
+from workers.steps.context import StepContext, spread, utc_now
 from workers.submission import ADAPTERS
 
 console = Console()
@@ -279,11 +281,16 @@ def submit(
 
 
 @main.command()
-@click.argument("ref")
+@click.argument("ref", required=False)
 @click.option("--events", "show_events", is_flag=True, help="Also list the operation's events.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
-def status(ref: str, show_events: bool, as_json: bool) -> None:
-    """Show one operation, by op id, call node id, or SERVER:REMOTE_ID."""
+def status(ref: str | None, show_events: bool, as_json: bool) -> None:
+    """Show one operation, by op id, call node id, or SERVER:REMOTE_ID; without one, the fleet: who owns
+    the execution epoch (and whether this environment, LONGCALL_EXECUTOR_ID, is it), admission, and the
+    operations in flight by server, those on servers LONGCALL_CONFIG does not name called out."""
+    if ref is None:
+        _fleet_status(as_json)
+        return
     with _ledger() as ledger:
         try:
             op = _find(ledger, ref)
@@ -301,6 +308,19 @@ def status(ref: str, show_events: bool, as_json: bool) -> None:
         console.print(line)
     if events is not None:
         console.print(output.events_table(events))
+
+
+def _fleet_status(as_json: bool) -> None:
+    settings = _settings()
+    with _ledger(settings) as ledger:
+        control = ledger.control()
+        in_flight = ledger.in_flight_by_server()
+    data = output.fleet_status_json(control, settings.executor_id, in_flight, settings.fleet().servers)
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    for line in output.fleet_status_lines(data, control):
+        console.print(line)
 
 
 @main.command()
@@ -480,13 +500,22 @@ def _list_reconciliations(ledger: Ledger, ref: str | None, as_json: bool) -> Non
 
 
 def _close_reconciliation(ledger: Ledger, close_id: int, evidence: str) -> None:
+    """Close one open record as handled, unless it is what holds its operation in MANUAL_RECONCILIATION
+    (its last open record there): closed, the operation would wait for an operator with nothing listed."""
     actor = _actor()
-    if not ledger.resolve_reconciliation(
+    closed, op_id = ledger.close_reconciliation(
         close_id,
         resolution=f"closed by {actor}: {evidence}",
         detail={"actor": actor, "evidence": evidence},
-    ):
+    )
+    if closed == "not_open":
         raise click.ClickException(f"no open reconciliation record {close_id}")
+    if closed == "holds_operation":
+        raise click.ClickException(
+            f"record {close_id} holds operation {op_id} in MANUAL_RECONCILIATION (its last open record): "
+            "closing it would hide the operation. Refused: resolve the operation instead: longcall reconcile "
+            f"{op_id} --found REMOTE_ID | --never-created | --terminal STATE --evidence ..."
+        )
     console.print(f"record {close_id} closed")
 
 
@@ -607,13 +636,24 @@ def adapters(
                 )
         control = ledger.control()
         in_flight = ledger.in_flight_by_adapter()
+    settings = _settings()
     rows = output.adapter_rows(ADAPTERS, control.disabled_adapters, in_flight)
-    servers = _detected_generations() if detect else None
+    servers = _detected_generations(settings) if detect else None
     if as_json:
-        click.echo(json.dumps(rows if servers is None else {"adapters": rows, "servers": servers}, indent=2))
+        # The plain list stays as it was (scripts read it); with --detect, an object that says who owns
+        # the epoch too (``longcall status --json`` always does).
+        answer: Any = rows
+        if servers is not None:
+            epoch = output.ownership_json(control, settings.executor_id)
+            answer = {"adapters": rows, "servers": servers, "epoch": epoch}
+        click.echo(json.dumps(answer, indent=2))
         return
     console.print(output.adapters_table(rows))
+    console.print(output.epoch_line(control, settings.executor_id))
     for server in servers or []:
+        if not server["probed"]:
+            console.print(f"{server['server']}: not probed: {server['detail']}")
+            continue
         speaks = "" if server["speaks_configured"] else "  (does NOT speak the configured version)"
         console.print(
             f"{server['server']}: configured {server['configured']}, detected {server['generation']}"
@@ -621,36 +661,81 @@ def adapters(
         )
 
 
-def _detected_generations() -> list[dict[str, Any]]:
-    """Each configured MCP server's generation as probed now (the MCP tasks extension's discovery)."""
+def _detected_generations(settings: Settings) -> list[dict[str, Any]]:
+    """Each configured MCP server's generation as probed now (the MCP tasks extension's discovery), each
+    request charged to the server's control budget as a step's are (rule 4: a control token per request,
+    the request named ``Longcall-Budget: control`` and counted for ``longcall metrics``). Without a token
+    the probe of that server stops there, and says so: never a request over the budget."""
     found: list[dict[str, Any]] = []
-    with httpx.Client(timeout=5.0) as client:
-        for name, server in sorted(_settings().fleet().servers.items()):
-            if server.protocol != "mcp":
-                continue
-            generation = detect_generation(client, server.url, server=name, bearer_token=server.token)
-            configured = server.protocol_version
-            found.append(
-                {
-                    **generation.to_json(),
-                    "configured": configured,
-                    "speaks_configured": generation.speaks(configured),
-                }
-            )
+    runtime = Runtime.from_settings(settings)
+    ctx = StepContext(runtime, jitter=spread, clock=utc_now)
+    try:
+        with httpx.Client(timeout=5.0, event_hooks={"request": [label_request]}) as client:
+            for name, server in sorted(runtime.fleet.servers.items()):
+                if server.protocol != "mcp":
+                    continue
+                configured = server.protocol_version
+                try:
+                    generation = detect_generation(
+                        client,
+                        server.url,
+                        server=name,
+                        bearer_token=server.token,
+                        budget=ctx.request_budget(name, "control"),
+                    ).to_json()
+                except NoToken as no_token:
+                    detail = (
+                        f"no control token (the next in {no_token.wait_s:.1f} s; control_qps "
+                        f"{server.control_qps:g}): nothing more is sent to it now, within its control budget"
+                    )
+                    generation = {"server": name, "generation": "unknown", "tasks": False, "detail": detail}
+                    found.append(
+                        {**generation, "configured": configured, "speaks_configured": False, "probed": False}
+                    )
+                    continue
+                speaks = generation["generation"] == configured
+                found.append(
+                    {**generation, "configured": configured, "speaks_configured": speaks, "probed": True}
+                )
+    finally:
+        runtime.close()
     return found
 
 
 @main.command()
+@click.option(
+    "--owner",
+    default=None,
+    metavar="EXECUTOR_ID",
+    help="The executor identity (LONGCALL_EXECUTOR_ID) of the fleet that owns the new epoch; by default "
+    "this environment's.",
+)
+@click.option("--any-owner", is_flag=True, help="The new epoch is every fleet's (no owner).")
 @click.option("--reason", default=None, help=REASON_HELP)
 @click.option("--json", "as_json", is_flag=True)
-def rollback(reason: str | None, as_json: bool) -> None:
-    """Close admission and bump the execution epoch (rule 13): the executor that runs next takes over the
-    in-flight operations on its next claim, and every write of the old epoch is refused from then on."""
+def rollback(owner: str | None, any_owner: bool, reason: str | None, as_json: bool) -> None:
+    """Close admission and bump the execution epoch (rule 13), owned by one executor identity (this
+    environment's LONGCALL_EXECUTOR_ID unless --owner or --any-owner): the fleet running under it takes over
+    the in-flight operations on its next claim; every write of the old epoch is refused from then on, and a
+    fleet of any other identity claims nothing and sends nothing (stop it; a later rollback can hand it an
+    epoch). ``longcall rollout`` then opens admission again."""
+    if any_owner and owner is not None:
+        raise click.UsageError("--owner names the new epoch's owner, --any-owner gives it none: choose one")
+    if owner is not None and not owner.strip():
+        raise click.UsageError(
+            "--owner needs an executor identity (LONGCALL_EXECUTOR_ID of the fleet to keep)"
+        )
+    settings = _settings()
     actor = _actor()
-    with _ledger() as ledger:
+    with _ledger(settings) as ledger:
         ledger.set_admission(open_=False, actor=actor, reason=reason)
-        control = ledger.bump_epoch(actor=actor, reason=reason)
-    _print_control(control, as_json, f"admission closed; execution epoch now {control.execution_epoch}")
+        control = ledger.bump_epoch(
+            actor=actor, reason=reason, owner=None if any_owner else (owner or settings.executor_id)
+        )
+    owned = output.owned_by_text(control, settings.executor_id)
+    _print_control(
+        control, as_json, f"admission closed; execution epoch now {control.execution_epoch}, {owned}"
+    )
 
 
 @main.command()

@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ledger.outbox import OutboxResend, OutboxRow
-from ledger.records import Operation, Receipt, ReconciliationRecord
+from ledger.records import ControlState, Operation, Receipt, ReconciliationRecord
 from ledger.states import OpState
 
 STATUS_ROWS = (
@@ -334,6 +334,65 @@ def gate_table(rows: Iterable[Mapping[str, Any]]) -> Table:
             question(row["request"], row["method"]),
         )
     return table
+
+
+def ownership_json(control: ControlState, executor_id: str) -> dict[str, Any]:
+    """Who owns the execution epoch (rule 13) and whether this environment's fleet (``executor_id``,
+    LONGCALL_EXECUTOR_ID) is it; ``epoch_owner`` null: every fleet works in the epoch."""
+    return {
+        "execution_epoch": control.execution_epoch,
+        "epoch_owner": control.epoch_owner,
+        "executor_id": executor_id,
+        "owns_epoch": control.owned_by(executor_id),
+    }
+
+
+def epoch_line(control: ControlState, executor_id: str) -> str:
+    """``adapters`` and ``status``: the epoch, its owner, and whether this environment is it."""
+    if control.epoch_owner is None:
+        return f"execution epoch {control.execution_epoch} is open to every fleet (no owner)"
+    verdict = "is its owner" if control.owned_by(executor_id) else "is NOT its owner: it claims nothing"
+    return (
+        f"execution epoch {control.execution_epoch} is owned by {control.epoch_owner}: this environment "
+        f"({executor_id}) {verdict}"
+    )
+
+
+def owned_by_text(control: ControlState, executor_id: str) -> str:
+    """``rollback``: who the new epoch belongs to."""
+    if control.epoch_owner is None:
+        return "open to every fleet (no owner)"
+    if control.epoch_owner == executor_id:
+        return f"owned by {control.epoch_owner} (this environment)"
+    return f"owned by {control.epoch_owner} (not this environment, {executor_id})"
+
+
+def fleet_status_json(
+    control: ControlState, executor_id: str, in_flight: Mapping[str, int], configured: Iterable[str]
+) -> dict[str, Any]:
+    """``status --json`` without an operation: the epoch and its owner (rule 13), admission, the operations
+    not final by server, and those on servers this configuration does not name (rule 14)."""
+    known = set(configured)
+    return {
+        **ownership_json(control, executor_id),
+        "admission_open": control.admission_open,
+        "in_flight": dict(sorted(in_flight.items())),
+        "unconfigured_servers": {s: n for s, n in sorted(in_flight.items()) if s not in known and n},
+    }
+
+
+def fleet_status_lines(data: Mapping[str, Any], control: ControlState) -> list[str]:
+    lines = [
+        epoch_line(control, data["executor_id"]),
+        f"admission {'open' if data['admission_open'] else 'closed'}",
+        "in flight: " + (", ".join(f"{server} {n}" for server, n in data["in_flight"].items()) or "nothing"),
+    ]
+    lines += [
+        f"[bold red]{escape(server)}[/]: {n} operations in flight on a server LONGCALL_CONFIG does not name "
+        "(longcall reconcile lists them once handed to an operator: SERVER_UNCONFIGURED)"
+        for server, n in data["unconfigured_servers"].items()
+    ]
+    return lines
 
 
 def adapter_rows(

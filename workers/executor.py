@@ -21,10 +21,10 @@ from ledger.records import Fence, NewOperation, Operation, Submission
 from ledger.repository import Ledger
 from ledger.states import OpState
 from workers import logs
-from workers.errors import NoToken
+from workers.errors import NoToken, UnknownServer
 from workers.faults import INFRASTRUCTURE, describe_fault
 from workers.lease import keep_lease
-from workers.runtime import Runtime
+from workers.runtime import OWNER_SEEN_S, Runtime
 from workers.steps import cancel, dispatch, input_rounds, poll, reconciliation, result, submit
 from workers.steps.context import REDIS_PAUSE_S, StepContext, StepOutcome, spread, utc_now
 from workers.steps.dispatch import Dispatch
@@ -194,6 +194,9 @@ class Executor:
             return StepOutcome(
                 op.id, "superseded", op.state, detail={"cursor": cursor, "now": op.poll_cursor}
             )
+        not_owner = self._not_owner(op, cursor)
+        if not_owner is not None:
+            return not_owner
         fence = Fence(op.execution_epoch, op.cancel_generation, cursor)
         try:
             with keep_lease(self.ledger, op.id, fence, self.rt.settings.lease_s):
@@ -201,6 +204,8 @@ class Executor:
         except StaleTransition as stale:
             log.info("stale step on %s: %s", op.id, stale)
             return StepOutcome(op.id, "stale", None, detail={"found": stale.found})
+        except UnknownServer as unknown:
+            return self._server_unconfigured(op, fence, unknown)
         except NoToken as no_token:
             return self._later(op, fence, no_token)
         except redis.RedisError as exc:
@@ -209,6 +214,35 @@ class Executor:
             # failing and leaving its row to the dispatcher only when its lease runs out.
             log.warning("Redis failed during the step of %s (%s); it is due again shortly", op.id, exc)
             return self._later(op, fence, NoToken(REDIS_PAUSE_S))
+
+    def _not_owner(self, op: Operation, cursor: int) -> StepOutcome | None:
+        """Rule 13: a fleet that does not own the epoch sends nothing, whatever message it took (a step the
+        owner's dispatcher claimed, taken from a shared broker; a submission it recorded for the owner). The
+        claim goes back at once (its lease cleared, nothing else): the owner's next tick claims the row
+        again instead of waiting out the lease. Answered from the control row as the step's own read of the
+        operation saw it (no statement of its own)."""
+        ownership = self.ledger.epoch_ownership(max_age_s=OWNER_SEEN_S, epoch=op.execution_epoch)
+        if ownership.owns:
+            return None
+        self.ledger.hand_back_claim(op.id, cursor)
+        self.rt.say_not_owner(ownership, f"the step of operation {op.id} is handed back to the owner")
+        detail = {"epoch_owner": ownership.epoch_owner, "executor_id": ownership.executor_id}
+        return StepOutcome(op.id, "not_owner", op.state, detail=detail)
+
+    def _server_unconfigured(self, op: Operation, fence: Fence, unknown: UnknownServer) -> StepOutcome:
+        """Rule 14: the step met a server this fleet's configuration does not name. An operation older than
+        the configuration goes to an operator, or ends where nothing needs the server
+        (``reconciliation.server_unconfigured``); a newer one is another fleet's, whose configuration names
+        the server: left as it is (its lease runs out, that fleet's dispatcher claims it)."""
+        if op.created_at >= self.rt.started_at:
+            log.warning(
+                "%s; operation %s is newer than this fleet: left to a fleet that names it", unknown, op.id
+            )
+            return StepOutcome(op.id, "unknown_server", op.state, detail={"server": op.server})
+        try:
+            return reconciliation.server_unconfigured(self.ctx, self.ledger.get(op.id), fence)
+        except StaleTransition as stale:
+            return StepOutcome(op.id, "stale", None, detail={"found": stale.found})
 
     def _later(self, op: Operation, fence: Fence, no_token: NoToken) -> StepOutcome:
         """Rescheduled in the state the row is in now: the step may have moved it before the refused request

@@ -76,14 +76,19 @@ class GateReport:
 def evaluate_gate(ledger: Ledger, settings: Settings, redis: redis.Redis | None = None) -> GateReport:
     """The gate over ``ledger`` and Redis (``redis``, else one opened from ``settings.redis_url`` for this
     call), against the servers of ``settings.fleet()``."""
+    fleet = settings.fleet()
     figures = read_gate(
-        ledger.engine, cancel_target_s=CANCEL_P99_S, unknown_target_s=UNKNOWN_P99_S, limit=BEHIND_LIMIT
+        ledger.engine,
+        cancel_target_s=CANCEL_P99_S,
+        unknown_target_s=UNKNOWN_P99_S,
+        limit=BEHIND_LIMIT,
+        configured_servers=sorted(fleet.servers),
     )
     client = redis
     if client is None:
         client = _redis_client(settings.redis_url)
     try:
-        amplification = poll_amplification(client, settings, settings.fleet())
+        amplification = poll_amplification(client, settings, fleet)
     finally:
         if redis is None:
             client.close()
@@ -95,6 +100,7 @@ def evaluate_gate(ledger: Ledger, settings: Settings, redis: redis.Redis | None 
             _cancel(figures.cancel),
             _unknown_age(figures.unknown),
             _unknown_overdue(figures),
+            _unconfigured(figures),
             _advances(figures),
         ]
     )
@@ -257,3 +263,19 @@ def _advances(f: GateFigures) -> Criterion:
             behind.append(f"simulation #{sim.id} (seed {sim.seed}): {sim_bad} advances without their receipt")
     passed = f.untraceable.total == 0 and sim_bad == 0
     return Criterion("downstream advances traceable to a terminal receipt", measured, "100 %", passed, behind)
+
+
+def _unconfigured(f: GateFigures) -> Criterion:
+    """Rule 14: no operation is left on a server the configuration no longer names."""
+    passed = f.unconfigured_operations == 0
+    measured = (
+        f"{f.unconfigured_operations} operations in flight on {f.unconfigured.total} servers "
+        "LONGCALL_CONFIG does not name"
+    )
+    return Criterion(
+        "operations on unconfigured servers",
+        measured,
+        "none",
+        passed,
+        [] if passed else _named(f.unconfigured),
+    )

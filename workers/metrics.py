@@ -12,6 +12,7 @@ failed scrape.
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import sys
@@ -30,7 +31,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from ledger.engine import make_engine
 from ledger.metrics_reads import LagHistogram, LedgerMetrics, read_metrics
-from ledger.states import OpState
+from ledger.states import FINAL_STATES, OpState
 from workers.app import QUEUES, is_redis
 from workers.budget import rate_key
 from workers.errors import ConfigError
@@ -184,6 +185,21 @@ def ledger_families(figures: LedgerMetrics, fleet: FleetConfig) -> Iterator[Metr
         oldest.add_metric([server], u.oldest_age_s if u else 0.0)
     yield unknown
     yield oldest
+
+    # Rule 14: a server removed from (or renamed in) the configuration while operations are in flight on it.
+    in_flight: collections.Counter[str] = collections.Counter()
+    for c in figures.operations:
+        if OpState(c.state) not in FINAL_STATES:
+            in_flight[c.server] += c.count
+    unconfigured = GaugeMetricFamily(
+        "longcall_unconfigured_server_operations",
+        "Operations not final on a server LONGCALL_CONFIG does not name (removed or renamed): each goes to "
+        "an operator (SERVER_UNCONFIGURED); 0 for every configured server",
+        labels=["server"],
+    )
+    for server in sorted(set(in_flight) | set(fleet.servers)):
+        unconfigured.add_metric([server], 0 if server in fleet.servers else in_flight[server])
+    yield unconfigured
 
     ready = GaugeMetricFamily(
         "longcall_outbox_ready", "Outbox rows not yet dispatched, by kind", labels=["kind"]

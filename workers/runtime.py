@@ -1,28 +1,53 @@
 """What a worker process holds: settings, the fleet config and a ledger connection pool.
 
-Built lazily and per process: a pool created before a prefork fork is never used by the child.
+Built lazily and per process: a pool created before a prefork fork is never used by the child. The ledger
+works for the fleet's executor identity (``LONGCALL_EXECUTOR_ID``, rule 13): once a rollback hands the
+epoch to another identity, this fleet claims nothing and writes nothing under a claim, and says so
+(:meth:`Runtime.say_not_owner`).
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import logging
+import math
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 
+from ledger.engine import make_engine
+from ledger.records import EpochOwnership
 from ledger.repository import Ledger
 from workers.hot import HotState
 from workers.remote import RemotePool
 from workers.settings import FleetConfig, Settings, load_settings
+
+log = logging.getLogger("longcall.executor")
+
+#: How old what a step's own read of its operation saw of the epoch's owner may be for the step to go on
+#: on it (``Ledger.epoch_ownership(max_age_s=...)``): that read is milliseconds old; past this, the
+#: control row is read again.
+OWNER_SEEN_S = 1.0
+#: Seconds the start-up check may wait for the database to accept a connection.
+START_CHECK_TIMEOUT_S = 5
+#: How often a fleet that does not own the epoch says so at WARNING (at DEBUG in between): a line a minute,
+#: not one every dispatch tick.
+NOT_OWNER_WARN_S = 60.0
 
 
 @dataclass
 class Runtime:
     settings: Settings
     fleet: FleetConfig
+    #: When this runtime read its configuration: an operation on a server it does not name that is older
+    #: than this is one whose server was removed (or renamed); a newer one is another fleet's (rule 14).
+    started_at: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
     _ledger: Ledger | None = field(default=None, repr=False)
     _hot: HotState | None = field(default=None, repr=False)
     _remote: RemotePool | None = field(default=None, repr=False)
     _pid: int = field(default_factory=os.getpid, repr=False)
+    _not_owner_said_at: float = field(default=-math.inf, repr=False)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Runtime:
@@ -39,7 +64,9 @@ class Runtime:
         self._forked()
         if self._ledger is None:
             self._ledger = Ledger.from_url(
-                self.settings.database_url, reconcile_deadline_s=self.settings.reconcile_deadline_s
+                self.settings.database_url,
+                reconcile_deadline_s=self.settings.reconcile_deadline_s,
+                executor_id=self.settings.executor_id,
             )
         return self._ledger
 
@@ -58,6 +85,61 @@ class Runtime:
         if self._remote is None:
             self._remote = RemotePool(self.fleet, max_result_bytes=self.settings.max_result_bytes)
         return self._remote
+
+    def say_not_owner(self, ownership: EpochOwnership, doing: str) -> None:
+        """Log that this fleet does not own the epoch (rule 13) and what it therefore does not do: at
+        WARNING once every :data:`NOT_OWNER_WARN_S` per process, at DEBUG in between."""
+        now = time.monotonic()
+        loud = now - self._not_owner_said_at >= NOT_OWNER_WARN_S
+        if loud:
+            self._not_owner_said_at = now
+        log.log(
+            logging.WARNING if loud else logging.DEBUG,
+            "this fleet (executor %s) does not own execution epoch %s (owned by %s): it claims nothing and "
+            "sends nothing to any server; %s. Stop this fleet, or hand it the epoch: longcall rollback "
+            "--owner %s",
+            ownership.executor_id,
+            ownership.execution_epoch,
+            ownership.epoch_owner,
+            doing,
+            ownership.executor_id,
+        )
+
+    def report_at_start(self) -> None:
+        """What a worker or beat says when it starts (rule 14, rule 13): an ERROR line naming each server
+        this configuration does not name that has operations in flight, with their counts (each goes to an
+        operator at the next ``longcall.reconcile``), and whether this fleet owns the execution epoch. Read
+        on a short-lived connection of its own (a pool made before a prefork fork is not the child's), within
+        seconds; a database that cannot be read is said, and the start goes on."""
+        try:
+            ledger = Ledger(
+                make_engine(self.settings.database_url, pool_size=1, connect_timeout_s=START_CHECK_TIMEOUT_S),
+                executor_id=self.settings.executor_id,
+            )
+            try:
+                in_flight = ledger.in_flight_by_server()
+                ownership = ledger.epoch_ownership()
+            finally:
+                ledger.dispose()
+        except Exception as exc:  # noqa: BLE001 - the check never stops a start
+            log.warning("could not read the ledger at start to check its servers and epoch: %s", exc)
+            return
+        unconfigured = {server: n for server, n in in_flight.items() if server not in self.fleet.servers}
+        if unconfigured:
+            log.error(
+                "operations in flight on servers LONGCALL_CONFIG does not name: %s. longcall.reconcile hands "
+                "each to an operator (SERVER_UNCONFIGURED), or ends it where nothing needs the server; "
+                "restore the server's entry if it was renamed or removed by mistake",
+                ", ".join(f"{server} ({n})" for server, n in sorted(unconfigured.items())),
+            )
+        if not ownership.owns:
+            self.say_not_owner(ownership, "it starts fenced")
+        elif ownership.epoch_owner is not None:
+            log.info(
+                "this fleet (executor %s) owns execution epoch %s",
+                ownership.executor_id,
+                ownership.execution_epoch,
+            )
 
     def close(self) -> None:
         if self._pid == os.getpid():

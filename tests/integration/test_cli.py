@@ -17,7 +17,7 @@ from ledger.records import Fence
 from ledger.repository import Ledger
 from ledger.states import OpState, TerminalKind
 from tests.integration.helpers import evidence_for, place
-from workers import cli_output
+from workers import __version__, cli_output
 from workers.cli import EXIT_REFUSED, EXIT_TIMEOUT, main
 
 CONFIG = """
@@ -141,6 +141,8 @@ def test_rollback_closes_admission_and_bumps_the_epoch_rollout_reopens(cli_env: 
         "admission_open": False,
         "disabled_adapters": [],
         "rollout": {},
+        # Rule 13 as amended: the new epoch is owned by this environment's executor identity (the default).
+        "epoch_owner": f"longcall/{__version__}",
     }
     code, output = run("rollout")
     assert (code, "admission open; execution epoch 2" in output) == (0, True)

@@ -55,6 +55,7 @@ NAMES = (
     "cancel confirmation p99",
     "UNKNOWN reconciliation age p99",
     "UNKNOWN past its deadline",
+    "operations on unconfigured servers",
     "downstream advances traceable to a terminal receipt",
 )
 

@@ -1,21 +1,53 @@
 """Rule 11, the operator's side: unanswered input rounds handed over, overdue records flagged, and an
 operator's evidence-backed decision on an operation in MANUAL_RECONCILIATION applied.
+
+Rule 14's side too: an operation on a server the configuration no longer names (removed or renamed) is
+never left unclaimed in silence. :func:`reconcile` hands each one to an operator (SERVER_UNCONFIGURED), and
+a step that meets the unknown server does the same (:func:`server_unconfigured`), except where nothing needs
+the server: a create never sent ends with a failed receipt that says why (nothing ran, nothing can: no
+second operation is possible), and a cancelled end or a result already held is accepted. Only operations
+older than this fleet's configuration are handed over: one created since, on a server this configuration
+does not name, was made by another fleet whose configuration names it (the newer half of a rolling deploy
+that added the server) and is reported, never taken from it.
+
+Only the fleet that owns the execution epoch reconciles (rule 13): another one's ``longcall.reconcile`` does
+nothing but say so.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
+from adapters import ErrorInfo, RemoteResult
 from ledger.errors import StaleTransition
+from ledger.events import EventKind
 from ledger.reasons import ReconciliationReason
 from ledger.records import Fence, Operation
 from ledger.states import OpState, TerminalKind
 from workers.errors import WrongState
-from workers.steps.context import StepContext
+from workers.steps.context import StepContext, StepOutcome
+from workers.steps.result import accept, fetch, result_json, storable
 
 log = logging.getLogger("longcall.executor")
+
+#: How many operations of unconfigured servers one ``longcall.reconcile`` run takes (the next run takes
+#: the rest): each is a claim and a move or two.
+UNCONFIGURED_BATCH = 100
+
+#: Where an operation that needs its (unconfigured) server goes to an operator from, as the state table
+#: allows (ledger/states.py); SUBMITTING and TERMINAL_OBSERVED go through an edge first.
+_TO_OPERATOR_FROM = frozenset(
+    {
+        OpState.SUBMISSION_UNKNOWN,
+        OpState.WORKING,
+        OpState.INPUT_REQUIRED,
+        OpState.CANCEL_REQUESTED,
+        OpState.FETCHING_RESULT,
+    }
+)
 
 #: The protocols, by (protocol, version), whose tasks are bound to the session that created them: MCP
 #: 2025-11-25 over Streamable HTTP (a stateful server answers every read of a task without its
@@ -38,9 +70,16 @@ class Resolution:
 
 
 def reconcile(ctx: StepContext) -> dict[str, int]:
-    """Hand unanswered input rounds past their deadline to an operator, report what waits for one, flag
-    each record past its deadline once (a ``reconciliation_overdue`` event) so alerting can key on it, and
-    apply the retention of final operations' events and dispatched outbox rows (DESIGN §3)."""
+    """Hand the operations of servers the configuration no longer names to an operator (rule 14), hand
+    unanswered input rounds past their deadline to an operator, report what waits for one, flag each record
+    past its deadline once (a ``reconciliation_overdue`` event) so alerting can key on it, and apply the
+    retention of final operations' events and dispatched outbox rows (DESIGN §3). A fleet that does not own
+    the epoch does none of it (rule 13)."""
+    ownership = ctx.ledger.epoch_ownership()
+    if not ownership.owns:
+        ctx.runtime.say_not_owner(ownership, "its longcall.reconcile does nothing (the owner's does)")
+        return {"not_owner": 1}
+    handled, left = hand_over_unconfigured(ctx)
     now = ctx.now()
     unanswered = 0
     for op in ctx.ledger.overdue_inputs():
@@ -66,12 +105,104 @@ def reconcile(ctx: StepContext) -> dict[str, int]:
         event_retention_s=ctx.settings.event_retention_s, outbox_retention_s=ctx.settings.outbox_retention_s
     )
     return {
+        "unconfigured_handled": handled,
+        "unconfigured_left": left,
         "open": len(records),
         "newly_overdue": len(overdue),
         "inputs_timed_out": unanswered,
         "events_purged": purged.events,
         "outbox_purged": purged.outbox_rows,
     }
+
+
+def hand_over_unconfigured(ctx: StepContext) -> tuple[int, int]:
+    """Rule 14: every operation not final and not with an operator yet, on a server this fleet's
+    configuration does not name, created before this fleet read its configuration, is claimed (its lease
+    free: a step under way keeps it, the next run takes it) and handed over or ended
+    (:func:`server_unconfigured`). Returns (handled, left for later or to another fleet)."""
+    runtime = ctx.runtime
+    handled = left = 0
+    newer: collections.Counter[str] = collections.Counter()
+    for op in ctx.ledger.unconfigured_in_flight(sorted(runtime.fleet.servers), limit=UNCONFIGURED_BATCH):
+        if op.created_at >= runtime.started_at:
+            newer[op.server] += 1
+            left += 1
+            continue
+        claim = ctx.ledger.claim(op.id, lease_s=ctx.settings.lease_s)
+        if claim is None:
+            left += 1
+            continue
+        try:
+            server_unconfigured(ctx, ctx.ledger.get(op.id), claim.fence)
+        except StaleTransition:
+            left += 1
+            continue
+        handled += 1
+    if newer:
+        log.warning(
+            "operations in flight on servers LONGCALL_CONFIG does not name, created after this fleet "
+            "started (another fleet's, whose configuration names them), left to it: %s",
+            ", ".join(f"{server} ({n})" for server, n in sorted(newer.items())),
+        )
+    return handled, left
+
+
+def server_unconfigured(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
+    """The operation's server is not in this fleet's configuration (removed or renamed), under the claim
+    ``fence``: nothing can be sent to it. What needs the server goes to an operator (SERVER_UNCONFIGURED);
+    the state table has no edge to MANUAL_RECONCILIATION from SUBMITTING or TERMINAL_OBSERVED, so
+
+    - a create never attempted ends now, with no create: cancelled when a cancel was asked for, else a
+      failed receipt that names the server (event ``create_never_sent``). Nothing ran and nothing can, so
+      no rule is left undecided and the pipeline hears why at once; an operator's record would only wait
+      for a server that is gone;
+    - a create attempted, its answer unknown, is what SUBMISSION_UNKNOWN means: there first, then to an
+      operator (a lookup by key needs the server too);
+    - a terminal state observed: a cancelled end or a result already held is accepted (no request needed);
+      otherwise the fetch starts (FETCHING_RESULT) and goes to an operator, who resolves it once the
+      server is reachable under a configured name again.
+
+    A cancel requested stays with the operation (its generation). MANUAL_RECONCILIATION and NOT_FOUND_SAFE
+    are left as they are (with an operator already; about to be resubmitted)."""
+    why = f"server {op.server!r} is not in LONGCALL_CONFIG (removed or renamed)"
+    detail: dict[str, Any] = {"why": why, "server": op.server}
+    state = op.state
+    if state is OpState.SUBMITTING and op.submit_attempted_at is None:
+        if op.cancel_generation > 0:
+            return accept(ctx, op, TerminalKind.CANCELLED, None, audit={**detail, "no_create": True})
+        return _never_sent(ctx, op, fence, why)
+    if state is OpState.SUBMITTING:
+        detail["why"] = f"{why}: the answer of the create attempted on it is not known"
+        op = ctx.ledger.mark_submission_unknown(op.id, fence, detail=detail)
+    elif state in (OpState.TERMINAL_OBSERVED, OpState.FETCHING_RESULT) and (
+        op.observed_terminal is TerminalKind.CANCELLED or op.result is not None
+    ):
+        return fetch(ctx, op, fence)  # accepted from what is held: no request
+    elif state is OpState.TERMINAL_OBSERVED:
+        op = ctx.ledger.start_fetch(op.id, fence)
+    if op.state not in _TO_OPERATOR_FROM:
+        return StepOutcome(op.id, "nothing_to_do", op.state, detail={"server": op.server})
+    log.error("operation %s: %s; handed to an operator (SERVER_UNCONFIGURED)", op.id, why)
+    op = ctx.hand_to_operator(op, fence, ReconciliationReason.SERVER_UNCONFIGURED, detail)
+    return StepOutcome(op.id, "manual_reconciliation", op.state, detail={"server": op.server})
+
+
+def _never_sent(ctx: StepContext, op: Operation, fence: Fence, why: str) -> StepOutcome:
+    """No create was attempted and none can be sent: SUBMITTING -> TERMINAL_OBSERVED -> FETCHING_RESULT
+    with a failed result held that says why, then accepted (a failed receipt)."""
+    message = f"{why}: no create was sent, and none can be"
+    refused = RemoteResult(
+        outcome="failed", server_state=None, payload={}, is_error=True, error=ErrorInfo(message=message)
+    )
+    op = ctx.ledger.hold_create_result(
+        op.id,
+        fence,
+        kind=TerminalKind.FAILED,
+        server_state=None,
+        result=storable(ctx, result_json(refused)),
+        event=EventKind.CREATE_NEVER_SENT,
+    )
+    return fetch(ctx, op, fence)
 
 
 def resolve(ctx: StepContext, op: Operation, resolution: Resolution) -> Operation:
@@ -82,13 +213,15 @@ def resolve(ctx: StepContext, op: Operation, resolution: Resolution) -> Operatio
     names it (``session_ref``; an empty one says the server keeps no sessions): without it every status
     read would be refused.
     ``never_created``: the operator proved it never ran -> NOT_FOUND_SAFE -> SUBMITTING with the same
-    submission key (the only resubmission there is). ``terminal``: it ended on the server -> its result is
-    fetched and accepted like any other. With a cancel requested (rule 6): ``found`` goes to
-    CANCEL_REQUESTED and the cancel is sent; ``never_created`` ends CANCELLED_ACCEPTED with no create (the
-    create step finds the intent before it makes any call).
+    submission key (the only resubmission there is); refused when the ledger knows a remote id for it.
+    ``terminal``: it ended on the server -> its result is fetched and accepted like any other. With a
+    cancel requested (rule 6): ``found`` goes to CANCEL_REQUESTED and the cancel is sent;
+    ``never_created`` ends CANCELLED_ACCEPTED with no create (the create step finds the intent before it
+    makes any call).
 
     Raises:
-        WrongState: the operation is not waiting for an operator.
+        WrongState: the operation is not waiting for an operator (or, for ``never_created``, the ledger
+            knows a remote id for it).
         ValueError: the resolution lacks what its kind needs.
     """
     if op.state is not OpState.MANUAL_RECONCILIATION:
@@ -120,6 +253,14 @@ def resolve(ctx: StepContext, op: Operation, resolution: Resolution) -> Operatio
             cancel_above=0,  # any cancel requested, before or while the operator decided, is sent now
         )
     if resolution.kind == "never_created":
+        if op.remote_id is not None:
+            # The ledger holds the server's own name for it: something was created (its remote id changes
+            # only with a move out of MANUAL_RECONCILIATION, which the resubmission's guard would refuse).
+            raise WrongState(
+                f"the ledger knows remote id {op.remote_id} for operation {op.id} on {op.server}: it was "
+                "created, so --never-created is refused (resolve it with --found "
+                f"{op.remote_id}, or --terminal)"
+            )
         return ctx.ledger.resubmit(op.id, fence, from_state=op.state, detail=detail, resolution=note)
     if resolution.terminal is None:
         raise ValueError("a 'terminal' resolution names the terminal state")
