@@ -91,6 +91,9 @@ class GuardedWrite:
     #: The snapshot it returns holds the arguments; False: ``body`` is ``BODY_NOT_READ`` (a write on the
     #: poll path, whose caller never sends them).
     returns_body: bool = True
+    #: Adds ``submit_attempted_at IS NULL`` to the guard: the create attempt is recorded once, whatever
+    #: copies of its step run under the same claim (rule 1).
+    only_unattempted: bool = False
 
 
 class GuardedWrites:
@@ -180,6 +183,7 @@ class GuardedWrites:
             counter=write.counter,
             after_intent=write.after_intent,
             with_body=write.returns_body,
+            only_unattempted=write.only_unattempted,
         )
         end = write.then or write.to
         params: dict[str, Any] = {
@@ -233,6 +237,7 @@ class GuardedWrites:
                     "state": sorted(s.value for s in write.in_states),
                     **fence.as_dict(),
                     **({"input_round": write.input_round} if write.input_round is not None else {}),
+                    **({"submit_attempted_at": None} if write.only_unattempted else {}),
                 },
                 detail=write.detail,
             )

@@ -52,7 +52,10 @@ class OperationMoves(GuardedWrites):
         unless_disabled: tuple[str, str] | None = None,
     ) -> Operation:
         """SUBMITTING stays: the create call is about to be made (``submit_attempted_at`` is set, so it is
-        never made again blindly) for the tool descriptor of this version. Event ``create_attempted``.
+        never made again blindly) for the tool descriptor of this version. Event ``create_attempted``. The
+        guard asks that no attempt is recorded yet: two copies of one step under the same claim (a message
+        delivered again while its first copy runs) record one attempt, and only that copy makes the create;
+        the other is refused as stale (rule 1).
 
         Raises:
             AdapterDisabled: ``unless_disabled`` names an adapter (protocol, version) that is disabled for new
@@ -60,7 +63,13 @@ class OperationMoves(GuardedWrites):
         """
         sets = {"submit_attempted_at": dt.datetime.now(dt.UTC), "tool_descriptor_version": descriptor_version}
         write = GuardedWrite(
-            (S.SUBMITTING,), None, EventKind.CREATE_ATTEMPTED, detail, sets, unless_disabled=unless_disabled
+            (S.SUBMITTING,),
+            None,
+            EventKind.CREATE_ATTEMPTED,
+            detail,
+            sets,
+            unless_disabled=unless_disabled,
+            only_unattempted=True,
         )
         return self._write(op_id, fence, write)
 

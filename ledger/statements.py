@@ -147,6 +147,8 @@ class WriteShape:
     after_intent: str = "strict"
     #: The row it returns includes ``body`` (the arguments); False for a write on the poll path.
     with_body: bool = True
+    #: The guard also asks ``submit_attempted_at IS NULL`` (the create attempt, recorded once).
+    only_unattempted: bool = False
 
 
 def guarded_update(shape: WriteShape) -> Any:
@@ -214,6 +216,8 @@ def guarded_update(shape: WriteShape) -> Any:
         where.append(owner_allows("fence_executor"))
     if shape.with_round:
         where.append(OP.c.input_round == bindparam("fence_round"))
+    if shape.only_unattempted:
+        where.append(OP.c.submit_attempted_at.is_(None))
     moved = (
         update(OP)
         .where(*where)

@@ -10,6 +10,9 @@ import threading
 import uuid
 from typing import Any
 
+import pytest
+
+from ledger.errors import StaleTransition
 from ledger.states import OpState
 from tests import support
 from tests.integration.fleet import McpServer
@@ -117,3 +120,47 @@ def test_a_cancel_sent_by_the_create_step_keeps_its_claim_until_the_step_ends(
     assert stepped, "the create step did not end"
     assert executor.ledger.get(op_id).state is S.CANCELLED_ACCEPTED
     assert [e["method"] for e in mcp.log()].count("tasks/cancel") == 1
+
+
+# ----------------------------------------- found in review: one claim, two copies of its step (rule 1)
+
+
+def test_a_create_attempt_is_recorded_once_under_one_claim(mcp_executor: tuple[McpServer, Executor]) -> None:
+    """Two copies of one step under the same claim (a message delivered again while its first copy still
+    runs: a RabbitMQ redelivery after the consumer's connection dropped, a Redis visibility timeout) both
+    read the row before either recorded its attempt. Only the first may record it: the second is refused
+    as stale and makes no create (before, both attempts were recorded and both went on to a create)."""
+    _, executor = mcp_executor
+    op_id = submitted(executor, "n/attempt-once")
+    [dispatch] = executor.dispatch_due()
+    op = executor.ledger.get(op_id)
+    assert op.poll_cursor == dispatch.cursor
+    executor.ledger.record_create_attempt(op_id, op.fence, descriptor_version=None, detail={})
+    with pytest.raises(StaleTransition):
+        executor.ledger.record_create_attempt(op_id, op.fence, descriptor_version=None, detail={})
+    kinds = [e["kind"] for e in executor.ledger.events(op_id)]
+    assert kinds.count("create_attempted") == 1, kinds
+
+
+def test_a_second_copy_of_a_create_step_makes_no_second_create(
+    mcp_executor: tuple[McpServer, Executor],
+) -> None:
+    """The same, end to end: two copies of the create step of one claim, the create held 2 s by the server
+    so both are in flight: the server holds one task, and the operation follows it."""
+    mcp, executor = mcp_executor
+    mcp.faults(delay_ms={"tools/list": 1000})
+    op_id = submitted(executor, "n/create-once")
+    [dispatch] = executor.dispatch_due()
+    outcomes: list[StepOutcome] = []
+    copies = [
+        threading.Thread(target=lambda: outcomes.append(executor.advance(op_id, dispatch.cursor)))
+        for _ in range(2)
+    ]
+    for copy in copies:
+        copy.start()
+    for copy in copies:
+        copy.join(timeout=30)
+    assert len(outcomes) == 2, outcomes
+    assert [e["method"] for e in mcp.log()].count("tools/call") == 1, outcomes
+    assert len(mcp.tasks()) == 1
+    assert executor.ledger.get(op_id).remote_id == mcp.tasks()[0]["taskId"]
