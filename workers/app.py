@@ -13,6 +13,7 @@ from kombu import Queue
 
 from beat_schedule import beat_schedule
 from workers import logs
+from workers.broker import CONSUMER as REDIS_CONSUMER
 from workers.broker import TRANSPORT as REDIS_TRANSPORT
 from workers.errors import ConfigError
 from workers.runtime import RuntimeHolder
@@ -85,8 +86,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         transport_options["socket_connect_timeout"] = BROKER_SOCKET_TIMEOUT_S
         if settings.broker.partition("://")[0].lower() == "redis":
             # kombu's Redis transport, keeping one client per channel (workers/broker.py): kombu builds a
-            # client for every ack, unacked record and event otherwise.
+            # client for every ack, unacked record and event otherwise. Its channels outlive a lost
+            # connection, and the worker's consumer gives back at once the messages Celery drops then.
             extra["broker_transport"] = REDIS_TRANSPORT
+            extra["worker_consumer"] = REDIS_CONSUMER
     return {
         **extra,
         "broker_url": settings.broker,

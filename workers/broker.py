@@ -11,9 +11,10 @@ which server, with which timeouts and key prefix) is kombu's own, unchanged.
 
 **A worker survives its Redis going away** (issue 19). When the broker connection is lost, Celery's consumer
 (``Consumer.on_connection_error_after_connected``) closes the old connection twice: ``collect()``, then
-``close()``. The first pass fails early on a channel whose BRPOP was in flight (kombu's ``Channel.close``
-reads that reply first, and Redis is gone), and ``collect()`` then detaches the transport from its kombu
-connection (``transport.client = None``). The second pass closes the channel for real, and kombu, to give
+``close()``. The first pass fails early on the channels whose BRPOP was in flight (kombu's ``Channel.close``
+reads that reply first, and Redis is gone; the transport's loop over its channels stops at the first that
+raises), and ``collect()`` then detaches the transport from its kombu connection (``transport.client =
+None``). The second pass closes the channel for real, and kombu, to give
 back the messages the worker holds (``restore_unacked``), builds a new connection pool from
 ``self.connection.client``, which is now None: ``AttributeError: 'NoneType' object has no attribute
 'hostname'``. That is not a connection error, so Celery logs "Unrecoverable error" and the worker exits;
@@ -32,6 +33,10 @@ its queue (where the next delivery takes it, under the same delivery tag), its l
 rejection on the old channel leaves Redis alone (``RedisQoS``). A message whose acknowledgement fails
 (Redis still down) stays in the unacked hash and is delivered again after the visibility timeout: never lost.
 
+Celery itself forgets, on the loss, the tasks it had received and not started (``WorkerConsumer``): their
+messages, which the closing channel could not give back while Redis was down, go back to their queues as
+soon as the worker is connected again, instead of an hour later.
+
 Used for ``redis://`` brokers (``workers.app.celery_config``); other transports (``rediss://``,
 ``sentinel://``, AMQP) are kombu's own. A connection over it still shows itself as ``redis://...`` (its
 ``as_uri``, the worker's banner, the URL Flower reads the broker's queues from): the class is registered
@@ -40,17 +45,25 @@ among kombu's transport aliases that connections resolve when they describe them
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any, cast
 
+from celery.worker import state as worker_state
+from celery.worker.consumer import Consumer
+from kombu import Connection
 from kombu import connection as kombu_connection
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 
-__all__ = ["TRANSPORT", "RedisChannel", "RedisQoS", "RedisTransport"]
+__all__ = ["CONSUMER", "TRANSPORT", "RedisChannel", "RedisQoS", "RedisTransport", "WorkerConsumer"]
 
 #: The ``broker_transport`` setting naming :class:`RedisTransport`.
 TRANSPORT = "workers.broker:RedisTransport"
+#: The ``worker_consumer`` setting naming :class:`WorkerConsumer`.
+CONSUMER = "workers.broker:WorkerConsumer"
+
+logger = logging.getLogger(__name__)
 
 
 class RedisQoS(kombu_redis.QoS):
@@ -133,6 +146,64 @@ class RedisTransport(kombu_redis.Transport):
     """kombu's Redis transport over :class:`RedisChannel`."""
 
     Channel = RedisChannel
+
+
+class WorkerConsumer(Consumer):
+    """Celery's worker consumer, which gives back at once the messages it drops on a connection loss.
+
+    When its broker connection drops, Celery forgets the tasks it had received and not started: those waiting
+    for a pool process and those waiting for their countdown (``Consumer.on_close``: "they can't be acked
+    anyway"). RabbitMQ gives their messages back as the channel closes; on Redis the closing channel gives
+    back what it holds, which fails while Redis is down, and the messages then wait in the unacked hash for
+    the visibility timeout: a submit, a cancel or an answer sent by name would start an hour later. This
+    consumer keeps those requests and, once it is connected again, puts each message the old channel still
+    holds back at the front of its queue (kombu's restore, through the new channel; the old channel then
+    treats it as given back). A request that started after all (its pool process had it already) is left
+    to finish and acknowledge.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: The requests Celery dropped on a connection loss, their messages not given back yet.
+        self.dropped: list[Any] = []
+
+    def on_close(self) -> None:
+        # Reserved (waiting for a pool process) or scheduled (a countdown, as the dispatcher's short ones):
+        # what Celery is about to forget. Those that run stay with their pool process.
+        waiting = {*worker_state.reserved_requests, *getattr(worker_state, "scheduled_requests", ())}
+        dropped = [r for r in waiting if r not in worker_state.active_requests]
+        super().on_close()
+        self.dropped.extend(dropped)
+
+    def connect(self) -> Connection:
+        connection = super().connect()
+        self.give_back_dropped(connection)
+        return connection
+
+    def give_back_dropped(self, connection: Connection) -> int:
+        """Put the messages of the dropped requests back in their queues; how many went back."""
+        channel = connection.default_channel
+        if not isinstance(channel, RedisChannel):
+            self.dropped.clear()
+            return 0
+        given = 0
+        while self.dropped:
+            request = self.dropped[0]
+            message = request.message
+            held = getattr(message.channel, "qos", None)
+            delivered = held._delivered if isinstance(held, RedisQoS) else None
+            started = request.acknowledged or request.time_start is not None
+            if not started and delivered is not None and message.delivery_tag in delivered:
+                # Not given back or acknowledged yet: still this worker's. (A connection error here leaves it
+                # in the list, for the next connect.)
+                cast(RedisQoS, channel.qos).restore_by_tag(message.delivery_tag)
+                delivered.pop(message.delivery_tag, None)
+                request.acknowledged = True  # the message is the next delivery's now
+                given += 1
+            self.dropped.pop(0)
+        if given:
+            logger.warning("Gave back %d message(s) received before the connection loss, not started", given)
+        return given
 
 
 # What a connection over it calls its transport when it describes itself (``Connection.as_uri``).
