@@ -5,12 +5,13 @@ Two levels. The channel (``workers.broker``), in this process: a consumer with a
 Redis, and Celery's consumer handles the loss as it does in a worker (``on_connection_error_after_connected``:
 ``collect()``, then ``close()``); kombu used to raise ``AttributeError: 'NoneType' object has no attribute
 'hostname'`` there and on the late acknowledgement, which Celery calls an unrecoverable error (the worker
-exits). The fleet: two longcall workers, beat and the pipeline on a Redis of this test's own, started with the
-compose file's command (append-only file, fsync always), operations in flight and status reads held by the
-server, so polls are in a worker's hand when Redis goes: it crashes (kill -9) and comes back, shuts down and
-comes back, or stays down for ten seconds. Every process is still the one that started, beat's ticks reach
-the workers again, operations sent after the fault run to their end, and nothing is lost: every call node has
-one task on the server and its receipt, delivered.
+exits). The fleet: two longcall workers and beat on a Redis of this test's own, started with the compose
+file's command (append-only file, fsync always), operations in flight and status reads held by the server,
+so polls are in the workers' hands when Redis goes: it crashes (kill -9) and comes back, shuts down and
+comes back, stays down for ten seconds, or freezes for ten seconds (SIGSTOP: nothing answers, nothing
+closes). Every process is still the one that started, beat's ticks reach the workers again, operations sent
+after the fault run to their end, every message in a worker's hand at the fault has run, and nothing is
+lost: every call node has one task on the server, and its receipt reaches the pipeline.
 """
 
 from __future__ import annotations
@@ -243,17 +244,26 @@ def break_redis(server: support.PrivateRedis, fault: str) -> None:
         server.restart(signal.SIGKILL)
     elif fault == "restart":
         server.restart(signal.SIGTERM)
-    else:
-        assert fault == "outage", fault
+    elif fault == "outage":
         server.stop(signal.SIGTERM)
         back_at = time.monotonic() + OUTAGE_S
         support.wait_for("the outage to last its time", lambda: time.monotonic() >= back_at, timeout=60)
         server.start()
+    else:
+        # Unreachable without a word (a host or network gone silent): connections stay open, nothing answers.
+        assert fault == "frozen", fault
+        assert server.process is not None
+        server.process.proc.send_signal(signal.SIGSTOP)
+        back_at = time.monotonic() + OUTAGE_S
+        try:
+            support.wait_for("the freeze to last its time", lambda: time.monotonic() >= back_at, timeout=60)
+        finally:
+            server.process.proc.send_signal(signal.SIGCONT)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("fault", ["crash", "restart", "outage"])
+@pytest.mark.parametrize("fault", ["crash", "restart", "outage", "frozen"])
 def test_workers_and_beat_survive_their_redis_going_away_and_lose_nothing(
     fault: str, ledger: Ledger, database_url: str, broker_prefix: str, tmp_path: Path, log_dir: Path
 ) -> None:
