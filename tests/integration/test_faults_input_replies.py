@@ -24,6 +24,7 @@ from tests.integration.fleet import (
     running_fleet,
     start_mcp_server,
 )
+from workers import logs
 from workers.executor import Executor
 from workers.runtime import Runtime
 from workers.settings import Settings
@@ -166,7 +167,8 @@ def test_a_reply_stored_by_a_worker_that_died_before_sending_it_is_sent_by_the_n
     op_id = waiting_for_input(executor, "n/reply-died")
     op = executor.ledger.get(op_id)
 
-    stored = input_rounds.record_reply(executor.ctx, op, 1, APPROVE)  # ... and the worker is killed here
+    with logs.bind():  # as the executor's entry points do: the step's log context ends with it
+        stored = input_rounds.record_reply(executor.ctx, op, 1, APPROVE)  # ... and the worker is killed here
 
     assert not isinstance(stored, StepOutcome)
     assert stored.state is S.WORKING
