@@ -17,7 +17,7 @@ from workers.broker import CONSUMER as REDIS_CONSUMER
 from workers.broker import TRANSPORT as REDIS_TRANSPORT
 from workers.errors import ConfigError
 from workers.runtime import RuntimeHolder
-from workers.settings import REDIS_VISIBILITY_TIMEOUT_S, Settings
+from workers.settings import Settings
 from workers.tasks import register_tasks
 
 QUEUES = ("longcall.control", "longcall.poll", "longcall.outbox")
@@ -76,7 +76,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         transport_options["write_timeout"] = BROKER_SOCKET_TIMEOUT_S
     elif is_redis(settings.broker):
         # A message not acknowledged within the visibility timeout is delivered again (Redis only).
-        transport_options["visibility_timeout"] = REDIS_VISIBILITY_TIMEOUT_S
+        transport_options["visibility_timeout"] = settings.redis_visibility_timeout_s
         if settings.broker_keyprefix:
             transport_options["global_keyprefix"] = settings.broker_keyprefix
         # A broker that vanished without closing the connection (host down, failover, a dropped NAT entry)

@@ -24,11 +24,13 @@ CREATE_SPEC = re.compile(r"^(GET|POST|PUT|PATCH|DELETE) (/\S*)$")
 PositiveFloat = Annotated[float, Field(gt=0)]
 PositiveInt = Annotated[int, Field(gt=0)]
 
-#: The Redis broker's visibility timeout (``workers.app``): a message not acknowledged within it is delivered
-#: again, so a countdown or ETA message outliving it runs twice.
+#: The Redis broker's visibility timeout by default (``workers.app``; ``redis_visibility_timeout_s``): a
+#: message not acknowledged within it is delivered again, so a countdown or ETA message outliving it runs
+#: twice, and a message held by a worker that was killed comes back only then.
 REDIS_VISIBILITY_TIMEOUT_S = 3600
 #: How far inside the visibility timeout a downstream signature's countdown or ETA must end: the message
-#: is reserved at publish and may wait in a busy worker's prefetch before its countdown even starts.
+#: is reserved at publish and may wait in a busy worker's prefetch before its countdown even starts (at
+#: most a quarter of a shorter visibility timeout).
 CALLBACK_DELAY_MARGIN_S = 300
 REDIS_BROKERS = frozenset({"redis", "rediss", "sentinel"})
 #: RabbitMQ's default ``consumer_timeout``: a delivery a consumer holds unacknowledged longer than this closes
@@ -236,6 +238,11 @@ class Settings(BaseSettings):
     #: How long an answered input round may stay unacknowledged (its stored reply not taken by the server)
     #: or still shown by the server before an operator is asked (INPUT_REPLY_NOT_TAKEN, rule 10).
     input_reply_s: PositiveFloat = 120.0
+    #: The Redis broker's visibility timeout: how soon a message a killed worker held (a submission being
+    #: recorded, a step) is delivered again. Every longcall message is safe to run twice (the ledger fences
+    #: it), but it must outlast the longest step (a synchronous call: ``sync_upper_bound_s``) and any
+    #: countdown a message carries (a downstream signature's: ``max_callback_delay_s``).
+    redis_visibility_timeout_s: Annotated[int, Field(ge=10)] = REDIS_VISIBILITY_TIMEOUT_S
 
     @property
     def broker(self) -> str:
@@ -256,7 +263,8 @@ class Settings(BaseSettings):
         a countdown, or a step that runs long (a synchronous call of up to ``sync_upper_bound_s``)."""
         transport = self.broker.partition("://")[0].lower().partition("+")[0]
         if transport in REDIS_BROKERS:
-            return float(REDIS_VISIBILITY_TIMEOUT_S - CALLBACK_DELAY_MARGIN_S)
+            visibility = self.redis_visibility_timeout_s
+            return float(visibility - min(CALLBACK_DELAY_MARGIN_S, visibility // 4))
         if transport in AMQP_BROKERS:
             return float(AMQP_CONSUMER_TIMEOUT_S - CALLBACK_DELAY_MARGIN_S)
         return None
@@ -279,7 +287,7 @@ class Settings(BaseSettings):
                         f"servers.{server_name}.tools.{tool_name}.sync_upper_bound_s = "
                         f"{tool.sync_upper_bound_s:g}: a synchronous call holds its broker message that "
                         f"long, longer than this broker allows ({limit:.0f}s: the Redis visibility timeout "
-                        f"or RabbitMQ's consumer_timeout, less a {CALLBACK_DELAY_MARGIN_S}s margin)"
+                        f"or RabbitMQ's consumer_timeout, less a margin)"
                     )
         return fleet
 

@@ -97,7 +97,9 @@ INLINE_RETRY_S = 30.0
 HAND_BACK_MAX_S = 60.0
 
 
-def through_faults(task: Task[Any, Any], what: str, run: Callable[[], R], *, retry_s: float) -> R:
+def through_faults(
+    task: Task[Any, Any], what: str, run: Callable[[], R], *, retry_s: float, hold_s: float | None = None
+) -> R:
     """``run()``, tried again through infrastructure faults (rule 3: bounded, then an operator told).
 
     ``run`` records an intent sent by name (a submission, a cancel, an input reply) and is safe to repeat:
@@ -106,7 +108,8 @@ def through_faults(task: Task[Any, Any], what: str, run: Callable[[], R], *, ret
     goes back to the broker with a countdown (``Task.retry``: it stays in the broker, never only in this
     worker's memory; if even that publish fails, the message is rejected back to its queue); past
     ``retry_s`` (``intent_retry_s``) in all, the task fails with :class:`IntentNotRecorded`, logged at
-    ERROR with the fault."""
+    ERROR with the fault. ``hold_s``: how long the broker lets a worker hold a message
+    (``Settings.max_held_delivery_s``): a hand-back's countdown stays well inside it."""
     deadline = time.monotonic() + min(INLINE_RETRY_S, retry_s)
     attempt = 0
     while True:
@@ -119,14 +122,22 @@ def through_faults(task: Task[Any, Any], what: str, run: Callable[[], R], *, ret
                 log.warning("%s met %s; trying again in %.1f s", what, describe_fault(exc), pause)
                 time.sleep(pause)
                 continue
-            _hand_back(task, what, exc, retry_s=retry_s)
+            _hand_back(task, what, exc, retry_s=retry_s, most_s=_countdown_cap(hold_s))
 
 
-def _hand_back(task: Task[Any, Any], what: str, exc: BaseException, *, retry_s: float) -> NoReturn:
+def _countdown_cap(hold_s: float | None) -> float:
+    """A hand-back's longest countdown: :data:`HAND_BACK_MAX_S`, and at most half of what the broker lets a
+    worker hold a message (a countdown message is held by the worker that reserved it)."""
+    return HAND_BACK_MAX_S if hold_s is None else max(1.0, min(HAND_BACK_MAX_S, hold_s / 2))
+
+
+def _hand_back(
+    task: Task[Any, Any], what: str, exc: BaseException, *, retry_s: float, most_s: float
+) -> NoReturn:
     hand_backs = task.request.retries or 0
-    countdown = min(HAND_BACK_MAX_S, 2.0 ** (hand_backs + 1))
+    countdown = min(most_s, 2.0 ** (hand_backs + 1))
     # Each hand-back follows INLINE_RETRY_S of tries in process.
-    spent = sum(INLINE_RETRY_S + min(HAND_BACK_MAX_S, 2.0 ** (n + 1)) for n in range(hand_backs))
+    spent = sum(INLINE_RETRY_S + min(most_s, 2.0 ** (n + 1)) for n in range(hand_backs))
     if spent + INLINE_RETRY_S >= retry_s:
         log.error(
             "%s was NOT recorded: %s for about %.0f s (LONGCALL_INTENT_RETRY_S=%g); send it again once the "
@@ -224,6 +235,7 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:  # noqa: PLR0915
                 f"longcall.submit of call node {new.call_node_id!r}",
                 lambda: Executor(runtime).submit(new, admit=canary_admission(runtime.fleet, new)),
                 retry_s=runtime.settings.intent_retry_s,
+                hold_s=runtime.settings.max_held_delivery_s,
             )
         except NotRouted as exc:
             # Outside the canary: nothing is written, nothing is called; the caller keeps its legacy path.
@@ -263,6 +275,7 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:  # noqa: PLR0915
                     f"longcall.cancel of {target}",
                     lambda: executor().request_cancel(target),
                     retry_s=holder.get().settings.intent_retry_s,
+                    hold_s=holder.get().settings.max_held_delivery_s,
                 )
             else:
                 step = executor().send_cancel(_op_id(op_id), int(cursor))
@@ -290,6 +303,7 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:  # noqa: PLR0915
                 f"longcall.provide_input of {target} round {input_round}",
                 lambda: executor().provide_input(target, input_round, response),
                 retry_s=holder.get().settings.intent_retry_s,
+                hold_s=holder.get().settings.max_held_delivery_s,
             )
         except (InputRefused, OperationNotFound) as exc:
             raise RequestRefused(str(exc)) from None

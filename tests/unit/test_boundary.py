@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from workers.app import celery_config
 from workers.errors import ConfigError, InvalidSubmission
@@ -115,6 +116,16 @@ def test_the_limit_is_the_brokers_own_visibility_timeout() -> None:
     )
     assert REDIS.max_callback_delay_s is not None
     assert REDIS.max_callback_delay_s < REDIS_VISIBILITY_TIMEOUT_S
+
+
+def test_a_shorter_visibility_timeout_is_the_brokers_and_bounds_the_countdowns() -> None:
+    """LONGCALL_REDIS_VISIBILITY_TIMEOUT_S: how soon a killed worker's messages come back. The broker gets it,
+    and what may be held that long shrinks with it (a quarter of it kept as margin)."""
+    short = Settings(broker_url="redis://127.0.0.1:6379/0", redis_visibility_timeout_s=20)
+    assert celery_config(short)["broker_transport_options"]["visibility_timeout"] == 20
+    assert short.max_callback_delay_s == 15
+    with pytest.raises(ValidationError):
+        Settings(redis_visibility_timeout_s=5)
 
 
 def test_an_input_reply_over_the_body_limit_is_refused() -> None:
