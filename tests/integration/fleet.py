@@ -256,15 +256,6 @@ class Fleet:
         self.processes.append(process)
         return process
 
-    def revive_workers(self) -> list[str]:
-        """What a process supervisor does (compose's ``restart: unless-stopped``): start a new longcall
-        worker for each one that exited. Returns the names of the workers that had exited."""
-        dead = [w for w in self.workers() if w.proc.poll() is not None and not w.name.endswith("(revived)")]
-        for worker in dead:
-            self.start_worker(f"{worker.name}-revived{len(self.processes)}")
-            worker.name = f"{worker.name}(revived)"
-        return [w.name for w in dead]
-
     def start_beat(self, name: str = "beat") -> support.CeleryProcess:
         """longcall's beat (exactly one should run), its schedule file in the fleet's log directory."""
         schedule = self.log_dir.parent / "beat-schedule"
