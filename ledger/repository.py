@@ -491,17 +491,7 @@ class Ledger(
     def resolve_reconciliation(self, record_id: int, *, resolution: str, detail: Mapping[str, Any]) -> bool:
         """Close one open record (e.g. an EFFECT_RECONCILIATION_REQUIRED the operator has dealt with)."""
         with self._tx() as conn:
-            row = conn.execute(
-                update(RECON)
-                .where(RECON.c.id == record_id, RECON.c.resolved_at.is_(None))
-                .values(
-                    resolved_at=func.now(),
-                    resolution=resolution,
-                    detail=RECON.c.detail.op("||")(literal_json(detail)),
-                )
-                .returning(RECON.c.op_id)
-            ).first()
-            return row is not None
+            return _close_record(conn, record_id, resolution, detail)
 
     def close_reconciliation(
         self, record_id: int, *, resolution: str, detail: Mapping[str, Any]
@@ -526,17 +516,8 @@ class Ledger(
             ).scalar_one()
             if state == OpState.MANUAL_RECONCILIATION.value and others == 0:
                 return "holds_operation", op_id
-            closed = conn.execute(
-                update(RECON)
-                .where(RECON.c.id == record_id, RECON.c.resolved_at.is_(None))
-                .values(
-                    resolved_at=func.now(),
-                    resolution=resolution,
-                    detail=RECON.c.detail.op("||")(literal_json(detail)),
-                )
-                .returning(RECON.c.id)
-            ).first()
-            return ("closed" if closed is not None else "not_open"), op_id
+            closed = _close_record(conn, record_id, resolution, detail)
+            return ("closed" if closed else "not_open"), op_id
 
     def flag_overdue(self, record_id: int) -> None:
         """Mark an open record as reported past its deadline, with an event on its operation."""
@@ -668,6 +649,22 @@ class Ledger(
                 select(RECON).where(RECON.c.resolved_at.is_(None)).order_by(RECON.c.deadline)
             ).all()
         return [ReconciliationRecord.from_row(r) for r in rows]
+
+
+def _close_record(conn: Connection, record_id: int, resolution: str, detail: Mapping[str, Any]) -> bool:
+    """Close one open reconciliation record with ``resolution``, ``detail`` merged into its own; False when
+    it is not open."""
+    row = conn.execute(
+        update(RECON)
+        .where(RECON.c.id == record_id, RECON.c.resolved_at.is_(None))
+        .values(
+            resolved_at=func.now(),
+            resolution=resolution,
+            detail=RECON.c.detail.op("||")(literal_json(detail)),
+        )
+        .returning(RECON.c.id)
+    ).first()
+    return row is not None
 
 
 def insert_submitted(

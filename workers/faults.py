@@ -8,10 +8,19 @@ added where Celery is known (``workers/tasks.py``).
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
 from ledger.errors import UNAVAILABLE as LEDGER_UNAVAILABLE
 from workers.hot import UNAVAILABLE as HOT_UNAVAILABLE
 
-__all__ = ["INFRASTRUCTURE", "LEDGER_UNAVAILABLE", "describe_fault", "pause_s"]
+__all__ = ["INFRASTRUCTURE", "LEDGER_UNAVAILABLE", "describe_fault", "keep_trying", "pause_s"]
+
+log = logging.getLogger("longcall")
+
+T = TypeVar("T")
 
 #: A fault of the ledger or of the hot state.
 INFRASTRUCTURE: tuple[type[Exception], ...] = (*LEDGER_UNAVAILABLE, *HOT_UNAVAILABLE)
@@ -31,3 +40,23 @@ def describe_fault(exc: BaseException) -> str:
     message can run to many lines of SQL), bounded."""
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {first}"[:300]
+
+
+def keep_trying(
+    run: Callable[[], T], *, faults: tuple[type[BaseException], ...], for_s: float, what: str
+) -> T:
+    """``run()``, tried again after each of ``faults`` with a growing pause (:func:`pause_s`) for up to
+    ``for_s``; a fault whose pause would end past that is raised. Each try again is logged, naming
+    ``what`` and the fault (never its statement or parameters)."""
+    deadline = time.monotonic() + for_s
+    attempt = 0
+    while True:
+        try:
+            return run()
+        except faults as exc:
+            pause = pause_s(attempt)
+            attempt += 1
+            if time.monotonic() + pause >= deadline:
+                raise
+            log.warning("%s met %s; trying again in %.1f s", what, describe_fault(exc), pause)
+            time.sleep(pause)

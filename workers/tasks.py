@@ -7,7 +7,6 @@ never trusted for anything: every message carries (op_id, cursor) and the ledger
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
@@ -29,7 +28,7 @@ from workers.errors import (
     SubmissionRefused,
 )
 from workers.executor import Dispatch, Executor, StepOutcome
-from workers.faults import INFRASTRUCTURE, describe_fault, pause_s
+from workers.faults import INFRASTRUCTURE, describe_fault, keep_trying
 from workers.runtime import RuntimeHolder
 from workers.submission import (
     NotRouted,
@@ -110,19 +109,10 @@ def through_faults(
     ``retry_s`` (``intent_retry_s``) in all, the task fails with :class:`IntentNotRecorded`, logged at
     ERROR with the fault. ``hold_s``: how long the broker lets a worker hold a message
     (``Settings.max_held_delivery_s``): a hand-back's countdown stays well inside it."""
-    deadline = time.monotonic() + min(INLINE_RETRY_S, retry_s)
-    attempt = 0
-    while True:
-        try:
-            return run()
-        except FAULTS as exc:
-            pause = pause_s(attempt)
-            attempt += 1
-            if time.monotonic() + pause < deadline:
-                log.warning("%s met %s; trying again in %.1f s", what, describe_fault(exc), pause)
-                time.sleep(pause)
-                continue
-            _hand_back(task, what, exc, retry_s=retry_s, most_s=_countdown_cap(hold_s))
+    try:
+        return keep_trying(run, faults=FAULTS, for_s=min(INLINE_RETRY_S, retry_s), what=what)
+    except FAULTS as exc:
+        _hand_back(task, what, exc, retry_s=retry_s, most_s=_countdown_cap(hold_s))
 
 
 def _countdown_cap(hold_s: float | None) -> float:

@@ -103,3 +103,23 @@ def mcp_executor(
     finally:
         runtime.close()
         mcp.process.stop()
+
+
+@pytest.fixture
+def private_redis_executor(
+    database_url: str, tmp_path: Path, log_dir: Path
+) -> Iterator[tuple[McpServer, Executor, support.PrivateRedis]]:
+    """longcall's MCP server and an executor in this process whose hot state (buckets, holds, the cancel CAS)
+    is on a ``redis-server`` of this test's own, which the test may stop and start."""
+    mcp = start_mcp_server(log_dir, poll_interval_ms=200)
+    config = tmp_path / "longcall.toml"
+    config.write_text(fleet_config(mcp.url, poll_qps=5000, control_qps=5000))
+    with support.private_redis(tmp_path / "redis", log_dir, "--save", "", "--appendonly", "no") as hot:
+        runtime = Runtime.from_settings(
+            Settings(database_url=database_url, redis_url=hot.url, config=config, lease_s=30)
+        )
+        try:
+            yield mcp, Executor(runtime), hot
+        finally:
+            runtime.close()
+            mcp.process.stop()

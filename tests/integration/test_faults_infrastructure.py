@@ -29,8 +29,6 @@ from tests.integration.fleet import (
     start_mcp_server,
 )
 from workers.executor import Executor
-from workers.runtime import Runtime
-from workers.settings import Settings
 from workers.submission import validate_submission
 
 S = OpState
@@ -96,33 +94,13 @@ def test_a_cancel_while_a_create_attempt_is_recorded_keeps_the_claim_of_the_crea
 # --------------------------------------------------------------------- item 6: a Redis outage
 
 
-@pytest.fixture
-def redis_down_executor(
-    database_url: str, tmp_path: Path, log_dir: Path
-) -> Iterator[tuple[McpServer, Executor, support.PrivateRedis]]:
-    """The demo MCP server and an in-process executor whose hot state (buckets, holds, the cancel CAS) is
-    on a ``redis-server`` of this test's own, which the test stops and starts."""
-    mcp = start_mcp_server(log_dir, poll_interval_ms=200)
-    config = tmp_path / "longcall.toml"
-    config.write_text(fleet_config(mcp.url, poll_qps=5000, control_qps=5000))
-    with support.private_redis(tmp_path / "redis", log_dir, "--save", "", "--appendonly", "no") as hot:
-        runtime = Runtime.from_settings(
-            Settings(database_url=database_url, redis_url=hot.url, config=config, lease_s=30)
-        )
-        try:
-            yield mcp, Executor(runtime), hot
-        finally:
-            runtime.close()
-            mcp.process.stop()
-
-
 def test_a_cancel_sent_while_redis_is_down_is_recorded_and_sent_once_redis_is_back(
-    redis_down_executor: tuple[McpServer, Executor, support.PrivateRedis],
+    private_redis_executor: tuple[McpServer, Executor, support.PrivateRedis],
 ) -> None:
     """The intent goes to the ledger first; the hot generation is best effort. With Redis down no control
     token can be had, so the cancel request is not sent (rule 4) and the step is due again shortly, its
     claim let go; once Redis is back the dispatcher sends it, and the server's task ends cancelled."""
-    mcp, executor, hot = redis_down_executor
+    mcp, executor, hot = private_redis_executor
     op = submitted(executor, "n/cancel-redis-down", lease_s=None)
     claim = executor.dispatch_due()
     assert [c.op_id for c in claim] == [op.id]

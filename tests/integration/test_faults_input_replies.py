@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -20,14 +19,10 @@ from tests.integration.fleet import (
     Fleet,
     FleetParts,
     McpServer,
-    fleet_config,
     running_fleet,
-    start_mcp_server,
 )
 from workers import logs
 from workers.executor import Executor
-from workers.runtime import Runtime
-from workers.settings import Settings
 from workers.steps import input_rounds
 from workers.steps.context import StepOutcome
 from workers.submission import validate_submission
@@ -106,24 +101,6 @@ def test_a_round_answered_and_still_asked_goes_to_an_operator_within_the_bound(i
 
 
 # ------------------------------------------------------------------------- in process: died, Redis down
-
-
-@pytest.fixture
-def private_redis_executor(
-    database_url: str, tmp_path: Path, log_dir: Path
-) -> Iterator[tuple[McpServer, Executor, support.PrivateRedis]]:
-    mcp = start_mcp_server(log_dir, poll_interval_ms=200)
-    config = tmp_path / "longcall.toml"
-    config.write_text(fleet_config(mcp.url, poll_qps=5000, control_qps=5000))
-    with support.private_redis(tmp_path / "redis", log_dir, "--save", "", "--appendonly", "no") as hot:
-        runtime = Runtime.from_settings(
-            Settings(database_url=database_url, redis_url=hot.url, config=config, lease_s=30)
-        )
-        try:
-            yield mcp, Executor(runtime), hot
-        finally:
-            runtime.close()
-            mcp.process.stop()
 
 
 def step_until(executor: Executor, op_id: uuid.UUID, *states: OpState, timeout: float = 30) -> None:

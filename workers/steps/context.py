@@ -39,7 +39,7 @@ from ledger.states import OpState
 from workers import logs
 from workers.budget import RequestMeter, TokenBudget
 from workers.errors import NoToken
-from workers.faults import LEDGER_UNAVAILABLE, describe_fault, pause_s
+from workers.faults import LEDGER_UNAVAILABLE, describe_fault, keep_trying
 from workers.hot import MAX_SERVER_WAIT_S, RATE_HEADROOM, Budget, MeterCount
 from workers.runtime import Runtime
 from workers.settings import ServerConfig, Settings
@@ -215,19 +215,12 @@ class StepContext:
         server holds the task. A repeat after a commit whose answer was lost meets the fence (the row moved
         on: refused as stale), never a second effect. Past the bound the fault is raised: the step ends,
         and its row is the dispatcher's when the lease runs out."""
-        deadline = time.monotonic() + self.settings.lease_s * DURABLE_SHARE
-        attempt = 0
-        while True:
-            try:
-                return write()
-            except LEDGER_UNAVAILABLE as exc:
-                pause = pause_s(attempt)
-                attempt += 1
-                if time.monotonic() + pause >= deadline:
-                    log.error("recording %s failed for good: %s", what, describe_fault(exc))  # noqa: TRY400 - re-raised
-                    raise
-                log.warning("recording %s met %s; trying again in %.1f s", what, describe_fault(exc), pause)
-                time.sleep(pause)
+        for_s = self.settings.lease_s * DURABLE_SHARE
+        try:
+            return keep_trying(write, faults=LEDGER_UNAVAILABLE, for_s=for_s, what=f"recording {what}")
+        except LEDGER_UNAVAILABLE as exc:
+            log.error("recording %s failed for good: %s", what, describe_fault(exc))  # noqa: TRY400 - re-raised
+            raise
 
     # --------------------------------------------------------------------------- moves every step shares
 
