@@ -16,6 +16,7 @@ from workers import logs
 from workers.broker import CONSUMER as REDIS_CONSUMER
 from workers.broker import TRANSPORT as REDIS_TRANSPORT
 from workers.errors import ConfigError
+from workers.fencing import ConsumptionFence
 from workers.runtime import RuntimeHolder
 from workers.settings import Settings
 from workers.tasks import register_tasks
@@ -160,6 +161,14 @@ def create_app(settings: Settings | None = None) -> Celery:
     signals.worker_init.connect(refuse_bad_config, weak=False)
     signals.beat_init.connect(refuse_bad_config, weak=False)
     signals.worker_ready.connect(report_at_start, weak=False)
+
+    def fence_consumption(sender: Any = None, **_: Any) -> None:
+        # Rule 13 at the broker: while its fleet does not own the epoch, the worker takes none of longcall's
+        # messages off the shared queues (workers/fencing.py).
+        if getattr(sender, "app", None) is app:
+            ConsumptionFence(sender, holder.settings, QUEUES).start()
+
+    signals.worker_ready.connect(fence_consumption, weak=False)
     signals.beat_init.connect(report_at_start, weak=False)
 
     # Logs (workers.logs): `celery -A workers.app worker|beat --log-format json`, op and call node on every
