@@ -23,6 +23,7 @@ from ledger.errors import (
     AdapterDisabled,
     AdmissionClosed,
     CallNodeConflict,
+    NotAdmitted,
     OperationNotFound,
     UnstorableResult,
 )
@@ -47,7 +48,6 @@ from ledger.results import ResultStorage
 from ledger.retention import HistoryRetention
 from ledger.routing import (
     RECORDED_DECISION,
-    NotAdmitted,
     RecordedDecision,
     read_decision,
     record_decision,
@@ -157,7 +157,7 @@ class Ledger(
         While a canary percentage is set, the admission's decision is kept in ``routing_decision``
         (``ledger/routing.py``) in the same transaction, and a later submission of the call node is given
         that record (``rollout["recorded_decision"]``) to answer from, whatever the percentage is now. A
-        :class:`~ledger.routing.NotAdmitted` decision is committed with nothing else, then raised.
+        :class:`~ledger.errors.NotAdmitted` decision is committed with nothing else, then raised.
         """
         not_admitted: NotAdmitted | None = None
         with self._tx() as conn:
