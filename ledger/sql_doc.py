@@ -21,27 +21,28 @@ from typing import Any, cast
 from sqlalchemy import BindParameter, Connection
 from sqlalchemy.dialects.postgresql import psycopg
 
+from ledger.acceptance import accept_update, insert_terminal_outbox
+from ledger.claim_statements import (
+    update_claim_due,
+    update_claim_due_by_server,
+    update_claim_one,
+    update_release_claim,
+)
 from ledger.events import EventKind
 from ledger.reasons import ReconciliationReason
 from ledger.records import Fence, ServerStatus
 from ledger.repository import Ledger
 from ledger.statements import (
-    accept_update,
-    insert_operation,
-    insert_terminal_outbox,
     select_control,
     select_disabled_adapters,
     select_operation_by_call_node,
     select_operation_by_id,
     select_ready_outbox,
-    update_claim_due,
-    update_claim_due_by_server,
-    update_claim_one,
     update_outbox_dispatched,
     update_outbox_failed,
-    update_release_claim,
 )
 from ledger.states import OpState, TerminalKind
+from ledger.write_statements import insert_operation
 
 #: The driver the engine pins (``ledger/engine.py``: psycopg 3), with ``:name`` placeholders for reading.
 DIALECT = psycopg.dialect(paramstyle="named")  # type: ignore[no-untyped-call]  # its __init__ is untyped
