@@ -259,6 +259,26 @@ class Hot:
     shape: tuple[Any, ...] = ()
 
 
+def _claim_due(with_server: bool, with_epoch: bool) -> Hot:
+    of = " of one server" if with_server else ""
+    into = " into the epoch `:claim_epoch`" if with_epoch else ""
+    title = f"update_claim_due(with_server={with_server}, with_epoch={with_epoch})"
+    does = f"Claim up to `:claim_limit` due rows{of}{into}, SKIP LOCKED."
+    return Hot(title, does, update_claim_due, (with_server, with_epoch))
+
+
+def _claim_one(with_epoch: bool, before_create: bool) -> Hot:
+    cancel = " (a cancel before any create takes it whatever its lease)" if before_create else ""
+    title = f"update_claim_one(with_epoch={with_epoch}, cancel_before_create={before_create})"
+    into = ", into the epoch `:claim_epoch`" if with_epoch else ""
+    return Hot(
+        title,
+        f"Claim one row now, unless its lease is held{cancel}{into}.",
+        update_claim_one,
+        (with_epoch, before_create),
+    )
+
+
 HOT = (
     Hot(
         "insert_operation()",
@@ -301,31 +321,11 @@ HOT = (
         update_claim_due_by_server,
         (False,),
     ),
+    *(_claim_due(with_server, with_epoch) for with_server in (False, True) for with_epoch in (False, True)),
     *(
-        Hot(
-            f"update_claim_due(with_server={with_server}, with_epoch={with_epoch})",
-            "Claim up to `:claim_limit` due rows"
-            + (" of one server" if with_server else "")
-            + (" into the epoch `:claim_epoch`" if with_epoch else "")
-            + ", SKIP LOCKED.",
-            update_claim_due,
-            (with_server, with_epoch),
-        )
-        for with_server in (False, True)
+        _claim_one(with_epoch, before_create)
         for with_epoch in (False, True)
-    ),
-    *(
-        Hot(
-            f"update_claim_one(with_epoch={with_epoch}, cancel_before_create={cancel_before_create})",
-            "Claim one row now, unless its lease is held"
-            + (" (a cancel before any create takes it whatever its lease)" if cancel_before_create else "")
-            + (", into the epoch `:claim_epoch`" if with_epoch else "")
-            + ".",
-            update_claim_one,
-            (with_epoch, cancel_before_create),
-        )
-        for with_epoch in (False, True)
-        for cancel_before_create in (False, True)
+        for before_create in (False, True)
     ),
     Hot(
         "update_release_claim()",
