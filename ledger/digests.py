@@ -15,9 +15,7 @@ import hashlib
 import json
 from typing import Any
 
-
-class NotJson(ValueError):
-    """A value that has no exact JSON form (NaN, infinities, non-string keys, arbitrary objects)."""
+from ledger.errors import NotJson
 
 
 def canonical_json(value: Any) -> str:

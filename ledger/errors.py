@@ -7,7 +7,14 @@ LedgerError
 ├── CallNodeConflict     the call node already runs a different request (rule 1)
 ├── AdmissionClosed      new operations are refused (executor_control.admission_open)
 ├── AdapterDisabled      new operations for this adapter are refused (executor_control.disabled_adapters)
-└── UnstorableResult     a result the ledger cannot store and give back exactly (never retried)
+├── UnstorableResult     a result the ledger cannot store and give back exactly (never retried)
+└── LegacyOutcomeRefused a shadow comparison's legacy outcome that cannot be recorded (ledger/shadow.py)
+
+Not ledger failures, so outside ``LedgerError`` (an ``except LedgerError`` never swallows them):
+
+NotJson (ValueError)     a value with no exact JSON form (ledger/digests.py): the caller's value is at fault
+NotAdmitted (Exception)  an admission that routes the call node nowhere (ledger/routing.py): raised by the
+                         admission (``workers.submission.NotRouted``), recorded, raised again after the commit
 
 Raised *to* the ledger: :class:`PublishUnavailable`, by which an outbox publisher (``workers/delivery.py``)
 says the broker is out of reach; the drain paces the row without counting the attempt (``ledger/outbox.py``).
@@ -31,6 +38,9 @@ __all__ = [
     "CallNodeConflict",
     "IllegalTransition",
     "LedgerError",
+    "LegacyOutcomeRefused",
+    "NotAdmitted",
+    "NotJson",
     "OperationNotFound",
     "PublishUnavailable",
     "StaleTransition",
@@ -119,6 +129,20 @@ class UnstorableResult(LedgerError):
     def __init__(self, why: str) -> None:
         super().__init__(why)
         self.why = why
+
+
+class LegacyOutcomeRefused(LedgerError):
+    """A legacy outcome that cannot be recorded: its call node runs live (longcall's receipt is its only
+    outcome), or a different legacy outcome was recorded for it already. Nothing was written."""
+
+
+class NotJson(ValueError):
+    """A value that has no exact JSON form (NaN, infinities, non-string keys, arbitrary objects)."""
+
+
+class NotAdmitted(Exception):
+    """Raised by an admission that routes the call node nowhere (``workers.submission.NotRouted``): the
+    submission records the decision, writes nothing else and raises it again after the commit."""
 
 
 class PublishUnavailable(Exception):

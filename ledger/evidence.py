@@ -3,11 +3,35 @@ or a mismatch with the row; and the receipt as the downstream task receives it. 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from ledger.digests import digest
 from ledger.records import Operation, Receipt, TerminalEvidence
 from ledger.states import ACCEPT_FROM, OpState, TerminalKind
+
+
+@dataclass(frozen=True, slots=True)
+class EvidenceField:
+    """One piece of evidence: a field of :class:`TerminalEvidence`, a column of the operation's row (matched
+    in the acceptance's guard, bound as ``:ev_<name>``) and a column of its receipt (copied from the row)."""
+
+    name: str
+    #: NULL on the row until known (a remote id before the create answers): matched IS NOT DISTINCT FROM.
+    nullable: bool = False
+
+
+#: What an acceptance matches against the row and keeps in the receipt (rule 8), in the order of the
+#: acceptance's guard (``ledger/acceptance.py``), the receipt's columns, a replay's check
+#: (:func:`same_receipt`) and the mismatches a refusal names (:func:`row_mismatches`).
+EVIDENCE_FIELDS = (
+    EvidenceField("call_node_id"),
+    EvidenceField("request_digest"),
+    EvidenceField("remote_id", nullable=True),
+    EvidenceField("tool_descriptor_version", nullable=True),
+    EvidenceField("execution_epoch"),
+    EvidenceField("cancel_generation"),
+)
 
 
 def receipt_payload(receipt: Receipt, result: Any) -> dict[str, Any]:
@@ -44,26 +68,18 @@ def evidence_problems(evidence: TerminalEvidence) -> list[str]:
 def same_receipt(receipt: Receipt, evidence: TerminalEvidence) -> bool:
     """A replay of the evidence that was accepted (a redelivered task): answered with the held receipt."""
     return (
-        receipt.call_node_id == evidence.call_node_id
-        and receipt.request_digest == evidence.request_digest
-        and receipt.remote_id == evidence.remote_id
-        and receipt.tool_descriptor_version == evidence.tool_descriptor_version
-        and receipt.execution_epoch == evidence.execution_epoch
-        and receipt.cancel_generation == evidence.cancel_generation
+        all(getattr(receipt, f.name) == getattr(evidence, f.name) for f in EVIDENCE_FIELDS)
         and receipt.terminal_state is TerminalKind(evidence.terminal_state)
         and receipt.result_digest == evidence.result_digest
     )
 
 
 def row_mismatches(op: Operation, evidence: TerminalEvidence, kind: TerminalKind) -> list[str]:
+    """What of the row the evidence does not match (the guard of ``accept_update``, asked in Python to
+    say why it refused): the state, each of :data:`EVIDENCE_FIELDS`, the observed terminal state."""
     checks = {
         "state": op.state in ACCEPT_FROM[kind],
-        "call_node_id": op.call_node_id == evidence.call_node_id,
-        "request_digest": op.request_digest == evidence.request_digest,
-        "remote_id": op.remote_id == evidence.remote_id,
-        "tool_descriptor_version": op.tool_descriptor_version == evidence.tool_descriptor_version,
-        "execution_epoch": op.execution_epoch == evidence.execution_epoch,
-        "cancel_generation": op.cancel_generation == evidence.cancel_generation,
+        **{f.name: getattr(op, f.name) == getattr(evidence, f.name) for f in EVIDENCE_FIELDS},
         "terminal_state": op.observed_terminal is kind
         or (kind is TerminalKind.CANCELLED and op.state is OpState.CANCEL_REQUESTED)
         or (

@@ -1,12 +1,12 @@
 """The one guarded write behind every named move (``ledger/moves.py``), and its side rows.
 
 A :class:`GuardedWrite` says where a move may start, where it ends, what it sets and which side rows it owns;
-``GuardedWrites._write`` runs it as one guarded statement (``ledger.statements.guarded_update``): alone, in
-autocommit, when the move owns no side rows (the statement is its own transaction), else in one transaction
+``GuardedWrites._write`` runs it as one guarded statement (``ledger.write_statements.guarded_update``): alone,
+in autocommit, when the move owns no side rows (the statement is its own transaction), else in one transaction
 with them. A refused write (zero rows: a stale writer) changed nothing; the refusal is then recorded in a
-transaction of its own and :class:`StaleTransition` raised after its commit. The recorded ``found`` is the
-row as that second transaction reads it: a writer that moved the row in between shows there (a diagnostic
-only; nothing decides on it).
+transaction of its own and :class:`StaleTransition` raised after its commit. The recorded ``found`` is the row
+as that second transaction reads it: a writer that moved the row in between shows there (a diagnostic only;
+nothing decides on it).
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from ledger.errors import AdapterDisabled
 from ledger.events import EventKind
 from ledger.records import DueIn, Fence, NewReconciliation, Operation, adapter_key
 from ledger.side_rows import open_reconciliation, record_stale, resolve_open_reconciliations
-from ledger.statements import OUTBOX, STATEMENTS, WriteShape, guarded_update, select_disabled_adapters
+from ledger.statements import OUTBOX, STATEMENTS, select_disabled_adapters
 from ledger.states import FINAL_STATES, NEVER_POLLED, IllegalTransition, OpState, TerminalKind, check_edges
+from ledger.write_statements import WriteShape, guarded_update
 
 #: The columns the generic edge move (tests only) may set; identity, fencing and bookkeeping columns are
 #: changed only by the named moves, claims and acceptance.

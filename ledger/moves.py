@@ -9,7 +9,7 @@ move was one statement, see ``ledger/guarded.py``), and :class:`StaleTransition`
 (rule 5).
 
 Each move writes the columns and the event kinds its step of the protocol needs, nothing else; callers never
-name columns. ``Ledger`` inherits these moves; its other transactions live in ``ledger/repository.py``.
+name columns. ``Ledger`` inherits these moves; ``ledger/repository.py`` says where its others live.
 """
 
 from __future__ import annotations

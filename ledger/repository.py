@@ -1,83 +1,55 @@
 """The only port to the ledger database. Every public method of ``Ledger`` is one transaction.
 
-``Ledger`` holds the transactions: the submission (rule 1), reads, claims, the single acceptance point
-(rule 8), reconciliation records. The guarded moves of an operation, each named for what it does, come from
+``Ledger`` holds the reads, the claims and the reconciliation records; it inherits the rest, one room per
+subject: the submission (rule 1) from ``ledger/submissions.py``, the single acceptance point (rule 8) from
+``ledger/acceptance.py``, the guarded moves of an operation, each named for what it does, from
 :class:`ledger.moves.OperationMoves` and :class:`ledger.intent_moves.IntentMoves`, the executor control
 transactions from ``ledger/control.py``, the outbox's (its drain, dead letters and resends) from
-``ledger/outbox.py``; the SQL is in ``ledger/statements.py``, the records in ``ledger/records.py``.
+``ledger/outbox.py``. The SQL is in ``ledger/statements.py`` (tables, reads, the outbox),
+``ledger/write_statements.py`` (the guarded write, the submission's insert) and ``ledger/claim_statements.py``
+(the claims), rendered in docs/ledger-sql.md; the records are in ``ledger/records.py``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Engine, Row, func, literal, select, update
+from sqlalchemy import Connection, Engine, func, select, update
 
-from ledger.control import CANARY_PERCENT, ExecutorControlTransactions, read_control
-from ledger.digests import digest
-from ledger.engine import make_engine
-from ledger.errors import (
-    AdapterDisabled,
-    AdmissionClosed,
-    CallNodeConflict,
-    OperationNotFound,
-    UnstorableResult,
-)
-from ledger.events import EventKind
-from ledger.evidence import evidence_problems, receipt_payload, row_mismatches, same_receipt
-from ledger.intent_moves import IntentMoves
-from ledger.moves import OperationMoves
-from ledger.outbox import OutboxTransactions
-from ledger.reasons import ReconciliationReason
-from ledger.records import (
-    Acceptance,
-    Claim,
-    NewOperation,
-    Operation,
-    Receipt,
-    ReconciliationRecord,
-    Submission,
-    TerminalEvidence,
-    adapter_key,
-)
-from ledger.results import ResultStorage
-from ledger.retention import HistoryRetention
-from ledger.routing import (
-    RECORDED_DECISION,
-    NotAdmitted,
-    RecordedDecision,
-    read_decision,
-    record_decision,
-)
-from ledger.shadow import ShadowComparisons, compare_on_receipt
-from ledger.side_rows import append_event, open_reconciliation, record_stale
-from ledger.statements import (
-    EVENT,
-    OP,
-    RECEIPT,
-    RECON,
-    STATEMENTS,
-    accept_update,
-    insert_operation,
-    insert_terminal_outbox,
-    literal_json,
-    select_operation_by_call_node,
-    select_operation_by_id,
+from ledger.acceptance import Acceptances
+from ledger.claim_statements import (
     update_claim_due,
     update_claim_due_by_server,
     update_claim_one,
     update_release_claim,
 )
-from ledger.states import ACCEPT_FROM, ACCEPT_TO, FINAL_STATES, OpState, TerminalKind
+from ledger.control import ExecutorControlTransactions
+from ledger.engine import make_engine
+from ledger.errors import OperationNotFound
+from ledger.events import EventKind
+from ledger.intent_moves import IntentMoves
+from ledger.moves import OperationMoves
+from ledger.outbox import OutboxTransactions
+from ledger.reasons import ReconciliationReason
+from ledger.records import Claim, Operation, Receipt, ReconciliationRecord, adapter_key
+from ledger.results import ResultStorage
+from ledger.retention import HistoryRetention
+from ledger.shadow import ShadowComparisons
+from ledger.side_rows import append_event, open_reconciliation
+from ledger.statements import EVENT, OP, RECEIPT, RECON, STATEMENTS, literal_json, select_operation_by_id
+from ledger.states import FINAL_STATES, OpState
+from ledger.submissions import Submissions
 
 #: The seed's gate: what no rule can decide is resolved by an operator within 15 minutes.
 DEFAULT_RECONCILE_DEADLINE_S = 900.0
 
 
 class Ledger(
+    Submissions,
+    Acceptances,
     OperationMoves,
     IntentMoves,
     ExecutorControlTransactions,
@@ -125,79 +97,7 @@ class Ledger(
     def dispose(self) -> None:
         self.engine.dispose()
 
-    # ----------------------------------------------------------------------------------------- submit
-
-    def record_submission(
-        self,
-        new: NewOperation,
-        *,
-        lease_s: float | None = None,
-        admit: Callable[[Mapping[str, Any]], NewOperation] | None = None,
-    ) -> Submission:
-        """Insert the SUBMITTING row, or return the call node's existing operation (rule 1).
-
-        Same call node and same request digest is the existing operation, never a second one; the same call
-        node with a different digest raises :class:`CallNodeConflict`. The submission key is chosen here,
-        once, and never regenerated. The new row is due at once; with ``lease_s`` it is also claimed by the
-        caller (cursor 1), so the submitting worker can make the create call itself, and a crash before that
-        leaves it to the dispatcher when the lease runs out. A fleet that does not own the epoch (rule 13)
-        claims nothing: its submission is recorded unclaimed (cursor 0, no lease), due at once for the
-        owner's dispatcher, so a submission the wrong fleet consumed is recorded, never lost, and that fleet
-        makes no create.
-
-        ``admit`` (the canary, ``workers/submission.py``) decides a call node that has no operation yet:
-        given ``executor_control.rollout`` as this transaction reads it, it returns the operation to insert,
-        or raises to insert nothing (the exception propagates; the transaction is rolled back). Every
-        submission first takes the call node's submission lock (:func:`lock_submission`), held to its
-        commit, and only then reads the rollout and the existing row: two submissions of one call node are
-        decided one after the other, and the second sees the first one's row (READ COMMITTED: a statement
-        after the lock sees what the lock's previous holder committed). A call node with an operation keeps
-        it, whatever the rollout says now.
-
-        While a canary percentage is set, the admission's decision is kept in ``routing_decision``
-        (``ledger/routing.py``) in the same transaction, and a later submission of the call node is given
-        that record (``rollout["recorded_decision"]``) to answer from, whatever the percentage is now. A
-        :class:`~ledger.routing.NotAdmitted` decision is committed with nothing else, then raised.
-        """
-        not_admitted: NotAdmitted | None = None
-        with self._tx() as conn:
-            lock_submission(conn, new.call_node_id)
-            control = read_control(conn)
-            self._saw_ownership(control.execution_epoch, control.epoch_owner)
-            if not control.owned_by(self.executor_id):
-                lease_s = None  # for the owner's dispatcher (its claim decides; a rollback meanwhile fences)
-            refusal: Exception | None = None
-            if not control.admission_open:
-                refusal = AdmissionClosed()
-            elif adapter_key(new.protocol, new.protocol_version) in control.disabled_adapters:
-                refusal = AdapterDisabled(new.protocol, new.protocol_version)
-            if (
-                refusal is None
-                and admit is not None
-                and self._find_by_call_node(conn, new.call_node_id) is None
-            ):
-                new, not_admitted = _admit_and_record(conn, new, control.rollout, admit)
-            if refusal is None and not_admitted is None:
-                # Inserted unless the call node has its operation already (then it is read below): without
-                # ``admit``, the usual case, a new call node, costs no read first.
-                row = insert_submitted(conn, new, execution_epoch=control.execution_epoch, lease_s=lease_s)
-                if row is not None:
-                    # The ``submitted`` event went in with the row, in the same statement.
-                    return Submission(Operation.from_row(row), created=True)
-            if not_admitted is None:
-                existing = self._find_by_call_node(conn, new.call_node_id)
-                if existing is None:
-                    if refusal is not None:
-                        raise refusal
-                    # The insert conflicted, so the row is committed and can be read.
-                    raise LookupError(
-                        f"call node {new.call_node_id!r} conflicted but cannot be read"
-                    )  # pragma: no cover
-                if existing.request_digest != new.request_digest:
-                    raise CallNodeConflict(new.call_node_id, existing.request_digest, new.request_digest)
-                return Submission(existing, created=False)
-        # Committed: the "not routed" decision (and nothing else) is recorded.
-        raise not_admitted
+    # record_submission: ledger/submissions.py
 
     # ------------------------------------------------------------------------------------------- reads
 
@@ -235,13 +135,6 @@ class Ledger(
         with self._tx() as conn:
             row = conn.execute(select(RECEIPT).where(RECEIPT.c.op_id == op_id)).first()
         return Receipt.from_row(row) if row is not None else None
-
-    @staticmethod
-    def _find_by_call_node(conn: Connection, call_node_id: str) -> Operation | None:
-        row = conn.execute(
-            STATEMENTS.get(select_operation_by_call_node), {"call_node_id": call_node_id}
-        ).first()
-        return Operation.from_row(row) if row is not None else None
 
     # ----------------------------------------------------------------------------------------- polling
 
@@ -295,9 +188,9 @@ class Ledger(
         ``limit`` (issue 13: one claim per tick, not one per configured server), shared by the servers
         (rule 3): every server's first due row before any server's second, the rest in proportion to the
         rooms, servers level on that taken in a rotation that moves on by ``limit`` every tick
-        (``ledger.statements.update_claim_due_by_server``). ``epoch="current"`` takes the claimed rows over
-        into the control row's epoch as the statement reads it (the dispatcher's tick: no control read of
-        its own)."""
+        (``ledger.claim_statements.update_claim_due_by_server``). ``epoch="current"`` takes the claimed rows
+        over into the control row's epoch as the statement reads it (the dispatcher's tick: no control read
+        of its own)."""
         rooms = [(server, room) for server, room in rooms if room > 0]
         if limit <= 0 or not rooms:
             return []
@@ -329,7 +222,7 @@ class Ledger(
         """Claim one operation now, whether due or not, unless another worker holds its lease (or this fleet
         does not own the epoch, rule 13: then None, as for a held lease). ``cancel_before_create``: a
         SUBMITTING row with a cancel requested and no create attempt recorded is claimed whatever its lease
-        (see ``ledger.statements.update_claim_one``)."""
+        (see ``ledger.claim_statements.update_claim_one``)."""
         with_epoch = epoch is not None
         with self._one_statement() as conn:
             row = conn.execute(
@@ -355,118 +248,7 @@ class Ledger(
             ).first()
         return row is not None
 
-    # -------------------------------------------------------------------------------------- acceptance
-
-    def accept_terminal(self, op_id: uuid.UUID, evidence: TerminalEvidence) -> Acceptance:
-        """The single acceptance point (rule 8): one transaction, receipt + ready outbox row + state + event.
-
-        The row is matched on call node, request digest, remote id, tool descriptor version, execution epoch,
-        cancel generation, the observed terminal state and the result digest; anything that does not match
-        writes no receipt. The digest must be the stored result's (see :meth:`as_stored`): a result that
-        digests differently once stored raises :class:`UnstorableResult` and is rolled back. A completion
-        offered for an operation whose cancel was already accepted opens an EFFECT_RECONCILIATION_REQUIRED
-        record instead (rule 6).
-        """
-        kind = TerminalKind(evidence.terminal_state)
-        mismatches = evidence_problems(evidence)
-        with self._tx() as conn:
-            row = None
-            if not mismatches:
-                row = conn.execute(
-                    STATEMENTS.get(accept_update, kind),
-                    {
-                        "fence_id": op_id,
-                        "ev_call_node_id": evidence.call_node_id,
-                        "ev_request_digest": evidence.request_digest,
-                        "ev_remote_id": evidence.remote_id,
-                        "ev_tool_descriptor_version": evidence.tool_descriptor_version,
-                        "ev_execution_epoch": evidence.execution_epoch,
-                        "ev_cancel_generation": evidence.cancel_generation,
-                        "ev_executor": self.executor_id,
-                        "new_result": evidence.result if kind is not TerminalKind.CANCELLED else None,
-                        "new_result_digest": evidence.result_digest,
-                        "receipt_id": uuid.uuid4(),
-                        "receipt_audit": evidence.audit,
-                    },
-                ).first()
-            if row is not None:
-                # The receipt went in with the move; the ready outbox row and the event go in together next.
-                op = Operation.from_row(row)
-                if op.result is not None and digest(op.result) != evidence.result_digest:
-                    # Rolled back: a digest taken over another value than the one stored (see as_stored).
-                    raise UnstorableResult(
-                        f"the result as stored digests to {digest(op.result)}, not {evidence.result_digest}"
-                    )
-                receipt = Receipt.from_row(row, prefix="receipt_")
-                outbox_id = conn.execute(
-                    STATEMENTS.get(insert_terminal_outbox),
-                    {
-                        "queued_receipt_id": receipt.id,
-                        "queued_op_id": op.id,
-                        "queued_payload": {
-                            "signature": op.on_terminal,
-                            "receipt": receipt_payload(receipt, op.result),
-                        },
-                        "event_seq": op.event_seq,
-                        "event_from_state": row.prior_state,
-                        "event_to_state": op.state.value,
-                        "event_server_state": op.server_state,
-                        "event_poll_cursor": op.poll_cursor,
-                        "event_cancel_generation": op.cancel_generation,
-                        "event_execution_epoch": op.execution_epoch,
-                        "event_detail": {
-                            "receipt_id": str(receipt.id),
-                            "terminal_state": kind.value,
-                            "result_digest": evidence.result_digest,
-                        },
-                    },
-                ).scalar_one()
-                if op.routing == "shadow":
-                    # Compared with the caller's legacy outcome in this transaction (ledger/shadow.py).
-                    compare_on_receipt(conn, op.call_node_id, receipt)
-                return Acceptance("accepted", receipt, outbox_id)
-
-            current = conn.execute(select(OP).where(OP.c.id == op_id)).first()
-            if current is None:
-                raise OperationNotFound(op_id)
-            op = Operation.from_row(current)
-            existing = conn.execute(select(RECEIPT).where(RECEIPT.c.op_id == op_id)).first()
-            held = Receipt.from_row(existing) if existing is not None else None
-            if (
-                held is not None
-                and held.terminal_state is TerminalKind.CANCELLED
-                and kind is not TerminalKind.CANCELLED
-            ):
-                open_reconciliation(
-                    conn,
-                    op,
-                    ReconciliationReason.EFFECT_RECONCILIATION_REQUIRED,
-                    deadline=self.reconcile_deadline,
-                    detail={
-                        "cancelled_receipt_id": str(held.id),
-                        "late_terminal_state": kind.value,
-                        "late_result_digest": evidence.result_digest,
-                    },
-                )
-                return Acceptance("effect_reconciliation", held)
-            if held is not None and not mismatches and same_receipt(held, evidence):
-                return Acceptance("already_accepted", held)
-            problems = mismatches or row_mismatches(op, evidence, kind)
-            if not problems and not read_control(conn).owned_by(self.executor_id):
-                problems = ["epoch_owner"]  # this fleet does not own the epoch (rule 13)
-            record_stale(
-                conn,
-                op_id,
-                attempted="accept_terminal",
-                to_state=ACCEPT_TO[kind],
-                expected={
-                    "state": sorted(s.value for s in ACCEPT_FROM[kind]),
-                    "execution_epoch": evidence.execution_epoch,
-                    "cancel_generation": evidence.cancel_generation,
-                },
-                detail={"mismatches": list(problems), "terminal_state": kind.value},
-            )
-            return Acceptance("rejected", held, mismatches=tuple(problems))
+    # accept_terminal: ledger/acceptance.py
 
     # ------------------------------------------------------------------------------------------ outbox
 
@@ -665,81 +447,3 @@ def _close_record(conn: Connection, record_id: int, resolution: str, detail: Map
         .returning(RECON.c.id)
     ).first()
     return row is not None
-
-
-def insert_submitted(
-    conn: Connection, new: NewOperation, *, execution_epoch: int, lease_s: float | None
-) -> Row[Any] | None:
-    """Insert the call node's SUBMITTING row and its ``submitted`` event (one statement); None when the
-    call node has its operation already. The caller holds the call node's submission lock."""
-    return conn.execute(
-        STATEMENTS.get(insert_operation),
-        {
-            "new_id": uuid.uuid4(),
-            "new_call_node_id": new.call_node_id,
-            "new_request_digest": new.request_digest,
-            "new_tool_name": new.tool_name,
-            "new_tool_descriptor_version": new.tool_descriptor_version,
-            "new_body": new.body,
-            "new_server": new.server,
-            "new_protocol": new.protocol,
-            "new_protocol_version": new.protocol_version,
-            "new_adapter_version": new.adapter_version,
-            "new_submission_key": uuid.uuid4(),
-            "new_ttl_ms": new.ttl_ms,
-            # NULL intervals leave NULL deadlines: no wait budget, no lease.
-            "new_wait_budget": _interval(new.wait_budget_s),
-            "new_execution_epoch": execution_epoch,
-            "new_on_terminal": new.on_terminal,
-            "new_on_input": new.on_input,
-            "new_poll_cursor": 1 if lease_s is not None else 0,
-            "new_routing": new.routing,
-            "new_lease": _interval(lease_s),
-            "event_detail": {"server": new.server},
-        },
-    ).first()
-
-
-def _admit_and_record(
-    conn: Connection,
-    new: NewOperation,
-    rollout: Mapping[str, Any],
-    admit: Callable[[Mapping[str, Any]], NewOperation],
-) -> tuple[NewOperation, NotAdmitted | None]:
-    """The admission of a call node that has no operation (under its submission lock): given its recorded
-    decision if it has one, else the rollout alone, whose decision is then recorded when a canary
-    percentage is set. Returns the operation to insert, or the :class:`NotAdmitted` to raise after the
-    commit."""
-    recorded = read_decision(conn, new.call_node_id)
-    given = dict(rollout) if recorded is None else {**rollout, RECORDED_DECISION: recorded.to_json()}
-    set_percent = rollout.get(CANARY_PERCENT)
-    percent = (
-        set_percent
-        if recorded is None and isinstance(set_percent, int | float) and not isinstance(set_percent, bool)
-        else None
-    )
-    try:
-        admitted = admit(given)
-    except NotAdmitted as exc:
-        if percent is not None:
-            record_decision(conn, new.call_node_id, RecordedDecision(routed=False, percent=percent))
-        return new, exc
-    if percent is not None:
-        routed = admitted.routing == "live"
-        record_decision(conn, new.call_node_id, RecordedDecision(routed=routed, percent=percent))
-    return admitted, None
-
-
-#: The advisory lock key of a call node's submission: hashtextextended(prefix || call_node_id, 0).
-SUBMISSION_LOCK_PREFIX = "longcall.submission:"
-
-
-def lock_submission(conn: Connection, call_node_id: str) -> None:
-    """The call node's submission lock, held until the caller's transaction ends (see
-    :meth:`Ledger.record_submission`)."""
-    key = func.hashtextextended(literal(SUBMISSION_LOCK_PREFIX) + literal(call_node_id), 0)
-    conn.execute(select(func.pg_advisory_xact_lock(key)))
-
-
-def _interval(seconds: float | None) -> dt.timedelta | None:
-    return dt.timedelta(seconds=seconds) if seconds is not None else None

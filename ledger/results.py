@@ -23,8 +23,8 @@ from typing import Any
 from sqlalchemy import bindparam, func, select
 from sqlalchemy.exc import DataError
 
-from ledger.digests import NotJson, canonical_json
-from ledger.errors import UnstorableResult
+from ledger.digests import canonical_json
+from ledger.errors import NotJson, UnstorableResult
 from ledger.events import EventKind
 from ledger.guarded import GuardedWrites
 from ledger.statements import EVENT, OP

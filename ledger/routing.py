@@ -31,11 +31,6 @@ ROUTING_DECISION = cast(Table, models.RoutingDecision.__table__)
 RECORDED_DECISION = "recorded_decision"
 
 
-class NotAdmitted(Exception):
-    """Raised by an admission that routes the call node nowhere (``workers.submission.NotRouted``): the
-    submission records the decision, writes nothing else and raises it again after the commit."""
-
-
 @dataclass(frozen=True, slots=True)
 class RecordedDecision:
     """One row of ``routing_decision``: whether the call node was routed live, at which percentage."""

@@ -21,7 +21,7 @@ from typing import Any, Literal, cast
 from sqlalchemy import Connection, Row, Table, func, insert, literal, select, update
 
 from ledger import models
-from ledger.errors import LedgerError
+from ledger.errors import LegacyOutcomeRefused
 from ledger.guarded import GuardedWrites
 from ledger.records import Receipt
 from ledger.statements import OP, RECEIPT
@@ -33,11 +33,6 @@ SHADOW = cast(Table, models.ShadowComparison.__table__)
 LOCK_PREFIX = "longcall.shadow_comparison:"
 
 LegacyRecording = Literal["recorded", "compared", "already_recorded"]
-
-
-class LegacyOutcomeRefused(LedgerError):
-    """A legacy outcome that cannot be recorded: its call node runs live (longcall's receipt is its only
-    outcome), or a different legacy outcome was recorded for it already. Nothing was written."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,8 +25,8 @@ import redis.exceptions
 from celery import Celery, signature
 from kombu.utils import json as celery_json
 
-from ledger.digests import NotJson, canonical_json
-from ledger.errors import PublishUnavailable
+from ledger.digests import canonical_json
+from ledger.errors import NotJson, PublishUnavailable
 from ledger.outbox import OutboxRetry
 from ledger.records import OutboxMessage
 from ledger.redact import error_line

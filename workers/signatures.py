@@ -29,7 +29,8 @@ from typing import Any
 
 import celery
 
-from ledger.digests import NotJson, canonical_json
+from ledger.digests import canonical_json
+from ledger.errors import NotJson
 from ledger.redact import error_line
 from workers.delivery import completed_signature, delivered_unchanged
 from workers.errors import InvalidSubmission

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from adapters import default_registry
-from ledger.digests import NotJson, canonical_json, digest, request_digest
+from ledger.digests import canonical_json, digest, request_digest
+from ledger.errors import NotAdmitted, NotJson
 from ledger.records import NewOperation, Operation
-from ledger.routing import RECORDED_DECISION, NotAdmitted, RecordedDecision
+from ledger.routing import RECORDED_DECISION, RecordedDecision
 from ledger.states import TerminalKind
 from workers import __version__
 from workers.errors import InvalidSubmission

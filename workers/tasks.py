@@ -15,9 +15,14 @@ import kombu.exceptions
 from celery import Celery, Task
 from celery.exceptions import Reject
 
-from ledger.errors import AdapterDisabled, AdmissionClosed, CallNodeConflict, OperationNotFound
+from ledger.errors import (
+    AdapterDisabled,
+    AdmissionClosed,
+    CallNodeConflict,
+    LegacyOutcomeRefused,
+    OperationNotFound,
+)
 from ledger.records import DrainReport
-from ledger.shadow import LegacyOutcomeRefused
 from workers.delivery import outbox_retry, publisher
 from workers.errors import (
     InputRefused,

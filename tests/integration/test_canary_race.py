@@ -17,9 +17,10 @@ from ledger.control import read_control
 from ledger.digests import request_digest
 from ledger.errors import AdmissionClosed
 from ledger.records import NewOperation
-from ledger.repository import Ledger, insert_submitted, lock_submission
+from ledger.repository import Ledger
 from ledger.routing import ROUTING_DECISION
 from ledger.statements import OP
+from ledger.submissions import insert_submitted, lock_submission
 from tests import support
 from tests.integration.fleet import Fleet
 from tests.integration.helpers import new_operation, submit

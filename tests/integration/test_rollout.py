@@ -14,9 +14,10 @@ from click.testing import CliRunner
 from sqlalchemy import func, select, text
 
 from ledger.digests import digest
+from ledger.errors import LegacyOutcomeRefused
 from ledger.records import Operation
 from ledger.repository import Ledger
-from ledger.shadow import LOCK_PREFIX, LegacyOutcomeRefused
+from ledger.shadow import LOCK_PREFIX
 from ledger.states import OpState, TerminalKind
 from tests import support
 from tests.integration.fleet import Fleet, FleetParts, running_fleet

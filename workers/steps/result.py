@@ -26,8 +26,8 @@ from adapters import (
 )
 from adapters.base import ENVELOPE_MARGIN_BYTES
 from adapters.errors import ResultContradictsStatus
-from ledger.digests import NotJson, canonical_json, digest
-from ledger.errors import UnstorableResult
+from ledger.digests import canonical_json, digest
+from ledger.errors import NotJson, UnstorableResult
 from ledger.events import EventKind
 from ledger.reasons import ReconciliationReason
 from ledger.records import Fence, Operation, TerminalEvidence
