@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 services:
 	scripts/ensure-services
 
-## browser: Debian's Chromium for the Flower test (tests/integration/test_flower.py), installed when missing
+## browser: Debian's Chromium for the Flower test (tests/integration/fleet/test_flower.py), installed when missing
 browser:
 	scripts/ensure-browser
 
