@@ -36,7 +36,7 @@ unit: install
 	$(BIN)/pytest tests/unit
 
 integration: services browser install
-	$(BIN)/pytest tests/integration
+	$(BIN)/pytest tests/integration tests/migrations
 
 conformance: services install peers
 	$(BIN)/pytest tests/conformance -v

@@ -1,32 +1,18 @@
-"""The schema itself refuses what the code must never do, by plain SQL; migrations do not drift."""
+"""The schema itself refuses what the code must never do, by plain SQL (the migrations' round trips and drift
+guard: tests/migrations/test_migrations.py)."""
 
 from __future__ import annotations
 
 import uuid
 
 import pytest
-from alembic.autogenerate import compare_metadata
-from alembic.migration import MigrationContext
-from sqlalchemy import create_engine, inspect, text
+from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 
-from ledger.engine import normalize_database_url
 from ledger.events import EventKind
-from ledger.migrate import downgrade, upgrade
-from ledger.models import Base
 from ledger.repository import Ledger
 from ledger.states import OpState, TerminalKind
 from tests.support.ledger_rows import evidence_for, place
-
-TABLES = {
-    "tool_operation",
-    "operation_event",
-    "terminal_receipt",
-    "outbox",
-    "reconciliation",
-    "executor_control",
-    "executor_control_audit",
-}
 
 
 def _receipt_sql(op_id: uuid.UUID, call_node_id: str, digest: str | None, state: str = "completed") -> str:
@@ -104,34 +90,6 @@ def test_remote_id_is_unique_per_server(ledger: Ledger) -> None:
         )
 
 
-def test_upgrade_creates_the_tables_and_autogenerate_finds_no_drift(empty_database_url: str) -> None:
-    upgrade(empty_database_url)
-    engine = create_engine(normalize_database_url(empty_database_url))
-    try:
-        assert set(inspect(engine).get_table_names()) >= TABLES
-        with engine.connect() as conn:
-            diff = compare_metadata(
-                MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata
-            )
-            control = conn.execute(text("SELECT execution_epoch, admission_open FROM executor_control")).all()
-        assert diff == []
-        assert control == [(1, True)]
-    finally:
-        engine.dispose()
-
-
-def test_upgrade_downgrade_upgrade_round_trip(empty_database_url: str) -> None:
-    engine = create_engine(normalize_database_url(empty_database_url))
-    try:
-        upgrade(empty_database_url)
-        downgrade(empty_database_url, "base")
-        assert not TABLES & set(inspect(engine).get_table_names())
-        upgrade(empty_database_url)
-        assert set(inspect(engine).get_table_names()) >= TABLES
-    finally:
-        engine.dispose()
-
-
 def _event_sql(op_id: uuid.UUID, seq: int, kind: str) -> str:
     return f"INSERT INTO operation_event (op_id, seq, kind) VALUES ('{op_id}', {seq}, '{kind}')"
 
@@ -145,20 +103,3 @@ def test_every_event_kind_is_accepted_and_an_unknown_one_refused(ledger: Ledger)
         conn.execute(text(_event_sql(op.id, op.event_seq + len(EventKind) + 1, "tasks/get")))
     with pytest.raises(IntegrityError, match="ck_operation_event_kind_known"), ledger.engine.begin() as conn:
         conn.execute(text(_event_sql(op.id, op.event_seq + len(EventKind) + 1, "TRANSITION")))
-
-
-def test_the_event_kind_check_downgrades_and_upgrades(empty_database_url: str) -> None:
-    engine = create_engine(normalize_database_url(empty_database_url))
-
-    def checks() -> set[str]:
-        return {str(c["name"]) for c in inspect(engine).get_check_constraints("operation_event")}
-
-    try:
-        upgrade(empty_database_url)
-        assert "ck_operation_event_kind_known" in checks()
-        downgrade(empty_database_url, "0002")
-        assert "ck_operation_event_kind_known" not in checks()
-        upgrade(empty_database_url)
-        assert "ck_operation_event_kind_known" in checks()
-    finally:
-        engine.dispose()
