@@ -233,5 +233,5 @@ def test_compose_commands_run(env: dict[str, str], log_dir: Path, tmp_path: Path
 
     with_command = {name for name, service in COMPOSE["services"].items() if "command" in service}
     assert ran == with_command - set(RUN_ELSEWHERE), "a compose command that no test runs"
-    durability = (support.REPO / "tests" / "integration" / "test_faults_durability.py").read_text()
+    durability = (support.REPO / "tests" / "integration" / "faults" / "test_faults_durability.py").read_text()
     assert 'COMPOSE["services"]["redis"]["command"]' in durability
