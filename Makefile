@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 services:
 	scripts/ensure-services
 
-## browser: Debian's Chromium for the Flower test (tests/integration/test_flower.py), installed when missing
+## browser: Debian's Chromium for the Flower test (tests/integration/fleet/test_flower.py), installed when missing
 browser:
 	scripts/ensure-browser
 
@@ -36,7 +36,7 @@ unit: install
 	$(BIN)/pytest tests/unit
 
 integration: services browser install
-	$(BIN)/pytest tests/integration
+	$(BIN)/pytest tests/integration tests/migrations
 
 conformance: services install peers
 	$(BIN)/pytest tests/conformance -v

@@ -9,7 +9,7 @@ import redis
 
 from ledger.repository import Ledger
 from tests import support
-from tests.integration.fleet import (
+from tests.support.fleet import (
     BROKERS,
     Fleet,
     FleetParts,
@@ -27,7 +27,7 @@ from workers.settings import Settings
 @pytest.fixture
 def broker() -> str:
     """The fleet's broker: Redis, unless the test is parametrized over ``broker`` (``@pytest.mark.parametrize(
-    "broker", BROKERS)``, ``BROKERS`` from tests.integration.fleet): then its fleet runs on each."""
+    "broker", BROKERS)``, ``BROKERS`` from tests.support.fleet): then its fleet runs on each."""
     return "redis"
 
 

@@ -1,6 +1,6 @@
 """longcall's demo AIP-151 server (demo_server.aip151): each AIP point it is faithful on and every switch.
 
-One real server process on loopback for the module (started by ``tests.aip_support``); its switches and
+One real server process on loopback for the module (started by ``tests.support.aip_server``); its switches and
 request log are reset before each test. Timing tests use operations of a fraction of a second and poll
 with a bound (``wait_done``), never a bare sleep.
 """
@@ -25,7 +25,7 @@ from demo_server.aip151_model import (
     STRUCT_TYPE,
 )
 from tests import support
-from tests.aip_support import AipServer, start_aip_server
+from tests.support.aip_server import AipServer, start_aip_server
 
 WAIT_S = 10.0
 

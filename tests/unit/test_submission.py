@@ -200,7 +200,7 @@ def test_a_recorded_routed_decision_is_answered_whatever_the_rollout_says() -> N
 # ----------------------------------------- downstream signatures: published as delivery builds them (rule 9)
 
 #: A Celery app made in this process takes, when it is finalized, the shared tasks of every app made before
-#: it: tests/integration/pipeline_app.py's pipeline tasks (shared by default) from each fleet started earlier
+#: it: tests/support/pipeline_app.py's pipeline tasks (shared by default) from each fleet started earlier
 #: in the same test process, which then warn as duplicates of one another. Nothing to do with what is tested.
 PIPELINE_TASKS_SHARED = pytest.mark.filterwarnings("ignore::celery.exceptions.DuplicateTaskNameWarning")
 

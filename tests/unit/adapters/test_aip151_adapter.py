@@ -33,7 +33,7 @@ from adapters import (
 from adapters.aip151 import DEDUPE_TRUST_S, AipOperationsAdapter
 from adapters.base import ToolRoute
 from tests import support
-from tests.aip_support import AipServer, start_aip_server
+from tests.support.aip_server import AipServer, start_aip_server
 
 WAIT_S = 10.0
 TOOLS = {

@@ -1,0 +1,175 @@
+"""Issue 19, items 5 and 6: an answer to the approval gate is stored with its round, then sent; a step that
+finds it not taken by the server sends the same reply again; a round answered and still asked goes to an
+operator within a bound; a Redis outage never loses an answer.
+
+Real processes (longcall's MCP server with its fault switches, longcall workers, beat, a pipeline worker)
+or the executor in this process; real Postgres and Redis. Every wait is bounded (``support.wait_for``)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from ledger.reasons import ReconciliationReason
+from ledger.states import OpState
+from tests import support
+from tests.support.fleet import (
+    Fleet,
+    FleetParts,
+    McpServer,
+    running_fleet,
+)
+from workers import logs
+from workers.executor import Executor
+from workers.steps import input_rounds
+from workers.steps.context import StepOutcome
+from workers.submission import validate_submission
+
+S = OpState
+APPROVE = {"action": "accept", "content": {"approved": True}}
+
+
+@pytest.fixture
+def input_fleet(fleet_parts: FleetParts) -> Iterator[Fleet]:
+    env = {"LONGCALL_LEASE_S": "30", "LONGCALL_INPUT_REPLY_S": "4"}
+    with running_fleet(fleet_parts, env=env) as fleet:
+        yield fleet
+
+
+def gate_rounds(fleet: Fleet, op_id: uuid.UUID) -> list[int]:
+    return [r["input_round"] for r in fleet.input_requests() if r["op_id"] == str(op_id)]
+
+
+def asked(fleet: Fleet, call_node_id: str) -> uuid.UUID:
+    op_id = fleet.submit(call_node_id, "ask_approval", {"question": "Ship it?"})
+    support.wait_for("the approval gate to be asked", lambda: gate_rounds(fleet, op_id) or None)
+    return op_id
+
+
+def test_a_reply_whose_post_is_refused_is_sent_again_and_taken(input_fleet: Fleet) -> None:
+    """The reply's POST meets a closed connection (the server never took it; it asks once and does not
+    show the question again). The reply was stored first, so the next step sends the same reply again:
+    one round, the server takes it, the task ends as approved, no operator."""
+    fleet = input_fleet
+    fleet.mcp.faults(refuse_reply=1)
+    op_id = asked(fleet, "n/reply-refused")
+
+    fleet.send("longcall.provide_input", op_id=str(op_id), input_round=1, response=APPROVE)
+
+    receipt = fleet.wait_receipt("n/reply-refused")
+    assert (receipt["terminal_state"], receipt["result"]["content"][0]["text"]) == ("completed", "approved")
+    assert [r["outcome"] for r in fleet.mcp.replies()] == ["refused", "taken"]
+    assert gate_rounds(fleet, op_id) == [1]
+    assert fleet.ledger.reconciliations_for(op_id) == []
+
+
+def test_a_redelivered_provide_input_sends_the_reply_once(input_fleet: Fleet) -> None:
+    """The same answer sent twice (a redelivered message, or a caller that tried again after a lost
+    answer) is one reply: the second is answered as a repeat and sends nothing."""
+    fleet = input_fleet
+    op_id = asked(fleet, "n/reply-twice")
+
+    first = fleet.send("longcall.provide_input", op_id=str(op_id), input_round=1, response=APPROVE)
+    second = fleet.send("longcall.provide_input", op_id=str(op_id), input_round=1, response=APPROVE)
+
+    assert first["action"] in ("input_provided", "input_recorded"), first
+    assert second["action"] == "input_recorded", second
+    assert second["detail"]["repeat"] is True
+    receipt = fleet.wait_receipt("n/reply-twice")
+    assert receipt["terminal_state"] == "completed"
+    assert [r["outcome"] for r in fleet.mcp.replies()] == ["taken"]
+
+
+def test_a_round_answered_and_still_asked_goes_to_an_operator_within_the_bound(input_fleet: Fleet) -> None:
+    """The server took the reply's POST (202) but the task still waits for input: past input_reply_s
+    (4 s here) after the reply was taken, an operator decides (INPUT_REPLY_NOT_TAKEN), never a silent
+    poll until the wait budget ends, nor a second round."""
+    fleet = input_fleet
+    fleet.mcp.faults(ignore_reply=1)
+    op_id = asked(fleet, "n/reply-ignored")
+
+    fleet.send("longcall.provide_input", op_id=str(op_id), input_round=1, response=APPROVE)
+
+    op = fleet.wait_state(op_id, S.MANUAL_RECONCILIATION, timeout=30)
+    records = fleet.ledger.reconciliations_for(op.id)
+    assert [r.reason for r in records] == [ReconciliationReason.INPUT_REPLY_NOT_TAKEN]
+    assert records[0].detail["input_round"] == 1
+    assert gate_rounds(fleet, op_id) == [1]
+    assert [r["outcome"] for r in fleet.mcp.replies()] == ["ignored"]
+
+
+# ------------------------------------------------------------------------- in process: died, Redis down
+
+
+def step_until(executor: Executor, op_id: uuid.UUID, *states: OpState, timeout: float = 30) -> None:
+    """Run what the dispatcher would, in this process, until the operation is in one of ``states``."""
+
+    def reached() -> bool:
+        for dispatch in executor.dispatch_due():
+            if dispatch.task == "longcall.poll":
+                executor.advance(dispatch.op_id, dispatch.cursor)
+            elif dispatch.task == "longcall.fetch_result":
+                executor.fetch_result(dispatch.op_id, dispatch.cursor)
+            else:
+                executor.send_cancel(dispatch.op_id, dispatch.cursor)
+        return executor.ledger.get(op_id).state in states
+
+    support.wait_for(f"the operation to reach {[s.value for s in states]}", reached, timeout=timeout)
+
+
+def waiting_for_input(executor: Executor, call_node_id: str) -> uuid.UUID:
+    new = validate_submission(
+        {
+            "call_node_id": call_node_id,
+            "server": "reports",
+            "tool": "ask_approval",
+            "arguments": {"question": "Ship it?"},
+        },
+        executor.rt.fleet,
+        max_body_bytes=executor.rt.settings.max_body_bytes,
+    )
+    op_id = executor.ledger.record_submission(new).operation.id
+    step_until(executor, op_id, S.INPUT_REQUIRED)
+    return op_id
+
+
+def test_a_reply_stored_by_a_worker_that_died_before_sending_it_is_sent_by_the_next_step(
+    private_redis_executor: tuple[McpServer, Executor, support.PrivateRedis],
+) -> None:
+    """The worker that took the answer stored it and died before its POST: the next step finds the round
+    answered and not taken, and sends the stored reply; the task ends as approved."""
+    mcp, executor, _ = private_redis_executor
+    op_id = waiting_for_input(executor, "n/reply-died")
+    op = executor.ledger.get(op_id)
+
+    with logs.bind():  # as the executor's entry points do: the step's log context ends with it
+        stored = input_rounds.record_reply(executor.ctx, op, 1, APPROVE)  # ... and the worker is killed here
+
+    assert not isinstance(stored, StepOutcome)
+    assert stored.state is S.WORKING
+    assert mcp.replies() == []
+    step_until(executor, op_id, S.ACCEPTED)
+    assert [r["outcome"] for r in mcp.replies()] == ["taken"]
+    assert executor.ledger.get(op_id).result["content"][0]["text"] == "approved"
+
+
+def test_an_answer_sent_while_redis_is_down_is_recorded_and_sent_once_redis_is_back(
+    private_redis_executor: tuple[McpServer, Executor, support.PrivateRedis],
+) -> None:
+    """With Redis down no control token can be had: the answer is stored all the same (the task answers
+    that it is recorded, not a failure), nothing is sent outside the budget, and once Redis is back the
+    next step sends the stored reply."""
+    mcp, executor, hot = private_redis_executor
+    op_id = waiting_for_input(executor, "n/reply-redis-down")
+
+    hot.stop()
+    outcome = executor.provide_input(op_id, 1, APPROVE)
+
+    assert outcome.action in ("input_recorded", "no_token"), outcome
+    assert executor.ledger.get(op_id).state is S.WORKING
+    assert mcp.replies() == []
+    hot.start()
+    step_until(executor, op_id, S.ACCEPTED)
+    assert [r["outcome"] for r in mcp.replies()] == ["taken"]

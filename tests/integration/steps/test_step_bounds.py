@@ -1,0 +1,166 @@
+"""Issue 19, items 3 and 11: a create's retries end with the wait budget, and no move lets go of a claim
+while its step goes on.
+
+longcall's MCP server with its fault switches and the executor in this process (one step at a time), real
+Postgres and Redis. Every wait is bounded (``support.wait_for``)."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Any
+
+import pytest
+
+from ledger.errors import StaleTransition
+from ledger.states import OpState
+from tests import support
+from tests.support.fleet import McpServer
+from workers.executor import Executor
+from workers.steps.context import StepOutcome
+from workers.submission import validate_submission
+
+S = OpState
+
+
+def submitted(executor: Executor, call_node_id: str, **extra: Any) -> uuid.UUID:
+    new = validate_submission(
+        {
+            "call_node_id": call_node_id,
+            "server": "reports",
+            "tool": "slow_report",
+            "arguments": {"seconds": 30},
+            **extra,
+        },
+        executor.rt.fleet,
+        max_body_bytes=executor.rt.settings.max_body_bytes,
+    )
+    return executor.ledger.record_submission(new).operation.id
+
+
+def run_due(executor: Executor) -> list[StepOutcome]:
+    """One dispatcher tick, its steps run here."""
+    outcomes = []
+    for dispatch in executor.dispatch_due():
+        if dispatch.task == "longcall.poll":
+            outcomes.append(executor.advance(dispatch.op_id, dispatch.cursor))
+        elif dispatch.task == "longcall.fetch_result":
+            outcomes.append(executor.fetch_result(dispatch.op_id, dispatch.cursor))
+        else:
+            outcomes.append(executor.send_cancel(dispatch.op_id, dispatch.cursor))
+    return outcomes
+
+
+# ------------------------------------------------------------------ item 3: a create that never goes out
+
+
+def test_a_create_refused_until_the_wait_budget_ends_ends_failed_without_a_create(
+    mcp_executor: tuple[McpServer, Executor],
+) -> None:
+    """The server answers every create with 429 (no work done: the attempt is undone and made again after
+    its Retry-After). Past the 3 s wait budget the operation ends failed, its receipt saying the create was
+    never sent, and no create goes out after the budget: not retried for ever, not made hours later."""
+    mcp, executor = mcp_executor
+    mcp.faults(status_429={"tools/call": {"count": 1000, "retry_after_s": 1}})
+    op_id = submitted(executor, "n/never-sent", wait_budget_s=3)
+
+    def ended() -> bool:
+        run_due(executor)
+        return executor.ledger.get(op_id).state is S.ACCEPTED
+
+    support.wait_for("the operation to end after its wait budget", ended, timeout=20)
+    op = executor.ledger.get(op_id)
+    receipt = executor.ledger.receipt_for(op_id)
+    assert receipt is not None
+    assert receipt.terminal_state.value == "failed"
+    assert "wait budget" in op.result["error"]["message"]
+    assert "create_never_sent" in [e["kind"] for e in executor.ledger.events(op_id)]
+    assert op.wait_deadline is not None
+    calls = [e["t"] for e in mcp.log() if e["method"] == "tools/call"]
+    assert calls, "the 429s were not exercised"
+    assert max(calls) <= op.wait_deadline.timestamp() + 0.5  # nothing sent once the budget was spent
+    assert mcp.tasks() == []
+
+
+# ----------------------------------------------------- item 11: a claim is held to the end of its step
+
+
+def test_a_cancel_sent_by_the_create_step_keeps_its_claim_until_the_step_ends(
+    mcp_executor: tuple[McpServer, Executor],
+) -> None:
+    """A cancel was requested while the create was in flight: the create's answer moves the row to
+    CANCEL_REQUESTED and the same step sends the cancel. While that cancel is in flight (held 3 s by the
+    server), the row stays claimed: a dispatcher tick claims nothing, so no second step of the operation
+    runs beside it (before, the move let go of the lease and a tick sent a second cancel)."""
+    mcp, executor = mcp_executor
+    mcp.faults(delay_ms={"tools/call": 1500, "tasks/cancel": 3000})
+    op_id = submitted(executor, "n/cancel-keeps-claim")
+    [dispatch] = executor.dispatch_due()
+    stepped: list[StepOutcome] = []
+    step = threading.Thread(target=lambda: stepped.append(executor.advance(op_id, dispatch.cursor)))
+    step.start()
+    try:
+        support.wait_for(
+            "the create to be attempted",
+            lambda: executor.ledger.get(op_id).submit_attempted_at is not None,
+            timeout=10,
+        )
+        assert executor.request_cancel(op_id).action == "cancel_recorded"
+        support.wait_for(
+            "the create to answer and the cancel to go out",
+            lambda: "tasks/cancel" in [e["method"] for e in mcp.log()],
+            timeout=15,
+        )
+        op = executor.ledger.get(op_id)
+        assert op.state is S.CANCEL_REQUESTED
+        assert op.lease_until is not None, "the claim was let go while its step sends the cancel"
+        assert executor.dispatch_due() == []
+    finally:
+        step.join(timeout=30)
+    assert stepped, "the create step did not end"
+    assert executor.ledger.get(op_id).state is S.CANCELLED_ACCEPTED
+    assert [e["method"] for e in mcp.log()].count("tasks/cancel") == 1
+
+
+# ----------------------------------------- found in review: one claim, two copies of its step (rule 1)
+
+
+def test_a_create_attempt_is_recorded_once_under_one_claim(mcp_executor: tuple[McpServer, Executor]) -> None:
+    """Two copies of one step under the same claim (a message delivered again while its first copy still
+    runs: a RabbitMQ redelivery after the consumer's connection dropped, a Redis visibility timeout) both
+    read the row before either recorded its attempt. Only the first may record it: the second is refused
+    as stale and makes no create (before, both attempts were recorded and both went on to a create)."""
+    _, executor = mcp_executor
+    op_id = submitted(executor, "n/attempt-once")
+    [dispatch] = executor.dispatch_due()
+    op = executor.ledger.get(op_id)
+    assert op.poll_cursor == dispatch.cursor
+    executor.ledger.record_create_attempt(op_id, op.fence, descriptor_version=None, detail={})
+    with pytest.raises(StaleTransition):
+        executor.ledger.record_create_attempt(op_id, op.fence, descriptor_version=None, detail={})
+    kinds = [e["kind"] for e in executor.ledger.events(op_id)]
+    assert kinds.count("create_attempted") == 1, kinds
+
+
+def test_a_second_copy_of_a_create_step_makes_no_second_create(
+    mcp_executor: tuple[McpServer, Executor],
+) -> None:
+    """The same, end to end: two copies of the create step of one claim, the create held 2 s by the server
+    so both are in flight: the server holds one task, and the operation follows it."""
+    mcp, executor = mcp_executor
+    mcp.faults(delay_ms={"tools/list": 1000})
+    op_id = submitted(executor, "n/create-once")
+    [dispatch] = executor.dispatch_due()
+    outcomes: list[StepOutcome] = []
+    copies = [
+        threading.Thread(target=lambda: outcomes.append(executor.advance(op_id, dispatch.cursor)))
+        for _ in range(2)
+    ]
+    for copy in copies:
+        copy.start()
+    for copy in copies:
+        copy.join(timeout=30)
+    assert len(outcomes) == 2, outcomes
+    assert [e["method"] for e in mcp.log()].count("tools/call") == 1, outcomes
+    assert len(mcp.tasks()) == 1
+    assert executor.ledger.get(op_id).remote_id == mcp.tasks()[0]["taskId"]
