@@ -1,4 +1,14 @@
-"""Rule 4 per request: the budget a step hands to its adapter call, charged once per HTTP request sent.
+"""Rule 4 in one place: taking a token, holding a server, charging a request.
+
+:class:`ServerBudgets` is what a step holds of it (``ctx.budget``):
+
+- ``take`` books a slot on a server's bucket, or raises :class:`~workers.errors.NoToken` (a Redis failure
+  too: no token can be had, so the request is not sent);
+- ``hold`` records the wait a server asked for in a refusal (:func:`server_wait_s`) as its fleet-wide hold,
+  called by each step first thing where it catches an adapter call's error;
+- ``per_request`` is the :class:`TokenBudget` an adapter call charges, once per HTTP request.
+
+The Redis scripts and keys under them (the buckets, the holds) are :mod:`workers.hot`'s.
 
 A step chooses the bucket (the poll step's status reads: ``poll``; everything a control step sends, its
 status reads, handshake, ``tools/list`` and ``tasks/list`` pages included: ``control``) and passes a
@@ -24,27 +34,36 @@ counts in the second it leaves.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import redis
 
-from workers.hot import Budget, MeterCount
+from adapters import OutcomeUnknown, ResultNotReady, Transient
+from workers.errors import NoToken
+from workers.hot import MAX_SERVER_WAIT_S, RATE_HEADROOM, Budget, HotState, MeterCount
+from workers.settings import ServerConfig
 
 __all__ = [
     "BUDGET_HEADER",
+    "FOLLOW_UP_SLOTS",
     "PEAK_BUCKET_S",
     "PEAK_KEEP_S",
     "RATE_KEEP_S",
+    "REDIS_PAUSE_S",
     "RequestMeter",
+    "ServerBudgets",
     "TokenBudget",
     "label_request",
     "peak_key",
     "rate_key",
+    "server_wait_s",
 ]
 
 log = logging.getLogger(__name__)
@@ -58,12 +77,104 @@ PEAK_KEEP_S = 7 * 86_400
 
 _METER_LUA = (Path(__file__).with_name("request_meter.lua")).read_text(encoding="utf-8")
 
+#: How many of a bucket's slots ahead a step's later request may wait for (see :meth:`ServerBudgets.take`).
+FOLLOW_UP_SLOTS = 2
+#: How soon a request refused for a Redis failure (no token could be asked for) may be tried again.
+REDIS_PAUSE_S = 1.0
+
 #: The header naming the bucket a request was charged to (``poll`` or ``control``).
 BUDGET_HEADER = "Longcall-Budget"
 
 #: The bucket of the last charge, until the request it paid for is sent (charge and send run in one thread,
 #: the send immediately after the charge).
 _charged: ContextVar[Budget | None] = ContextVar("longcall_charged_budget", default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerBudgets:
+    """The servers' budgets (rule 4) over the hot state: ``server`` gives a server's configuration (its
+    ``poll_qps`` and ``control_qps``), ``tick_s`` is the dispatch interval (the longest a first request
+    waits for a booked slot)."""
+
+    hot: HotState
+    server: Callable[[str], ServerConfig]
+    tick_s: float
+
+    def take(
+        self, server: str, bucket: Budget, *, follow_up: bool = False, meter: MeterCount | None = None
+    ) -> None:
+        """Book a slot on the server's bucket (rule 4). A slot within one dispatch tick is waited for here;
+        none within reach raises :class:`NoToken`: the step is rescheduled, never blocked.
+
+        Called per HTTP request, by the budget :meth:`per_request` hands to the adapter. ``follow_up``:
+        a later request of a step that has sent one already (``tools/call`` after the handshake,
+        ``tasks/cancel`` or ``tasks/result`` after a status read, the next ``tasks/list`` page). It may
+        also wait for the bucket's next :data:`FOLLOW_UP_SLOTS` slots: on a bucket slower than one slot
+        per tick, a step of two requests would otherwise never get its second token, and what its first
+        request cost would be spent again on every attempt. ``meter``: the request's count for the request
+        meter, made by the same script when the token is granted for now (``meter.counted``).
+        """
+        config = self.server(server)
+        rate = config.poll_qps if bucket == "poll" else config.control_qps
+        horizon = self.tick_s
+        if follow_up:
+            horizon = max(horizon, FOLLOW_UP_SLOTS / (rate * RATE_HEADROOM))
+        try:
+            token = self.hot.take(server, bucket, rate, horizon_s=horizon, meter=meter)
+        except redis.RedisError as exc:
+            # The buckets are out of reach (Redis restarting, failing over): no token can be had, so the
+            # request is not sent, exactly as without a token (a create never sent is undone, a step is
+            # due again shortly), never a failed step nor a request outside the budget (rule 4).
+            log.warning("no %s token for %s: Redis failed (%s)", bucket, server, exc)
+            raise NoToken(REDIS_PAUSE_S) from exc
+        if not token.granted:
+            raise NoToken(token.wait_s)
+        if token.wait_s > 0:
+            time.sleep(token.wait_s)  # bounded by the horizon
+            # A server that asked for a wait meanwhile is not sent this request (the slot is given up).
+            try:
+                held = self.hot.held_s(server)
+            except redis.RedisError as exc:
+                log.warning("no %s token for %s: Redis failed (%s)", bucket, server, exc)
+                raise NoToken(REDIS_PAUSE_S) from exc
+            if held > 0:
+                raise NoToken(held)
+
+    def per_request(self, server: str, bucket: Budget, *, prepaid: int = 0) -> TokenBudget:
+        """What the adapter call a step makes charges per HTTP request it sends (DESIGN rule 4 as amended):
+        a token from ``server``'s ``bucket`` each, waited for within one dispatch tick, else
+        :class:`NoToken` (the adapter passes it on; that request is not sent). ``prepaid``: tokens the step
+        took with :meth:`take` already, used by the first charges (see :class:`TokenBudget`)."""
+        meter = RequestMeter(self.hot.client, self.hot.prefix, server, bucket)  # requests/s for metrics
+        return TokenBudget(bucket, functools.partial(self.take, server, bucket), prepaid=prepaid, meter=meter)
+
+    def hold(self, server: str, exc: BaseException) -> None:
+        """Record the wait ``exc`` carries (:func:`server_wait_s`), if the server asked for one, as
+        ``server``'s fleet-wide hold (:meth:`~workers.hot.HotState.hold`): until it ends, every request to
+        that server is refused a token, whichever operation and bucket it is for. Called by a step first
+        thing where it catches the error of an adapter call that sent requests (before any other request:
+        a status read after a refused cancel must meet the hold). A Redis failure is logged: the step
+        itself still waits as asked (``retry_s``)."""
+        wait = server_wait_s(exc)
+        if wait is None:
+            return
+        try:
+            left = self.hot.hold(server, wait)
+        except redis.RedisError:
+            log.warning("the %.3f s wait %s asked for is not held fleet-wide", wait, server, exc_info=True)
+            return
+        log.info("%s asked for a %.3f s wait: no request to it for %.3f s", server, wait, left)
+
+
+def server_wait_s(exc: BaseException) -> float | None:
+    """The wait a server asked for with its refusal (a Retry-After or RetryInfo on a 429, a 503 or another
+    5xx), in seconds; None when it asked for none. A result asked for too early (:class:`ResultNotReady`)
+    carries the task's poll interval, not a server's refusal: no wait."""
+    if isinstance(exc, ResultNotReady) or not isinstance(exc, (Transient, OutcomeUnknown)):
+        return None
+    if exc.retry_after is None or exc.retry_after <= 0:
+        return None
+    return min(float(exc.retry_after), MAX_SERVER_WAIT_S)
 
 
 class TokenBudget:

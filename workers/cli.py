@@ -681,7 +681,7 @@ def _detected_generations(settings: Settings) -> list[dict[str, Any]]:
                         server.url,
                         server=name,
                         bearer_token=server.token,
-                        budget=ctx.request_budget(name, "control"),
+                        budget=ctx.budget.per_request(name, "control"),
                     ).to_json()
                 except NoToken as no_token:
                     detail = (

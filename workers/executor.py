@@ -21,12 +21,13 @@ from ledger.records import Fence, NewOperation, Operation, Submission
 from ledger.repository import Ledger
 from ledger.states import OpState
 from workers import logs
+from workers.budget import REDIS_PAUSE_S
 from workers.errors import NoToken, UnknownServer
 from workers.faults import INFRASTRUCTURE, describe_fault
 from workers.lease import keep_lease
 from workers.runtime import OWNER_SEEN_S, Runtime
 from workers.steps import cancel, dispatch, input_rounds, poll, reconciliation, result, submit
-from workers.steps.context import REDIS_PAUSE_S, StepContext, StepOutcome, spread, utc_now
+from workers.steps.context import StepContext, StepOutcome, spread, utc_now
 from workers.steps.dispatch import Dispatch
 from workers.steps.reconciliation import Resolution
 

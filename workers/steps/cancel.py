@@ -166,7 +166,7 @@ def send(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
     the status read decides (a terminal state wins), else an operator (DEADLINE_EXCEEDED, the last
     error)."""
     adapter = ctx.adapter(op)
-    budget = ctx.request_budget(op.server, "control")
+    budget = ctx.budget.per_request(op.server, "control")
     answered = _answer_event(ctx, op)
     if answered is not None and (answered.answer != _UNSENT or _budget_spent(ctx, op)):
         # The server took (or refused) this generation's cancel already: sending it again tells nothing new.
@@ -208,6 +208,7 @@ def send(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
             budget=budget,
         )
     except TRY_AGAIN as exc:
+        ctx.budget.hold(op.server, exc)  # before the status read below: it must meet the server's wait
         if _budget_spent(ctx, op):
             # Past the wait deadline: not retried for ever. The status read decides (a terminal state
             # wins), else an operator, told the cancel could not be sent and why.
@@ -322,6 +323,7 @@ def _after(
         except AnswerTooLarge as exc:
             return too_large(ctx, op, fence, exc)  # a status read carrying a result over the cap
         except AdapterError as exc:
+            ctx.budget.hold(op.server, exc)
             if _budget_spent(ctx, op):
                 return _never_carried_out(
                     ctx, op, fence, detail, answered_at=answered_at, status=None, error=describe(exc)

@@ -1,24 +1,20 @@
 """What every step needs, in one small object, and the value every step returns.
 
 A step is a function ``(ctx, op, fence) -> StepOutcome`` run under the caller's claim. :class:`StepContext`
-carries the runtime (ledger, fleet, Redis, adapters), the clock, the jitter, the token taking (rule 4),
-the reschedule and the hand-over to an operator; each ledger write a step makes is one of the ledger's
-named, guarded moves.
+carries the runtime (ledger, fleet, Redis, adapters), the servers' budgets (rule 4: :mod:`workers.budget`),
+the clock, the jitter, the reschedule and the hand-over to an operator; each ledger write a step makes is
+one of the ledger's named, guarded moves.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import logging
 import random
-import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
-
-import redis
+from typing import Any, TypeVar
 
 from adapters import (
     AdapterError,
@@ -26,8 +22,6 @@ from adapters import (
     ProtocolViolation,
     RemoteRef,
     RemoteStatus,
-    RequestBudget,
-    ResultNotReady,
     ToolAdapter,
     Transient,
 )
@@ -37,10 +31,10 @@ from ledger.records import Fence, Operation, ServerStatus
 from ledger.repository import Ledger
 from ledger.states import OpState
 from workers import logs
-from workers.budget import RequestMeter, TokenBudget
+from workers.budget import ServerBudgets
 from workers.errors import NoToken
 from workers.faults import LEDGER_UNAVAILABLE, describe_fault, keep_trying
-from workers.hot import MAX_SERVER_WAIT_S, RATE_HEADROOM, Budget, MeterCount
+from workers.hot import MAX_SERVER_WAIT_S
 from workers.runtime import Runtime
 from workers.settings import ServerConfig, Settings
 
@@ -55,15 +49,11 @@ DURABLE_SHARE = 0.6
 
 #: The shortest poll interval a server's hint may set.
 MIN_POLL_S = 0.1
-#: How many of a bucket's slots ahead a step's later request may wait for (see :meth:`StepContext.take`).
-FOLLOW_UP_SLOTS = 2
 #: The shortest pause after a server's Retry-After.
 RETRY_FLOOR_S = 0.5
 #: How long after an operation's wait deadline a step rescheduled to it comes due: the deadline is then
 #: past by the ledger's clock as well.
 DEADLINE_SLACK_S = 0.05
-#: How soon a request refused for a Redis failure (no token could be asked for) may be tried again.
-REDIS_PAUSE_S = 1.0
 #: What a failed read or cancel request leaves undecided: it is asked again later (a create's unknown
 #: outcome is not one of these uses: it is looked up by key).
 TRY_AGAIN: tuple[type[AdapterError], ...] = (Transient, ProtocolViolation, OutcomeUnknown)
@@ -108,7 +98,7 @@ def spread(interval: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class StepContext:
-    """What every step needs: the runtime, the clock, the jitter, the token taking and the moves every
+    """What every step needs: the runtime, the servers' budgets, the clock, the jitter, and the moves every
     step shares (reschedule, retry later, hand to an operator)."""
 
     runtime: Runtime
@@ -123,6 +113,13 @@ class StepContext:
     def settings(self) -> Settings:
         return self.runtime.settings
 
+    @property
+    def budget(self) -> ServerBudgets:
+        """Rule 4: a token per request (:meth:`~ServerBudgets.take`, :meth:`~ServerBudgets.per_request`) and
+        a server's wait held for the fleet (:meth:`~ServerBudgets.hold`)."""
+        runtime = self.runtime
+        return ServerBudgets(runtime.hot, runtime.remote.server, runtime.settings.dispatch_interval_s)
+
     def now(self) -> dt.datetime:
         return self.clock()
 
@@ -131,78 +128,13 @@ class StepContext:
         return self.runtime.remote.server(op.server)
 
     def adapter(self, op: Operation) -> ToolAdapter:
-        """The adapter of the protocol and version recorded on the operation at submit (rule 14). A wait the
-        server asks for in answer to any of its calls (:func:`server_wait_s`) is held for the whole fleet
-        (:meth:`~workers.hot.HotState.hold`): until it ends, every request to that server is refused a token
-        (rule 4), whichever operation and bucket it is for."""
+        """The adapter of the protocol and version recorded on the operation at submit (rule 14). A step that
+        catches the error of one of its calls records the wait the server asked for first
+        (:meth:`ServerBudgets.hold`)."""
         logs.note_operation(op.id, op.call_node_id)
-        adapter = self.runtime.remote.adapter(
+        return self.runtime.remote.adapter(
             op.server, protocol=op.protocol, protocol_version=op.protocol_version
         )
-        return cast(ToolAdapter, _HoldsServerWaits(adapter, functools.partial(self.hold, op.server)))
-
-    def hold(self, server: str, exc: AdapterError) -> None:
-        """Record the wait ``exc`` carries, if the server asked for one, as ``server``'s fleet-wide hold."""
-        wait = server_wait_s(exc)
-        if wait is None:
-            return
-        try:
-            left = self.runtime.hot.hold(server, wait)
-        except redis.RedisError:  # the step itself still waits as asked (retry_s)
-            log.warning("the %.3f s wait %s asked for is not held fleet-wide", wait, server, exc_info=True)
-            return
-        log.info("%s asked for a %.3f s wait: no request to it for %.3f s", server, wait, left)
-
-    # ------------------------------------------------------------------------------------ rule 4: tokens
-
-    def take(
-        self, server: str, bucket: Budget, *, follow_up: bool = False, meter: MeterCount | None = None
-    ) -> None:
-        """Book a slot on the server's bucket (rule 4). A slot within one dispatch tick is waited for here;
-        none within reach raises :class:`NoToken`: the step is rescheduled, never blocked.
-
-        Called per HTTP request, by the budget :meth:`request_budget` hands to the adapter. ``follow_up``:
-        a later request of a step that has sent one already (``tools/call`` after the handshake,
-        ``tasks/cancel`` or ``tasks/result`` after a status read, the next ``tasks/list`` page). It may
-        also wait for the bucket's next :data:`FOLLOW_UP_SLOTS` slots: on a bucket slower than one slot
-        per tick, a step of two requests would otherwise never get its second token, and what its first
-        request cost would be spent again on every attempt. ``meter``: the request's count for the request
-        meter, made by the same script when the token is granted for now (``meter.counted``).
-        """
-        config = self.runtime.remote.server(server)
-        rate = config.poll_qps if bucket == "poll" else config.control_qps
-        horizon = self.settings.dispatch_interval_s
-        if follow_up:
-            horizon = max(horizon, FOLLOW_UP_SLOTS / (rate * RATE_HEADROOM))
-        try:
-            token = self.runtime.hot.take(server, bucket, rate, horizon_s=horizon, meter=meter)
-        except redis.RedisError as exc:
-            # The buckets are out of reach (Redis restarting, failing over): no token can be had, so the
-            # request is not sent, exactly as without a token (a create never sent is undone, a step is
-            # due again shortly), never a failed step nor a request outside the budget (rule 4).
-            log.warning("no %s token for %s: Redis failed (%s)", bucket, server, exc)
-            raise NoToken(REDIS_PAUSE_S) from exc
-        if not token.granted:
-            raise NoToken(token.wait_s)
-        if token.wait_s > 0:
-            time.sleep(token.wait_s)  # bounded by the horizon
-            # A server that asked for a wait meanwhile is not sent this request (the slot is given up).
-            try:
-                held = self.runtime.hot.held_s(server)
-            except redis.RedisError as exc:
-                log.warning("no %s token for %s: Redis failed (%s)", bucket, server, exc)
-                raise NoToken(REDIS_PAUSE_S) from exc
-            if held > 0:
-                raise NoToken(held)
-
-    def request_budget(self, server: str, bucket: Budget, *, prepaid: int = 0) -> RequestBudget:
-        """What the adapter call a step makes charges per HTTP request it sends (DESIGN rule 4 as amended):
-        a token from ``server``'s ``bucket`` each, waited for within one dispatch tick, else
-        :class:`NoToken` (the adapter passes it on; that request is not sent). ``prepaid``: tokens the step
-        took with :meth:`take` already, used by the first charges (see :class:`TokenBudget`)."""
-        hot = self.runtime.hot
-        meter = RequestMeter(hot.client, hot.prefix, server, bucket)  # requests/s for `longcall metrics`
-        return TokenBudget(bucket, functools.partial(self.take, server, bucket), prepaid=prepaid, meter=meter)
 
     # ----------------------------------------------------------------- what a remote call answered (1, 3)
 
@@ -277,41 +209,6 @@ class StepContext:
 
     def jittered(self, interval: float) -> float:
         return interval + self.jitter(interval)
-
-
-def server_wait_s(exc: AdapterError) -> float | None:
-    """The wait a server asked for with its refusal (a Retry-After or RetryInfo on a 429, a 503 or another
-    5xx), in seconds; None when it asked for none. A result asked for too early (:class:`ResultNotReady`)
-    carries the task's poll interval, not a server's refusal: no wait."""
-    if isinstance(exc, ResultNotReady) or not isinstance(exc, (Transient, OutcomeUnknown)):
-        return None
-    if exc.retry_after is None or exc.retry_after <= 0:
-        return None
-    return min(float(exc.retry_after), MAX_SERVER_WAIT_S)
-
-
-class _HoldsServerWaits:
-    """An adapter whose calls that fail with a server's wait (:func:`server_wait_s`) record it first."""
-
-    def __init__(self, adapter: ToolAdapter, hold: Callable[[AdapterError], None]) -> None:
-        self._adapter = adapter
-        self._hold = hold
-
-    def __getattr__(self, name: str) -> Any:
-        value = getattr(self._adapter, name)
-        if not callable(value):
-            return value
-        hold = self._hold
-
-        @functools.wraps(value)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return value(*args, **kwargs)
-            except AdapterError as exc:
-                hold(exc)
-                raise
-
-        return call
 
 
 def retry_s(exc: AdapterError) -> float:

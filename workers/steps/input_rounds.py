@@ -260,7 +260,7 @@ def send_reply(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
     request = InputRequest.from_json(op.input_request or {})
     try:
         ctx.adapter(op).reply_input(
-            remote_ref(op), request, reply["response"], budget=ctx.request_budget(op.server, "control")
+            remote_ref(op), request, reply["response"], budget=ctx.budget.per_request(op.server, "control")
         )
     except NotFound as exc:
         return not_found(ctx, op, fence, exc)  # the task (or its session) is gone: as a poll would find
@@ -270,6 +270,7 @@ def send_reply(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
         )
         return StepOutcome(op.id, "input_reply_refused", op.state)
     except AdapterError as exc:
+        ctx.budget.hold(op.server, exc)
         op = ctx.ledger.record_input_reply_failed(
             op.id, fence, reply=reply, error=describe(exc), retry_in_s=retry_s(exc)
         )

@@ -69,8 +69,9 @@ def poll(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
         )
         return StepOutcome(op.id, "wait_budget_exhausted", op.state)
     try:
-        status = ctx.adapter(op).get(remote_ref(op), budget=ctx.request_budget(op.server, "poll"))
+        status = ctx.adapter(op).get(remote_ref(op), budget=ctx.budget.per_request(op.server, "poll"))
     except RateLimited as exc:
+        ctx.budget.hold(op.server, exc)
         return ctx.retry_later(op, fence, exc, EventKind.RATE_LIMITED)
     except NotFound as exc:
         return not_found(ctx, op, fence, exc)
@@ -83,6 +84,7 @@ def poll(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
     except ProtocolViolation as exc:
         return _violated_read(ctx, op, fence, exc)
     except TRY_AGAIN as exc:
+        ctx.budget.hold(op.server, exc)
         return ctx.retry_later(op, fence, exc, EventKind.POLL_FAILED)
     return observed(ctx, op, fence, status)
 
@@ -215,7 +217,7 @@ def _terminal(
     reads = kind is not TerminalKind.CANCELLED and status.result is None
     if reads:
         try:
-            ctx.take(op.server, "control")
+            ctx.budget.take(op.server, "control")
         except NoToken as no_token:
             wait = no_token
     op = ctx.ledger.observe_terminal(

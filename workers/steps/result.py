@@ -106,7 +106,7 @@ def fetch(
         result = ctx.adapter(op).result(
             remote_ref(op),
             status=status if status and status.terminal else None,
-            budget=ctx.request_budget(op.server, "control", prepaid=prepaid),
+            budget=ctx.budget.per_request(op.server, "control", prepaid=prepaid),
         )
     except NoToken as no_token:
         return ctx.no_token(op, fence, no_token)  # nothing was read that is not read again
@@ -117,6 +117,7 @@ def fetch(
     except ResultContradictsStatus as exc:
         return _contradicted(ctx, op, fence, exc, exc.code)
     except FETCH_AGAIN as exc:
+        ctx.budget.hold(op.server, exc)
         # A lost or truncated result is fetched again; nothing advances without a whole one (rule 7).
         return _read_failed(ctx, op, fence, exc)
     except Rejected as exc:

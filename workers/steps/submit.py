@@ -88,10 +88,11 @@ def create(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved
         return _answered_at_once(ctx, op, fence, _never_sent(op), EventKind.CREATE_NEVER_SENT)
     server = ctx.server(op)
     adapter = ctx.adapter(op)
-    budget = ctx.request_budget(op.server, "control")
+    budget = ctx.budget.per_request(op.server, "control")
     try:
         capabilities = adapter.capabilities(op.tool_name, budget=budget)
     except CAPABILITIES_FAILURES as exc:
+        ctx.budget.hold(op.server, exc)
         # Rule 14 before anything else the failure would decide: a version disabled because its server
         # moved on or broke answers here, not with the server's refusal, a retry or a token wait.
         if _disabled(ctx, op):
@@ -128,6 +129,7 @@ def create(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved
     except (CapabilityRefused, Rejected) as exc:
         return _answered_at_once(ctx, op, fence, error_result(exc), EventKind.REJECTED)
     except NoWorkDone as exc:
+        ctx.budget.hold(op.server, exc)
         # Rule 1: only a 429, or a tools/call that never left, proves the server did no work: the attempt
         # is undone and the create made again, not before the server's Retry-After.
         return _undo_attempt(ctx, op, fence, retry_s(exc), describe(exc))
@@ -135,6 +137,7 @@ def create(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved
         # The request budget refused the create call itself: it was never sent.
         return _undo_attempt(ctx, op, fence, no_token.wait_s, describe(no_token))
     except AdapterError as exc:
+        ctx.budget.hold(op.server, exc)
         # Anything else once the call may have gone out (a 503 or another 5xx, a 408, a timeout, a cut or
         # unreadable answer) is an unknown outcome: looked up by key, never created again blindly.
         detail = {"error": describe(exc)}
@@ -181,9 +184,10 @@ def lookup(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved
             tool=op.tool_name,
             submitted_after=op.created_at,
             arguments=arguments_of(ctx, op),
-            budget=ctx.request_budget(op.server, "control"),
+            budget=ctx.budget.per_request(op.server, "control"),
         )
     except ASK_AGAIN as exc:
+        ctx.budget.hold(op.server, exc)
         failing_s = _lookups_failing_s(ctx, op)
         spent = op.wait_deadline is not None and op.wait_deadline <= ctx.now()
         if spent or (failing_s is not None and failing_s >= LOOKUP_RETRY_S):

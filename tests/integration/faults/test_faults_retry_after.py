@@ -25,8 +25,9 @@ from ledger.states import OpState
 from tests import support
 from tests.support.aip_fleet import AIP_SERVER, args, running_aip_fleet
 from tests.support.fleet import Fleet, FleetParts, running_fleet
+from workers.budget import server_wait_s
 from workers.hot import MAX_SERVER_WAIT_S, HotState
-from workers.steps.context import retry_s, server_wait_s
+from workers.steps.context import retry_s
 
 S = OpState
 

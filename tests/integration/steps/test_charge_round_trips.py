@@ -91,7 +91,7 @@ def second_of(counter: str) -> int:
 def warm(context: StepContext) -> None:
     """Loads both scripts in Redis (a first call may load one: SCRIPT LOAD and a retried EVALSHA), before
     the tests below start watching."""
-    budget = context.request_budget("reports", "poll", prepaid=1)
+    budget = context.budget.per_request("reports", "poll", prepaid=1)
     budget.charge()  # the meter's script
     budget.charge()  # the bucket's
 
@@ -100,7 +100,7 @@ def test_a_token_granted_for_now_is_taken_and_counted_in_one_round_trip(
     context: StepContext, broker_prefix: str, redis_client: redis.Redis
 ) -> None:
     warm(context)
-    budget = context.request_budget("reports", "poll")
+    budget = context.budget.per_request("reports", "poll")
 
     def one_charge() -> None:
         _second_boundary()  # the warm-up's count is a second ago
@@ -124,8 +124,8 @@ def test_charges_counted_by_the_take_and_by_the_meter_share_one_count_and_peak(
 ) -> None:
     """Both scripts count a second alike: a prepaid charge between two granted ones is the second's 2nd."""
     warm(context)
-    budget = context.request_budget("reports", "poll", prepaid=1)
-    taken = context.request_budget("reports", "poll")
+    budget = context.budget.per_request("reports", "poll", prepaid=1)
+    taken = context.budget.per_request("reports", "poll")
 
     def three_charges() -> None:
         _second_boundary()
@@ -149,7 +149,7 @@ def test_a_slot_booked_ahead_is_counted_when_its_request_is_sent(
     context: StepContext, broker_prefix: str, redis_client: redis.Redis
 ) -> None:
     warm(context)
-    budget = context.request_budget("reports", "control")
+    budget = context.budget.per_request("reports", "control")
 
     def two_charges() -> None:
         budget.charge()  # granted for now
