@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import func, select, text
 
+from console.main import main
 from ledger.control import read_control
 from ledger.digests import request_digest
 from ledger.errors import AdmissionClosed
@@ -23,7 +24,6 @@ from ledger.statements import OP
 from tests import support
 from tests.integration.fleet import Fleet
 from tests.integration.helpers import new_operation, submit
-from workers.cli import main
 from workers.rollout import in_canary
 from workers.settings import FleetConfig, ServerConfig, ToolConfig
 from workers.submission import NotRouted, canary_admission

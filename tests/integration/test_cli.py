@@ -11,14 +11,15 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import create_engine, inspect, text
 
+from console import output as cli_output
+from console.main import EXIT_REFUSED, EXIT_TIMEOUT, main
 from ledger.engine import normalize_database_url
 from ledger.reasons import ReconciliationReason
 from ledger.records import Fence
 from ledger.repository import Ledger
 from ledger.states import OpState, TerminalKind
 from tests.integration.helpers import evidence_for, place
-from workers import __version__, cli_output
-from workers.cli import EXIT_REFUSED, EXIT_TIMEOUT, main
+from workers import __version__
 
 CONFIG = """
 [servers.reports]

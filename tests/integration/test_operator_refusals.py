@@ -25,6 +25,7 @@ import pytest
 import redis
 from click.testing import CliRunner
 
+from console.main import EXIT_REFUSED, main
 from ledger.reasons import ReconciliationReason
 from ledger.records import Operation
 from ledger.repository import Ledger
@@ -33,7 +34,6 @@ from tests import support
 from tests.integration.fleet import McpServer, fleet_config, start_mcp_server
 from tests.integration.helpers import place
 from workers.budget import rate_key
-from workers.cli import EXIT_REFUSED, main
 from workers.hot import HotState
 
 S = OpState

@@ -13,6 +13,9 @@ import sqlalchemy.exc
 from click.testing import CliRunner
 from sqlalchemy import func, select, text
 
+from console import main as cli
+from console.launch_gate import Criterion, GateReport
+from console.main import EXIT_REFUSED, EXIT_USAGE, main
 from ledger.digests import digest
 from ledger.records import Operation
 from ledger.repository import Ledger
@@ -21,9 +24,6 @@ from ledger.states import OpState, TerminalKind
 from tests import support
 from tests.integration.fleet import Fleet, FleetParts, running_fleet
 from tests.integration.helpers import RESULT, evidence_for, place
-from workers import cli
-from workers.cli import EXIT_REFUSED, EXIT_USAGE, main
-from workers.launch_gate import Criterion, GateReport
 from workers.rollout import in_canary
 
 #: slow_report is marked side-effect-free (a TOML dotted key under [servers.reports]); quick_lookup is not.

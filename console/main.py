@@ -1,6 +1,6 @@
 """The ``longcall`` command. Reads go to the ledger; ``submit`` goes through the fleet like any pipeline.
 
-What each command prints is built in ``workers.cli_output``; here are the options, the reads and the
+What each command prints is built in ``console.output``; here are the options, the reads and the
 decisions, and the exit codes (:data:`EXIT_CODES`, stable: scripts rely on them). A service that cannot be
 reached is one line on stderr naming it (credentials masked), never a traceback: :class:`LongcallGroup`
 maps the connection errors of every command, and the CLI's own connections time out within seconds.
@@ -32,23 +32,23 @@ from rich.console import Console
 
 from adapters.base import redact_url
 from adapters.mcp_2026_07_28.discovery import detect as detect_generation
+from console import output
+from console.dev.command import dev
+from console.launch_gate import evaluate_gate
+from console.metrics import metrics
+from console.simulation.command import simulate
 from ledger import migrate as migrations
 from ledger.errors import LedgerError, OperationNotFound
 from ledger.records import ControlState, Operation
 from ledger.repository import Ledger
 from ledger.states import TerminalKind
-from workers import cli_output as output
 from workers.app import celery_config, create_app, is_redis
 from workers.budget import label_request
-from workers.dev.command import dev
 from workers.errors import ConfigError, NoToken, WrongState
 from workers.executor import Executor, Resolution
-from workers.launch_gate import evaluate_gate
-from workers.metrics import metrics
 from workers.rollout import FIRST_CANARY_PERCENT, RolloutState, plain_percent, side_effect_free_tools
 from workers.runtime import Runtime
 from workers.settings import Settings, load_settings
-from workers.simulation.command import simulate
 from workers.steps.context import StepContext, spread, utc_now
 from workers.submission import ADAPTERS
 

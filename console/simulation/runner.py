@@ -16,6 +16,18 @@ import httpx
 
 from adapters import AdapterConfig, ToolAdapter, default_registry
 from adapters.base import ToolRoute
+from console.simulation.oracle import Expected, expect
+from console.simulation.series import MAX_TICKS, PROTOCOLS, Protocol, Series, generate
+from console.simulation.servers import (
+    AIP_CREATE,
+    AIP_REQUEST_ID,
+    AIP_TOOL,
+    MCP_TOOL,
+    ScriptedServer,
+    SimulatedCrash,
+    scripted_server,
+)
+from console.simulation.servers_ext import ANSWER, McpExtServer
 from ledger import simulation_runs as runs
 from ledger.digests import digest
 from ledger.records import Acceptance, NewOperation, OutboxMessage, TerminalEvidence
@@ -28,18 +40,6 @@ from workers.hot import HotState
 from workers.remote import RemotePool
 from workers.runtime import Runtime
 from workers.settings import FleetConfig, Settings
-from workers.simulation.oracle import Expected, expect
-from workers.simulation.series import MAX_TICKS, PROTOCOLS, Protocol, Series, generate
-from workers.simulation.servers import (
-    AIP_CREATE,
-    AIP_REQUEST_ID,
-    AIP_TOOL,
-    MCP_TOOL,
-    ScriptedServer,
-    SimulatedCrash,
-    scripted_server,
-)
-from workers.simulation.servers_ext import ANSWER, McpExtServer
 from workers.steps.dispatch import TASK_FOR_STATE
 from workers.steps.result import accept
 
