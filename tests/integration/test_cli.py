@@ -12,7 +12,8 @@ from click.testing import CliRunner
 from sqlalchemy import create_engine, inspect, text
 
 from console import output as cli_output
-from console.main import EXIT_REFUSED, EXIT_TIMEOUT, main
+from console.common import EXIT_REFUSED, EXIT_TIMEOUT
+from console.main import main
 from ledger.engine import normalize_database_url
 from ledger.reasons import ReconciliationReason
 from ledger.records import Fence

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import psycopg
 import pytest
 
-from console.main import EXIT_REFUSED, EXIT_UNREACHABLE, _unreachable
+from console.common import EXIT_REFUSED, EXIT_UNREACHABLE
+from console.common import as_unreachable as _unreachable
 from tests import support
 
 #: What a command may take to give up on a service (the brief's bound; the CLI connects within 2 s).

@@ -16,9 +16,10 @@ from click.testing import CliRunner
 from rich.console import Console
 from sqlalchemy import text
 
-from console import main as cli
+from console import common as cli
+from console.common import EXIT_REFUSED
 from console.launch_gate import BEHIND_LIMIT, Criterion, GateReport, evaluate_gate
-from console.main import EXIT_REFUSED, main
+from console.main import main
 from console.output import launch_gate_table
 from ledger.records import Operation
 from ledger.repository import Ledger

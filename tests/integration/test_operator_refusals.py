@@ -25,7 +25,8 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from console.main import EXIT_REFUSED, main
+from console.common import EXIT_REFUSED
+from console.main import main
 from ledger.reasons import ReconciliationReason
 from ledger.records import Operation
 from ledger.repository import Ledger

@@ -13,9 +13,10 @@ import sqlalchemy.exc
 from click.testing import CliRunner
 from sqlalchemy import func, select, text
 
-from console import main as cli
+from console import fleet as cli
+from console.common import EXIT_REFUSED, EXIT_USAGE
 from console.launch_gate import Criterion, GateReport
-from console.main import EXIT_REFUSED, EXIT_USAGE, main
+from console.main import main
 from ledger.digests import digest
 from ledger.records import Operation
 from ledger.repository import Ledger
