@@ -23,9 +23,10 @@ from console.simulation.servers import (
     AIP_REQUEST_ID,
     AIP_TOOL,
     MCP_TOOL,
+    AipServer,
+    McpServer,
     ScriptedServer,
     SimulatedCrash,
-    scripted_server,
 )
 from console.simulation.servers_ext import ANSWER, McpExtServer
 from ledger import simulation_runs as runs
@@ -67,6 +68,14 @@ def sim_fleet(name: str, protocol: str) -> FleetConfig:
             "tools": {AIP_TOOL: {"create": AIP_CREATE, "request_id_field": AIP_REQUEST_ID}},
         }
     return FleetConfig.model_validate({"servers": {name: {**server, "poll_qps": QPS, "control_qps": QPS}}})
+
+
+def scripted_server(series: Series, tag: str) -> ScriptedServer:
+    """The scripted server that speaks ``series``' protocol (``servers`` holds the MCP and AIP-151 ones,
+    ``servers_ext`` the MCP tasks extension's, built on the same :class:`ScriptedServer`)."""
+    if series.protocol == "mcp-ext":
+        return McpExtServer(series, tag)
+    return McpServer(series, tag) if series.protocol == "mcp" else AipServer(series, tag)
 
 
 class ScriptedPool(RemotePool):

@@ -347,11 +347,3 @@ class AipServer(ScriptedServer):
 
 def _aip_error(http: int, status: str, message: str) -> httpx.Response:
     return httpx.Response(http, json={"error": {"code": http, "status": status, "message": message}})
-
-
-def scripted_server(series: Series, tag: str) -> ScriptedServer:
-    if series.protocol == "mcp-ext":
-        from console.simulation.servers_ext import McpExtServer  # noqa: PLC0415 - it imports this module
-
-        return McpExtServer(series, tag)
-    return McpServer(series, tag) if series.protocol == "mcp" else AipServer(series, tag)
