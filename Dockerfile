@@ -4,6 +4,7 @@ WORKDIR /app
 COPY pyproject.toml README.md alembic.ini beat_schedule.py ./
 COPY ledger ledger
 COPY workers workers
+COPY console console
 COPY adapters adapters
 COPY demo_server demo_server
 COPY examples examples

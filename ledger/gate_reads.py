@@ -6,7 +6,7 @@ capped at ``limit`` (its full count comes with it). The gate reads what the ledg
 final operations and dispatched outbox rows older than their retention (``LONGCALL_EVENT_RETENTION_S``,
 ``LONGCALL_OUTBOX_RETENTION_S``) are gone and no longer count.
 
-What each figure means (``workers.launch_gate`` sets them against the targets):
+What each figure means (``console.launch_gate`` sets them against the targets):
 
 - Shadow comparisons: compared rows (``diverged`` decided) and the diverged ones.
 - The newest ``simulation_run`` (by ``finished_at``), or None.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workers.launch_gate import Criterion, GateReport, behind_list
+from console.launch_gate import Criterion, GateReport, behind_list
 
 
 def test_the_gate_passes_only_when_every_criterion_does() -> None:

@@ -2,7 +2,14 @@
 
 - ``ledger/`` knows Postgres and nothing else: no adapters, no workers, no Celery (or kombu under it);
 - ``adapters/`` know one protocol each: no ledger, no workers, no Celery, kombu or SQLAlchemy;
-- ``workers/`` is the only place that knows Celery: nothing else imports ``celery`` or ``kombu``.
+- ``workers/`` and ``console/`` are the only places that know Celery: nothing else imports ``celery`` or
+  ``kombu``. ``workers/`` runs the tasks; ``console/``, the operator's ``longcall`` command, is a Celery
+  client (it sends ``longcall.submit``, ``longcall.cancel`` and ``longcall.provide_input`` by name and waits
+  for a worker's answer), so it needs the Celery app too;
+- the operator's wing (``console/``) is no part of a worker process: nothing in ``ledger/``, ``adapters/``,
+  ``workers/``, ``demo_server/`` or ``beat_schedule.py`` imports it, and importing what a worker process
+  loads (``workers.app`` with the tasks it registers, ``beat_schedule``) puts no ``console`` module in
+  ``sys.modules`` (checked in a fresh interpreter, below). ``console/`` may import everything.
 
 Every import counts, wherever it is written: at the top, inside a function, under ``if TYPE_CHECKING:``,
 relative (``from .. import workers``) or by name (``importlib.import_module("celery")``).
@@ -13,29 +20,31 @@ exception; there is no allow-list.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-CHECKED = ("ledger", "adapters", "workers", "demo_server", "beat_schedule.py")
+CHECKED = ("ledger", "adapters", "workers", "demo_server", "beat_schedule.py", "console")
 CELERY = ("celery", "kombu")
 
 
 @dataclass(frozen=True)
 class Rule:
-    """Modules under ``folder`` (or, with ``folder`` None, every module not under ``exempt``) must not
-    import any of ``forbidden`` (top-level package names)."""
+    """Modules under ``folder`` (or, with ``folder`` None, every module not under one of ``exempt``) must
+    not import any of ``forbidden`` (top-level package names)."""
 
     forbidden: tuple[str, ...]
     why: str
     folder: str | None = None
-    exempt: str | None = None
+    exempt: tuple[str, ...] = ()
 
     def applies_to(self, top: str) -> bool:
-        return top == self.folder if self.folder is not None else top != self.exempt
+        return top == self.folder if self.folder is not None else top not in self.exempt
 
 
 RULES = (
@@ -45,7 +54,12 @@ RULES = (
         "an adapter knows its protocol, not the ledger, the workers or Celery",
         folder="adapters",
     ),
-    Rule(CELERY, "workers/ is the only place that knows Celery", exempt="workers"),
+    Rule(
+        CELERY,
+        "workers/ (the tasks) and console/ (the operator's Celery client) alone know Celery",
+        exempt=("workers", "console"),
+    ),
+    Rule(("console",), "a worker process never loads the operator's wing (console/)", exempt=("console",)),
 )
 
 
@@ -126,6 +140,7 @@ def test_the_check_reads_the_real_tree() -> None:
         "workers",
         "demo_server",
         "beat_schedule.py",
+        "console",
     }
     celery_in_workers = [
         name
@@ -135,6 +150,14 @@ def test_the_check_reads_the_real_tree() -> None:
         if name.split(".")[0] == "celery"
     ]
     assert celery_in_workers
+    workers_in_console = [
+        name
+        for path in files
+        if path.relative_to(REPO).parts[0] == "console"
+        for _, name in imported_modules(path.read_text(encoding="utf-8"), "console")
+        if name.split(".")[0] == "workers"
+    ]
+    assert workers_in_console
 
 
 @pytest.mark.parametrize(
@@ -171,6 +194,28 @@ def test_the_check_reads_the_real_tree() -> None:
             "beat_schedule.py:1 imports celery.schedules",
         ),
         ("beat_schedule.py", "kombu = __import__('kombu')\n", "beat_schedule.py:1 imports kombu"),
+        (
+            "workers/tasks.py",
+            "from console.common import console\n",
+            "workers/tasks.py:1 imports console.common",
+        ),
+        (
+            "workers/steps/poll.py",
+            "def later():\n    from ...console import fleet\n",
+            "workers/steps/poll.py:2 imports console",
+        ),
+        ("ledger/records.py", "import console.output\n", "ledger/records.py:1 imports console.output"),
+        (
+            "adapters/base.py",
+            "import importlib\nmod = importlib.import_module('console.metrics')\n",
+            "adapters/base.py:2 imports console.metrics",
+        ),
+        ("demo_server/mcp.py", "from console import output\n", "demo_server/mcp.py:1 imports console"),
+        (
+            "beat_schedule.py",
+            "from console.launch_gate import evaluate_gate\n",
+            "beat_schedule.py:1 imports console.launch_gate",
+        ),
     ],
 )
 def test_the_check_catches_an_import_against_the_layers(path: str, source: str, expected: str) -> None:
@@ -187,7 +232,50 @@ def test_the_check_catches_an_import_against_the_layers(path: str, source: str, 
         ("ledger/repository.py", "from .records import Operation\nfrom . import states\n"),
         ("adapters/mcp/wire.py", "import httpx\nfrom adapters.errors import Transient\n"),
         ("demo_server/mcp.py", "import json\nwords = 'celery and sqlalchemy'\n"),
+        (
+            "console/common.py",
+            "from celery import Celery\nimport kombu.exceptions\nfrom workers.app import create_app\n",
+        ),
+        ("console/simulation/runner.py", "from ledger.repository import Ledger\nfrom adapters import base\n"),
+        ("console/main.py", "from .common import EXIT_CODES\nfrom console.fleet import rollout\n"),
     ],
 )
 def test_the_check_lets_the_layers_be(path: str, source: str) -> None:
     assert violations(source, path) == []
+
+
+#: What a worker process loads: ``celery -A workers.app worker`` (the app registers its tasks from
+#: ``workers.tasks``) and ``beat`` (the schedule in ``beat_schedule``).
+WORKER_LOADS = ("workers.app", "workers.tasks", "beat_schedule")
+
+
+def loaded_by(modules: Iterable[str]) -> set[str]:
+    """The names in ``sys.modules`` once a fresh interpreter has imported ``modules``: every import counts,
+    however indirect (a module of the wing imported by one the worker needs, at import time)."""
+    script = (
+        "import importlib, sys\n"
+        f"for name in {sorted(modules)!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print('\\n'.join(sorted(sys.modules)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    return set(done.stdout.split())
+
+
+def of_the_wing(names: Iterable[str]) -> list[str]:
+    return sorted(name for name in names if name.split(".")[0] == "console")
+
+
+def test_a_worker_process_loads_nothing_of_the_operators_wing() -> None:
+    loaded = loaded_by(WORKER_LOADS)
+    assert {"workers.app", "workers.tasks", "workers.executor", "beat_schedule"} <= loaded
+    assert of_the_wing(loaded) == []
+
+
+def test_the_probe_sees_the_wing_where_it_is_loaded() -> None:
+    """The same probe on the ``longcall`` command finds the wing's modules."""
+    wing = of_the_wing(loaded_by(["console.main"]))
+    assert {"console.main", "console.common", "console.operations", "console.dev.command"} <= set(wing)

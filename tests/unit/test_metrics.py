@@ -10,6 +10,7 @@ from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from console.metrics import as_json, ledger_families
 from ledger.metrics_reads import (
     LAG_BUCKETS_S,
     LagHistogram,
@@ -20,7 +21,6 @@ from ledger.metrics_reads import (
 )
 from ledger.states import OpState
 from workers.budget import TokenBudget, rate_key
-from workers.metrics import as_json, ledger_families
 from workers.settings import FleetConfig
 
 FLEET = FleetConfig.model_validate(

@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from workers.simulation.oracle import expect
-from workers.simulation.series import Series, generate
+from console.simulation.oracle import expect
+from console.simulation.series import Series, generate
 
 BASE = Series(seed=1, index=0, protocol="mcp", terminal="completed", term_tick=3)
 

@@ -11,14 +11,16 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import create_engine, inspect, text
 
+from console import output as cli_output
+from console.common import EXIT_REFUSED, EXIT_TIMEOUT
+from console.main import main
 from ledger.engine import normalize_database_url
 from ledger.reasons import ReconciliationReason
 from ledger.records import Fence
 from ledger.repository import Ledger
 from ledger.states import OpState, TerminalKind
 from tests.support.ledger_rows import evidence_for, place
-from workers import __version__, cli_output
-from workers.cli import EXIT_REFUSED, EXIT_TIMEOUT, main
+from workers import __version__
 
 CONFIG = """
 [servers.reports]

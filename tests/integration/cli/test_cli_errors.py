@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import psycopg
 import pytest
 
+from console.common import EXIT_REFUSED, EXIT_UNREACHABLE
+from console.common import as_unreachable as _unreachable
 from tests import support
-from workers.cli import EXIT_REFUSED, EXIT_UNREACHABLE, _unreachable
 
 #: What a command may take to give up on a service (the brief's bound; the CLI connects within 2 s).
 BOUND_S = 5.0
@@ -36,7 +37,7 @@ class Ran:
 def longcall(*args: str, env: dict[str, str]) -> Ran:
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "workers.cli", *args],
+        [sys.executable, "-m", "console", *args],
         env={**os.environ, **env},
         capture_output=True,
         text=True,

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from console.main import main
 from ledger.repository import Ledger
 from tests.support.ext_fleet import ext_config, start_ext_demo_server
 from tests.support.fleet import McpServer, fleet_config, start_mcp_server
-from workers.cli import main
 
 
 @pytest.fixture

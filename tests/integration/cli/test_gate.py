@@ -16,6 +16,11 @@ from click.testing import CliRunner
 from rich.console import Console
 from sqlalchemy import text
 
+from console import common as cli
+from console.common import EXIT_REFUSED
+from console.launch_gate import BEHIND_LIMIT, Criterion, GateReport, evaluate_gate
+from console.main import main
+from console.output import launch_gate_table
 from ledger.records import Operation
 from ledger.repository import Ledger
 from ledger.states import OpState, TerminalKind
@@ -23,12 +28,8 @@ from tests import support
 from tests.support.aip_fleet import AIP_SERVER, args, running_aip_fleet
 from tests.support.fleet import FleetParts
 from tests.support.ledger_rows import evidence_for, place
-from workers import cli
 from workers.budget import RequestMeter
-from workers.cli import EXIT_REFUSED, main
-from workers.cli_output import launch_gate_table
 from workers.hot import Budget
-from workers.launch_gate import BEHIND_LIMIT, Criterion, GateReport, evaluate_gate
 from workers.settings import Settings
 
 S = OpState

@@ -37,7 +37,7 @@ class Scraper:
     def __init__(self, fleet: Fleet) -> None:
         self.port = free_port()
         self.process = support.start_celery_like(
-            [sys.executable, "-m", "workers.cli", "metrics", "--host", "127.0.0.1", "--port", str(self.port)],
+            [sys.executable, "-m", "console", "metrics", "--host", "127.0.0.1", "--port", str(self.port)],
             env=fleet.env,
             log_dir=fleet.log_dir,
             name="metrics",
@@ -215,7 +215,7 @@ def test_metrics_once_prints_the_same_figures_as_text_and_json(
 
     def longcall(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "workers.cli", "metrics", *args],
+            [sys.executable, "-m", "console", "metrics", *args],
             cwd=support.REPO,
             env=env,
             capture_output=True,
@@ -254,7 +254,7 @@ def test_metrics_once_prints_the_same_figures_as_text_and_json(
 def test_an_unreachable_ledger_is_a_zero_not_a_failed_scrape(broker_prefix: str) -> None:
     unreachable = f"postgresql://postgres@127.0.0.1:{free_port()}/longcall"
     done = subprocess.run(
-        [sys.executable, "-m", "workers.cli", "metrics", "--once"],
+        [sys.executable, "-m", "console", "metrics", "--once"],
         cwd=support.REPO,
         env=support.celery_env(
             {"LONGCALL_DATABASE_URL": unreachable, "LONGCALL_BROKER_KEYPREFIX": broker_prefix}

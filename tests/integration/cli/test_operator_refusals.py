@@ -25,6 +25,8 @@ import pytest
 import redis
 from click.testing import CliRunner
 
+from console.common import EXIT_REFUSED
+from console.main import main
 from ledger.reasons import ReconciliationReason
 from ledger.records import Operation
 from ledger.repository import Ledger
@@ -33,7 +35,6 @@ from tests import support
 from tests.support.fleet import McpServer, fleet_config, start_mcp_server
 from tests.support.ledger_rows import place
 from workers.budget import rate_key
-from workers.cli import EXIT_REFUSED, main
 from workers.hot import HotState
 
 S = OpState

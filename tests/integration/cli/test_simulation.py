@@ -19,16 +19,16 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import text
 
+from console.simulation.command import simulate
+from console.simulation.environment import run_many, simulation_for
+from console.simulation.oracle import expect
+from console.simulation.runner import Simulation, run
+from console.simulation.series import generate
 from ledger import simulation_runs as runs
 from ledger.records import TerminalEvidence
 from ledger.repository import Ledger
 from tests import support
 from workers.settings import Settings
-from workers.simulation.command import simulate
-from workers.simulation.environment import run_many, simulation_for
-from workers.simulation.oracle import expect
-from workers.simulation.runner import Simulation, run
-from workers.simulation.series import generate
 
 SEED = 20261201
 CI_SERIES = 500
@@ -110,7 +110,7 @@ def test_one_series_is_replayed_alone_by_its_index(database_url: str, broker_pre
         [
             sys.executable,
             "-m",
-            "workers.cli",
+            "console",
             "gate",
             "simulate",
             "--seed",

@@ -53,7 +53,7 @@ def receipts_of(ledger: Ledger, op_id: uuid.UUID) -> list[dict[str, Any]]:
 def longcall(fleet: Fleet, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """The ``longcall`` command as an operator runs it, against this fleet's ledger and broker."""
     return subprocess.run(
-        [sys.executable, "-m", "workers.cli", *args],
+        [sys.executable, "-m", "console", *args],
         cwd=support.REPO,
         env=support.celery_env(fleet.env),
         capture_output=True,

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from console.main import main as cli
 from ledger.reasons import ReconciliationReason
 from ledger.states import OpState
 from tests import support
 from tests.support.fleet import Fleet, FleetParts, running_fleet
-from workers.cli import main as cli
 
 S = OpState
 APPROVE = {"action": "accept", "content": {"approved": True}}

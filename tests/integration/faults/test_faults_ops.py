@@ -20,6 +20,7 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import text
 
+from console.main import main as cli_main
 from ledger.repository import Ledger
 from ledger.states import OpState, TerminalKind
 from tests import support
@@ -33,7 +34,6 @@ from tests.support.fleet import (
 )
 from tests.support.ledger_rows import evidence_for, place
 from workers import logs
-from workers.cli import main as cli_main
 from workers.executor import Executor
 from workers.runtime import Runtime
 from workers.submission import validate_submission

@@ -17,12 +17,12 @@ import pytest
 from click.testing import CliRunner, Result
 from sqlalchemy import text
 
+from console.main import main as cli_main
 from ledger.reasons import ReconciliationReason
 from ledger.repository import Ledger
 from ledger.states import OpState
 from tests import support
 from tests.support.fleet import McpServer
-from workers.cli import main as cli_main
 from workers.executor import Executor
 from workers.steps.poll import MAX_POLL_REJECTIONS
 from workers.steps.reconciliation import Resolution

@@ -25,6 +25,9 @@ import redis
 from click.testing import CliRunner
 from sqlalchemy import text
 
+from console.launch_gate import evaluate_gate
+from console.main import main
+from console.metrics import LongcallCollector, registry_for
 from ledger.reasons import ReconciliationReason
 from ledger.records import Operation
 from ledger.repository import Ledger
@@ -32,10 +35,7 @@ from ledger.states import OpState, TerminalKind
 from tests import support
 from tests.support.fleet import FleetParts, fleet_config, in_process_runtime, running_fleet
 from tests.support.ledger_rows import place
-from workers.cli import main
 from workers.executor import Executor
-from workers.launch_gate import evaluate_gate
-from workers.metrics import LongcallCollector, registry_for
 from workers.settings import Settings
 
 S = OpState

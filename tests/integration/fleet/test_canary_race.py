@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import func, select, text
 
+from console.main import main
 from ledger.control import read_control
 from ledger.digests import request_digest
 from ledger.errors import AdmissionClosed
@@ -24,7 +25,6 @@ from ledger.submissions import insert_submitted, lock_submission
 from tests import support
 from tests.support.fleet import Fleet
 from tests.support.ledger_rows import new_operation, submit
-from workers.cli import main
 from workers.rollout import in_canary
 from workers.settings import FleetConfig, ServerConfig, ToolConfig
 from workers.submission import NotRouted, canary_admission

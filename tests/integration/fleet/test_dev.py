@@ -21,11 +21,11 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 
+from console.dev.fleet import LocalFleet, mask_password
+from console.dev.processes import clean_leftovers, group_alive
+from console.dev.services import DataDir, EmbeddedPostgres, lock_data_dir, pid_alive, prepare_data_dir
+from console.main import main as cli_main
 from tests.support import REPO, wait_for
-from workers.cli import main as cli_main
-from workers.dev.fleet import LocalFleet, mask_password
-from workers.dev.processes import clean_leftovers, group_alive
-from workers.dev.services import DataDir, EmbeddedPostgres, lock_data_dir, pid_alive, prepare_data_dir
 
 pytestmark = pytest.mark.slow
 
@@ -275,7 +275,7 @@ EMBEDDED_TWICE = """
 import shutil, sys
 from pathlib import Path
 import psycopg
-from workers.dev.services import EmbeddedPostgres
+from console.dev.services import EmbeddedPostgres
 root = Path(sys.argv[1])
 for _ in range(2):
     postgres = EmbeddedPostgres(root / "pg")

@@ -28,6 +28,7 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import event
 
+from console.main import main
 from ledger.errors import StaleTransition
 from ledger.records import Fence, ServerStatus
 from ledger.repository import Ledger
@@ -35,7 +36,6 @@ from ledger.states import OpState, TerminalKind
 from tests import support
 from tests.support.fleet import Fleet, FleetParts, fleet_config, running_fleet
 from tests.support.ledger_rows import evidence_for, new_operation, place
-from workers.cli import main
 from workers.fencing import OWNER_CHECK_S
 
 S = OpState

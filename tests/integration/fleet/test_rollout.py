@@ -13,6 +13,10 @@ import sqlalchemy.exc
 from click.testing import CliRunner
 from sqlalchemy import func, select, text
 
+from console import fleet as cli
+from console.common import EXIT_REFUSED, EXIT_USAGE
+from console.launch_gate import Criterion, GateReport
+from console.main import main
 from ledger.digests import digest
 from ledger.errors import LegacyOutcomeRefused
 from ledger.records import Operation
@@ -22,9 +26,6 @@ from ledger.states import OpState, TerminalKind
 from tests import support
 from tests.support.fleet import Fleet, FleetParts, running_fleet
 from tests.support.ledger_rows import RESULT, evidence_for, place
-from workers import cli
-from workers.cli import EXIT_REFUSED, EXIT_USAGE, main
-from workers.launch_gate import Criterion, GateReport
 from workers.rollout import in_canary
 
 #: slow_report is marked side-effect-free (a TOML dotted key under [servers.reports]); quick_lookup is not.

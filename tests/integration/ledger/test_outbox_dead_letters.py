@@ -26,6 +26,8 @@ from click.testing import CliRunner
 from kombu.exceptions import OperationalError
 from sqlalchemy import text
 
+from console.main import main
+from console.metrics import ledger_families
 from ledger.errors import PublishUnavailable
 from ledger.metrics_reads import read_metrics
 from ledger.outbox import OutboxRetry
@@ -37,9 +39,7 @@ from tests import support
 from tests.support.fleet import Fleet, FleetParts, running_fleet
 from tests.support.ledger_rows import evidence_for, place
 from workers.app import create_app
-from workers.cli import main
 from workers.delivery import broker_unreachable, publisher
-from workers.metrics import ledger_families
 from workers.settings import FleetConfig, Settings
 
 #: A Celery app made in this process takes, when it is finalized, the shared tasks of every app made before

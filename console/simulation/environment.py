@@ -15,14 +15,14 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 
+from console.simulation.runner import Report, SeriesResult, Simulation, run
+from console.simulation.series import Protocol
 from ledger import simulation_runs as runs
 from ledger.engine import normalize_database_url
 from ledger.migrate import ensure_database, upgrade
 from ledger.repository import Ledger
 from workers.hot import HotState
 from workers.settings import Settings
-from workers.simulation.runner import Report, SeriesResult, Simulation, run
-from workers.simulation.series import Protocol
 
 #: Series per task handed to a worker process.
 CHUNK = 25

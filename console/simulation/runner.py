@@ -16,6 +16,19 @@ import httpx
 
 from adapters import AdapterConfig, ToolAdapter, default_registry
 from adapters.base import ToolRoute
+from console.simulation.oracle import Expected, expect
+from console.simulation.series import MAX_TICKS, PROTOCOLS, Protocol, Series, generate
+from console.simulation.servers import (
+    AIP_CREATE,
+    AIP_REQUEST_ID,
+    AIP_TOOL,
+    MCP_TOOL,
+    AipServer,
+    McpServer,
+    ScriptedServer,
+    SimulatedCrash,
+)
+from console.simulation.servers_ext import ANSWER, McpExtServer
 from ledger import simulation_runs as runs
 from ledger.digests import digest
 from ledger.records import Acceptance, NewOperation, OutboxMessage, TerminalEvidence
@@ -28,18 +41,6 @@ from workers.hot import HotState
 from workers.remote import RemotePool
 from workers.runtime import Runtime
 from workers.settings import FleetConfig, Settings
-from workers.simulation.oracle import Expected, expect
-from workers.simulation.series import MAX_TICKS, PROTOCOLS, Protocol, Series, generate
-from workers.simulation.servers import (
-    AIP_CREATE,
-    AIP_REQUEST_ID,
-    AIP_TOOL,
-    MCP_TOOL,
-    ScriptedServer,
-    SimulatedCrash,
-    scripted_server,
-)
-from workers.simulation.servers_ext import ANSWER, McpExtServer
 from workers.steps.dispatch import TASK_FOR_STATE
 from workers.steps.result import accept
 
@@ -67,6 +68,14 @@ def sim_fleet(name: str, protocol: str) -> FleetConfig:
             "tools": {AIP_TOOL: {"create": AIP_CREATE, "request_id_field": AIP_REQUEST_ID}},
         }
     return FleetConfig.model_validate({"servers": {name: {**server, "poll_qps": QPS, "control_qps": QPS}}})
+
+
+def scripted_server(series: Series, tag: str) -> ScriptedServer:
+    """The scripted server that speaks ``series``' protocol (``servers`` holds the MCP and AIP-151 ones,
+    ``servers_ext`` the MCP tasks extension's, built on the same :class:`ScriptedServer`)."""
+    if series.protocol == "mcp-ext":
+        return McpExtServer(series, tag)
+    return McpServer(series, tag) if series.protocol == "mcp" else AipServer(series, tag)
 
 
 class ScriptedPool(RemotePool):

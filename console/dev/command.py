@@ -1,4 +1,4 @@
-"""``longcall dev``: the click command. See ``workers.dev`` for the parts."""
+"""``longcall dev``: the click command. See ``console.dev`` for the parts."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ import click
 import httpx
 from rich.console import Console
 
-from workers.dev.demo import Ask, Demo
-from workers.dev.display import print_lines, receipts_table
-from workers.dev.fleet import FleetOptions, LocalFleet, mask_password, start_fleet
-from workers.dev.processes import Children, clean_leftovers
-from workers.dev.services import DataDir, DevError, EmbeddedPostgres, lock_data_dir, prepare_data_dir
+from console.dev.demo import Ask, Demo
+from console.dev.display import print_lines, receipts_table
+from console.dev.fleet import FleetOptions, LocalFleet, mask_password, start_fleet
+from console.dev.processes import Children, clean_leftovers
+from console.dev.services import DataDir, DevError, EmbeddedPostgres, lock_data_dir, prepare_data_dir
 
 READY = "longcall dev: fleet ready"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.dev.services import DevError
+from console.dev.services import DevError
 
 
 @dataclass

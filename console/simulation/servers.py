@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from workers.simulation.series import Series
+from console.simulation.series import Series
 
 RELATED = "io.modelcontextprotocol/related-task"
 SESSION = "5e55105e55105e55105e55105e551051"
@@ -347,11 +347,3 @@ class AipServer(ScriptedServer):
 
 def _aip_error(http: int, status: str, message: str) -> httpx.Response:
     return httpx.Response(http, json={"error": {"code": http, "status": status, "message": message}})
-
-
-def scripted_server(series: Series, tag: str) -> ScriptedServer:
-    if series.protocol == "mcp-ext":
-        from workers.simulation.servers_ext import McpExtServer  # noqa: PLC0415 - it imports this module
-
-        return McpExtServer(series, tag)
-    return McpServer(series, tag) if series.protocol == "mcp" else AipServer(series, tag)

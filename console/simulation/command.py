@@ -10,13 +10,13 @@ import sys
 
 import click
 
+from console.simulation.environment import run_many, same_database, scratch_url
+from console.simulation.runner import Report, SeriesResult
+from console.simulation.series import PROTOCOLS, Protocol
 from ledger import simulation_runs as runs
 from ledger.redact import error_line, mask_credentials
 from ledger.repository import Ledger
 from workers.settings import Settings, load_settings
-from workers.simulation.environment import run_many, same_database, scratch_url
-from workers.simulation.runner import Report, SeriesResult
-from workers.simulation.series import PROTOCOLS, Protocol
 
 
 def record(ledger: Ledger, report: Report, started_at: dt.datetime) -> int:

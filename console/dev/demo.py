@@ -25,12 +25,12 @@ from celery import Celery
 from rich.console import Console
 from rich.live import Live
 
+from console.dev.display import FINAL, ProgressRow, ReceiptRow, progress_table, receipts_table
+from console.dev.fleet import LocalFleet, longcall_argv
+from console.dev.services import DevError
 from ledger.records import Operation
 from ledger.repository import Ledger
 from ledger.states import OpState
-from workers.dev.display import FINAL, ProgressRow, ReceiptRow, progress_table, receipts_table
-from workers.dev.fleet import LocalFleet, longcall_argv
-from workers.dev.services import DevError
 
 Role = Literal["report", "fails", "cancel", "input", "lost"]
 DEMO_TIMEOUT_S = 180.0

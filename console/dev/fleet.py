@@ -15,9 +15,8 @@ from pathlib import Path
 
 import redis
 
-from demo_server.command import command as demo_server_command
-from workers.dev.processes import Child, Children, last_line
-from workers.dev.services import (
+from console.dev.processes import Child, Children, last_line
+from console.dev.services import (
     DataDir,
     DevError,
     EmbeddedPostgres,
@@ -25,6 +24,7 @@ from workers.dev.services import (
     port_open,
     redis_argv,
 )
+from demo_server.command import command as demo_server_command
 
 QUEUES = "longcall.control,longcall.poll,longcall.outbox"
 HOST = "127.0.0.1"
@@ -82,7 +82,7 @@ def longcall_argv(*args: str) -> list[str]:
     script = Path(sys.executable).with_name("longcall")
     if os.access(script, os.X_OK):
         return [str(script), *args]
-    return [sys.executable, "-c", "from workers.cli import main; main()", *args]
+    return [sys.executable, "-c", "from console.main import main; main()", *args]
 
 
 def celery_argv(*args: str) -> list[str]:

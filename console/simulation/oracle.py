@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from workers.simulation.series import Series
+from console.simulation.series import Series
 
 Outcome = Literal["completed", "failed", "cancelled", "manual"]
 

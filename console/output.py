@@ -1,6 +1,6 @@
 """What the ``longcall`` command prints: the JSON shapes of ``--json`` and the tables and lines for people.
 
-Pure functions of what the ledger returned; the commands in ``workers.cli`` read, decide and print. The
+Pure functions of what the ledger returned; the commands in ``console.main`` read, decide and print. The
 JSON keys are part of the command's interface (scripts parse them): add keys, never rename one.
 """
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from workers.simulation.servers import MCP_TOOL, ScriptedServer, fault_response
+from console.simulation.servers import MCP_TOOL, ScriptedServer, fault_response
 
 EXTENSION = "io.modelcontextprotocol/tasks"
 VERSION = "2026-07-28"

@@ -1,0 +1,227 @@
+"""What every ``longcall`` command shares: the console it prints to, the exit codes (stable: scripts rely
+on them) and their errors, a connection failure named as one line, the settings with the CLI's connect
+timeout, the ledger and the Celery app a command opens, and how an operation is named on the command line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
+
+import click
+import kombu.exceptions
+import psycopg
+import redis.exceptions
+import sqlalchemy.exc
+from celery import Celery
+from celery.exceptions import TimeoutError as CeleryTimeout
+from rich.console import Console
+
+from adapters.base import redact_url
+from ledger.errors import OperationNotFound
+from ledger.records import Operation
+from ledger.repository import Ledger
+from workers.app import celery_config, create_app, is_redis
+from workers.errors import ConfigError
+from workers.settings import Settings, load_settings
+
+console = Console()
+
+EXIT_OK = 0
+#: A refusal: the request was understood and refused (a bad configuration, no such operation, a wrong
+#: state, a worker's refusal), with its reason.
+EXIT_REFUSED = 1
+#: A usage error: a missing or bad option or argument (click's own code).
+EXIT_USAGE = 2
+#: The database, Redis or the broker cannot be reached: one line naming which and where.
+EXIT_UNREACHABLE = 3
+#: Nothing answered in time: no worker took the request within ``--timeout``, or ``watch`` ran out.
+EXIT_TIMEOUT = 4
+EXIT_CODES = {
+    EXIT_OK: "ok",
+    EXIT_REFUSED: "refused (the reason on stderr)",
+    EXIT_USAGE: "usage error",
+    EXIT_UNREACHABLE: "the database, Redis or the broker cannot be reached",
+    EXIT_TIMEOUT: "timed out waiting for a worker (or, for watch, for a final state)",
+}
+#: Seconds the CLI's own connections (Postgres, Redis, the broker) may take to connect, and a Redis
+#: command to answer (libpq's smallest connect_timeout is 2 s): a command fails within about 5 s.
+CONNECT_TIMEOUT_S = 2
+
+
+class Unreachable(click.ClickException):
+    """A service the command needs cannot be reached: which, where (credentials masked) and why."""
+
+    exit_code = EXIT_UNREACHABLE
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"longcall: {self.message}", err=True)
+
+
+class TimedOut(click.ClickException):
+    exit_code = EXIT_TIMEOUT
+
+
+#: The errors of a connection that failed (refused, timed out, dropped), by the service they come from.
+_DATABASE_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
+_REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+_BROKER_ERRORS = (kombu.exceptions.OperationalError,)
+
+
+def as_unreachable(exc: BaseException, settings: Settings | None = None) -> Unreachable | None:
+    """``exc`` (or what it was raised from) as the one-line error of the service it comes from, or None
+    when it is no connection failure. A database error with an SQLSTATE is the server's answer, not a
+    connection failure."""
+    if settings is None:
+        try:
+            settings = load_settings()
+        except ConfigError:
+            return None
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, sqlalchemy.exc.DBAPIError):
+            current = current.orig
+            continue
+        what: str | None = None
+        url = ""
+        shared = settings.broker == settings.redis_url
+        if isinstance(current, _BROKER_ERRORS):
+            what, url = ("Redis (broker and result backend)" if shared else "the broker"), settings.broker
+        elif isinstance(current, _REDIS_ERRORS):
+            what = "Redis (broker and result backend)" if shared else "Redis (result backend, hot state)"
+            url = settings.redis_url
+        elif isinstance(current, _DATABASE_ERRORS) and getattr(current, "sqlstate", None) is None:
+            what, url = "the database", settings.database_url
+        if what is not None:
+            reason = " ".join(str(current).split()) or type(current).__name__
+            if what == "the database" and "does not exist" in reason:
+                reason += " (longcall migrate creates it)"
+            return Unreachable(f"cannot reach {what} at {redact_url(url)}: {reason[:300]}")
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def cli_settings() -> Settings:
+    """The settings, the CLI's connect timeout added to the database URL (a command never hangs on a
+    database that does not answer)."""
+    try:
+        settings = load_settings()
+        settings.checked_fleet()  # refuse a bad LONGCALL_CONFIG before doing anything
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+    return settings.model_copy(
+        update={"database_url": with_connect_timeout(settings.database_url, CONNECT_TIMEOUT_S)}
+    )
+
+
+def with_connect_timeout(database_url: str, seconds: int) -> str:
+    """``database_url`` with libpq's ``connect_timeout`` (unless it sets one already)."""
+    base, _, query = database_url.partition("?")
+    params = parse_qsl(query, keep_blank_values=True)
+    if any(key == "connect_timeout" for key, _ in params):
+        return database_url
+    return f"{base}?{urlencode([*params, ('connect_timeout', str(seconds))])}"
+
+
+def cli_app(settings: Settings) -> Celery:
+    """The Celery app the CLI sends with: connects within seconds, retries no failed connect or publish
+    (a worker's app waits for its broker; a person at a terminal should not)."""
+    app = create_app(settings)
+    config = celery_config(settings)
+    quick = {"max_retries": 0, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
+    broker_options = dict(config["broker_transport_options"])
+    broker_options.update(quick)
+    if is_redis(settings.broker):
+        broker_options.update(socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=CONNECT_TIMEOUT_S)
+    app.conf.update(
+        broker_connection_timeout=CONNECT_TIMEOUT_S,
+        broker_connection_max_retries=1,
+        broker_transport_options=broker_options,
+        task_publish_retry_policy=quick,
+        redis_socket_connect_timeout=CONNECT_TIMEOUT_S,
+        redis_socket_timeout=CONNECT_TIMEOUT_S,
+        result_backend_transport_options={
+            **config["result_backend_transport_options"],
+            "retry_policy": quick,
+        },
+    )
+    return app
+
+
+def send_to_worker(task: str, kwargs: dict[str, Any], timeout: float) -> Any:
+    """Send ``task`` by name on ``longcall.control`` and wait up to ``timeout`` for a worker's answer; a
+    worker's refusal becomes the command's refusal (exit 1), no answer :class:`TimedOut`."""
+    settings = cli_settings()
+    app = cli_app(settings)
+    try:
+        return app.send_task(task, kwargs=kwargs, queue="longcall.control").get(timeout=timeout)
+    except CeleryTimeout:
+        raise TimedOut(
+            f"no longcall worker answered within {timeout:g}s; is one consuming longcall.control?"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - the worker's refusal arrives as a rebuilt exception class
+        unreachable = as_unreachable(exc, settings)
+        if unreachable is not None:
+            raise unreachable from None
+        raise click.ClickException(f"refused: {exc}") from None
+    finally:
+        app.close()
+
+
+@contextmanager
+def open_ledger(settings: Settings | None = None) -> Iterator[Ledger]:
+    """The ledger for one command, on one connection, disposed on the way out whatever happens."""
+    ledger = Ledger.from_url((settings or cli_settings()).database_url, pool_size=1)
+    try:
+        yield ledger
+    finally:
+        ledger.dispose()
+
+
+def acting_operator() -> str:
+    """Who an operator's decision is recorded as (kept in the ledger with the decision)."""
+    return os.environ.get("USER", "operator")
+
+
+def lookup_operation(ref: str) -> Operation:
+    """:func:`find_operation` on a ledger opened for this lookup alone."""
+    with open_ledger() as ledger:
+        return find_operation(ledger, ref)
+
+
+def find_operation(ledger: Ledger, ref: str) -> Operation:
+    """An operation by op id, submission key, call node id, or SERVER:REMOTE_ID (in that order)."""
+    op: Operation | None = None
+    try:
+        key = uuid.UUID(ref)
+    except ValueError:
+        pass
+    else:
+        try:
+            return ledger.get(key)
+        except OperationNotFound:
+            op = ledger.find_by_submission_key(key)
+    op = op or ledger.find_by_call_node(ref)
+    if op is None and ":" in ref:
+        server, _, remote_id = ref.partition(":")
+        op = ledger.find_by_remote(server, remote_id)
+    if op is None:
+        raise click.ClickException(
+            f"no operation with op id, submission key, call node id or SERVER:REMOTE_ID {ref!r}"
+        )
+    return op
+
+
+def json_option(name: str, value: str) -> Any:
+    """The JSON an option ``name`` was given, or click's usage error naming the option."""
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint=name) from exc
