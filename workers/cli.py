@@ -30,8 +30,7 @@ from celery import Celery
 from celery.exceptions import TimeoutError as CeleryTimeout
 from rich.console import Console
 
-from adapters.base import redact_url
-from adapters.mcp_2026_07_28.discovery import detect as detect_generation
+from adapters import detect_generation, redact_url
 from ledger import migrate as migrations
 from ledger.errors import LedgerError, OperationNotFound
 from ledger.records import ControlState, Operation

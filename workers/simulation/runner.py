@@ -14,8 +14,7 @@ from typing import Any
 
 import httpx
 
-from adapters import AdapterConfig, ToolAdapter, default_registry
-from adapters.base import ToolRoute
+from adapters import AdapterConfig, ToolAdapter, ToolRoute, default_registry
 from ledger import simulation_runs as runs
 from ledger.digests import digest
 from ledger.records import Acceptance, NewOperation, OutboxMessage, TerminalEvidence
