@@ -1,10 +1,14 @@
 """Protocol adapters: one per protocol version, behind one small interface (DESIGN §6).
 
 This package knows HTTP and one protocol per module (or package, for a large one); it imports nothing
-from ``ledger`` or ``workers`` and nothing of Celery or SQLAlchemy.
+from ``ledger`` or ``workers`` and nothing of Celery or SQLAlchemy. This module is its face: the worker
+imports what it needs from here, never from a module under it (tests/unit/test_layers.py), and asks its
+protocol questions of a version's :class:`AdapterSpec` (:data:`SHIPPED`, or a pool's registry).
 """
 
 from adapters.base import (
+    DEFAULT_MAX_RESULT_BYTES,
+    ENVELOPE_MARGIN_BYTES,
     UNMETERED,
     AdapterConfig,
     CancelOutcome,
@@ -22,6 +26,8 @@ from adapters.base import (
     Timeouts,
     ToolAdapter,
     ToolCapabilities,
+    ToolRoute,
+    redact_url,
 )
 from adapters.errors import (
     AdapterError,
@@ -34,6 +40,7 @@ from adapters.errors import (
     ProtocolViolation,
     RateLimited,
     Rejected,
+    ResultContradictsStatus,
     ResultNotReady,
     TooManyRequests,
     Transient,
@@ -41,7 +48,9 @@ from adapters.errors import (
     WrongTaskMode,
 )
 from adapters.mcp_2025_11_25 import McpTasksAdapter
-from adapters.registry import AdapterFactory, AdapterRegistry, default_registry
+from adapters.mcp_2026_07_28.discovery import detect as detect_generation
+from adapters.registry import SHIPPED, AdapterRegistry, default_registry
+from adapters.spec import AdapterFactory, AdapterSpec, KeyedRounds, RequestHook, ToolSettings, http_client
 
 # Plainly sorted (test_the_package_exports_a_sorted_all), not isort-style: one rule for the reader.
 __all__ = [  # noqa: RUF022
@@ -49,12 +58,16 @@ __all__ = [  # noqa: RUF022
     "AdapterError",
     "AdapterFactory",
     "AdapterRegistry",
+    "AdapterSpec",
     "AnswerTooLarge",
     "CancelOutcome",
     "CapabilityRefused",
     "Created",
+    "DEFAULT_MAX_RESULT_BYTES",
+    "ENVELOPE_MARGIN_BYTES",
     "ErrorInfo",
     "InputRequest",
+    "KeyedRounds",
     "Limits",
     "LookupResult",
     "McpTasksAdapter",
@@ -69,16 +82,24 @@ __all__ = [  # noqa: RUF022
     "RemoteResult",
     "RemoteStatus",
     "RequestBudget",
+    "RequestHook",
+    "ResultContradictsStatus",
     "ResultNotReady",
+    "SHIPPED",
     "TaskSupport",
     "TerminalKind",
     "Timeouts",
     "TooManyRequests",
     "ToolAdapter",
     "ToolCapabilities",
+    "ToolRoute",
+    "ToolSettings",
     "Transient",
     "UNMETERED",
     "UnknownAdapter",
     "WrongTaskMode",
     "default_registry",
+    "detect_generation",
+    "http_client",
+    "redact_url",
 ]

@@ -22,7 +22,7 @@ from celery import Celery
 from celery.exceptions import TimeoutError as CeleryTimeout
 from rich.console import Console
 
-from adapters.base import redact_url
+from adapters import redact_url
 from ledger.errors import OperationNotFound
 from ledger.records import Operation
 from ledger.repository import Ledger

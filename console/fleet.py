@@ -12,7 +12,7 @@ from typing import Any
 import click
 import httpx
 
-from adapters.mcp_2026_07_28.discovery import detect as detect_generation
+from adapters import detect_generation
 from console import output
 from console.common import acting_operator, as_unreachable, cli_settings, console, open_ledger
 from console.launch_gate import evaluate_gate

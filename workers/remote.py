@@ -11,19 +11,27 @@ import threading
 
 import httpx
 
-from adapters import AdapterConfig, AdapterRegistry, Limits, Timeouts, ToolAdapter, default_registry
-from adapters.base import DEFAULT_MAX_RESULT_BYTES, ToolRoute
-from adapters.streamable_http import parse_cookies_only_when_set
+from adapters import (
+    DEFAULT_MAX_RESULT_BYTES,
+    AdapterConfig,
+    AdapterRegistry,
+    Limits,
+    Timeouts,
+    ToolAdapter,
+    ToolRoute,
+    default_registry,
+)
 from workers.budget import label_request
 from workers.errors import UnknownServer
 from workers.settings import FleetConfig, ServerConfig
 
 
 class RemotePool:
-    """The adapters of one worker process. ``max_result_bytes`` (``Settings.max_result_bytes``) sets the
-    transport's cap on every answer (:func:`adapters.base.answer_cap`: the limit plus an envelope margin),
-    so the largest result the fleet stores is the largest one it reads, and a larger answer is refused at
-    its first read (:class:`~adapters.errors.AnswerTooLarge`)."""
+    """The adapters of one worker process, each made as its version's spec in ``registry`` says (its
+    ``factory``, on a client of its ``make_client``). ``max_result_bytes`` (``Settings.max_result_bytes``)
+    sets the transport's cap on every answer (:func:`adapters.base.answer_cap`: the limit plus an envelope
+    margin), so the largest result the fleet stores is the largest one it reads, and a larger answer is
+    refused at its first read (:class:`~adapters.errors.AnswerTooLarge`)."""
 
     def __init__(
         self,
@@ -62,7 +70,7 @@ class RemotePool:
         with self._lock:
             adapter = self._adapters.get(key)
             if adapter is None:
-                factory = self._registry.factory_for(key[1], key[2])  # no client made for an unknown pair
+                spec = self._registry.spec(key[1], key[2])  # no client made for an unknown pair
                 config = AdapterConfig(
                     name=name,
                     url=server.url,
@@ -76,14 +84,10 @@ class RemotePool:
                         for tool, config in server.tools.items()
                     },
                 )
-                t = self._timeouts
-                client = httpx.Client(
-                    timeout=httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool),
-                    event_hooks={"request": [label_request]},  # names the bucket each request was charged to
-                )
-                parse_cookies_only_when_set(client)  # every protocol's client, not only MCP 2025-11-25's
+                # label_request names the bucket each request was charged to
+                client = spec.make_client(self._timeouts, (label_request,))
                 self._clients.append(client)
-                adapter = factory(config, client)
+                adapter = spec.factory(config, client)
                 self._adapters[key] = adapter
             return adapter
 

@@ -10,11 +10,13 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from adapters import SHIPPED
 from workers import __version__
 from workers.errors import ConfigError
 
@@ -65,7 +67,8 @@ class ToolConfig(_Strict):
 
 
 class ServerConfig(_Strict):
-    protocol: Literal["mcp", "aip151"]
+    #: One of the protocols an adapter is shipped for (``adapters.SHIPPED``).
+    protocol: str
     protocol_version: Annotated[str, Field(min_length=1)]
     url: Annotated[str, Field(pattern=r"^https?://[^\s/]+(/\S*)?$")]
     #: The bearer token is read from this environment variable before every request; it is never stored.
@@ -85,6 +88,16 @@ class ServerConfig(_Strict):
     read_status_before_cancel: bool = False
     tools: dict[str, ToolConfig] = Field(default_factory=dict)
 
+    @field_validator("protocol", mode="before")
+    @classmethod
+    def _shipped_protocol(cls, value: object) -> object:
+        protocols = SHIPPED.protocols()
+        if value not in protocols:  # worded as pydantic words a Literal's refusal
+            *others, last = (repr(p) for p in protocols)
+            expected = f"{', '.join(others)} or {last}" if others else last
+            raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+        return value
+
     @field_validator("auth_env")
     @classmethod
     def _env_name(cls, value: str | None) -> str | None:
@@ -99,33 +112,11 @@ class ServerConfig(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _tool_routes(self) -> ServerConfig:
-        """AIP-151 tools are started by their configured route; MCP tools are discovered, so a route on
-        one is a mistake, refused rather than ignored."""
-        if self.protocol == "aip151":
-            if self.protocol_version != "v1":
-                raise ValueError(
-                    f'protocol "aip151" has protocol_version "v1", not {self.protocol_version!r}'
-                )
-            for name, tool in self.tools.items():
-                missing = [k for k in ("create", "request_id_field") if getattr(tool, k) is None]
-                if missing:
-                    raise ValueError(
-                        f"aip151 tool {name!r} needs {' and '.join(missing)} (how it is started, and the "
-                        f"body field of its AIP-155 request id)"
-                    )
-                if tool.sync_upper_bound_s is not None:
-                    raise ValueError(
-                        f"aip151 tool {name!r}: sync_upper_bound_s is for MCP tools (an AIP-151 create "
-                        f"always makes an operation)"
-                    )
-        else:
-            for name, tool in self.tools.items():
-                if tool.create is not None or tool.request_id_field is not None:
-                    raise ValueError(
-                        f"{self.protocol} tool {name!r}: create and request_id_field are for aip151 servers "
-                        f"(an MCP server lists its tools)"
-                    )
+    def _tools_suit_the_protocol(self) -> ServerConfig:
+        """The tools checked as the server's protocol version says (its spec's ``check_config``): AIP-151
+        tools are started by their configured route; MCP tools are discovered, so a route on one is a
+        mistake, refused rather than ignored."""
+        SHIPPED.check_config(self.protocol, self.protocol_version, self.tools)
         return self
 
     def token(self) -> str | None:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from adapters import default_registry
+from adapters import SHIPPED
 from ledger.digests import canonical_json, digest, request_digest
 from ledger.errors import NotAdmitted, NotJson
 from ledger.records import NewOperation, Operation
@@ -24,7 +24,7 @@ from ledger.states import TerminalKind
 from workers import __version__
 from workers.errors import InvalidSubmission
 from workers.rollout import RolloutState, Routing, decide, is_side_effect_free
-from workers.settings import FleetConfig, ToolConfig
+from workers.settings import FleetConfig
 from workers.signatures import check_absolute_expiry, checked_signature
 
 SUBMIT_KWARGS = frozenset(
@@ -32,7 +32,7 @@ SUBMIT_KWARGS = frozenset(
 )
 MAX_TTL_MS = 7 * 24 * 3600 * 1000
 MAX_NAME = 512
-ADAPTERS = frozenset(default_registry().keys())
+ADAPTERS = frozenset(SHIPPED.keys())
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +53,8 @@ class SubmitRequest:
 def validate_submission(
     kwargs: Mapping[str, Any], fleet: FleetConfig, *, max_body_bytes: int, max_delay_s: float | None = None
 ) -> NewOperation:
-    """The whole check of a submission: its shape, then its server, adapter and body size.
+    """The whole check of a submission: its shape, then its server, adapter, arguments (as its protocol
+    version's spec checks them: ``check_arguments``) and body size.
 
     ``max_delay_s`` bounds the countdown (or ETA ahead) of the downstream signatures
     (``Settings.max_callback_delay_s``: inside a Redis broker's visibility timeout).
@@ -76,8 +77,10 @@ def validate_submission(
         body_json = canonical_json(request.arguments)
     except NotJson as exc:
         raise InvalidSubmission(f"arguments are not JSON: {exc}") from exc
-    if server.protocol == "aip151":
-        check_route_arguments(request.server, request.tool, server.tools.get(request.tool), request.arguments)
+    spec = SHIPPED.spec(server.protocol, server.protocol_version)
+    refusal = spec.check_arguments(server.tools.get(request.tool), request.arguments)
+    if refusal is not None:  # e.g. an AIP-151 create route's placeholders not filled
+        raise InvalidSubmission(f"tool {request.tool!r} on server {request.server!r}: {refusal}")
     size = len(body_json.encode("utf-8"))
     if size > max_body_bytes:
         raise InvalidSubmission(
@@ -100,48 +103,6 @@ def validate_submission(
         ttl_ms=request.ttl_ms if request.ttl_ms is not None else server.default_ttl_ms,
         wait_budget_s=wait_budget_s,
     )
-
-
-#: A ``{placeholder}`` of an AIP-151 create route, filled from the argument of that name (as the adapter
-#: fills it: ``adapters/aip151/wire.py``).
-ROUTE_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
-#: What a placeholder's value may not contain: it would leave its path segment (or the path).
-PATH_BREAKERS = ("/", "\\", "..", "?", "#")
-
-
-def check_route_arguments(
-    server: str, tool: str, config: ToolConfig | None, arguments: Mapping[str, Any]
-) -> None:
-    """An AIP-151 submission's arguments fill every ``{placeholder}`` of the tool's create route, each
-    with a non-empty string or integer that stays inside its path segment (no ``/``, ``\\``, ``..``,
-    ``?``, ``#``). A tool with no create route is left to the adapter, which refuses it.
-
-    Raises:
-        InvalidSubmission: the missing or unusable placeholder(s) and the route; nothing was written.
-    """
-    if config is None or config.create is None:
-        return
-    names = ROUTE_PLACEHOLDER.findall(config.create)
-    missing = sorted({n for n in names if n not in arguments})
-    if missing:
-        raise InvalidSubmission(
-            f"tool {tool!r} on server {server!r}: the create route {config.create!r} needs the argument(s) "
-            f"{', '.join(missing)} (its path placeholders); they are missing"
-        )
-    bad: list[str] = []
-    for name in sorted(set(names)):
-        value = arguments[name]
-        if isinstance(value, bool) or not isinstance(value, str | int):
-            bad.append(f"{name} must be a string or an integer, got {type(value).__name__}")
-        elif isinstance(value, str) and not value.strip():
-            bad.append(f"{name} must not be empty")
-        elif isinstance(value, str) and (value == "." or any(b in value for b in PATH_BREAKERS)):
-            bad.append(f"{name}={value!r} would change the path (it is '.', or contains / \\ .. ? or #)")
-    if bad:
-        raise InvalidSubmission(
-            f"tool {tool!r} on server {server!r}: the create route {config.create!r} cannot be filled: "
-            + "; ".join(bad)
-        )
 
 
 def parse_submit_kwargs(kwargs: Mapping[str, Any], *, max_delay_s: float | None = None) -> SubmitRequest:

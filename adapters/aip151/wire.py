@@ -35,6 +35,7 @@ __all__ = [
     "ADAPTER_VERSION",
     "CANCELLED",
     "GRPC_CODES",
+    "PLACEHOLDER",
     "PROTOCOL",
     "PROTOCOL_VERSION",
     "CreateRequest",
@@ -98,7 +99,8 @@ _HTTP_OF: Final[Mapping[str, int]] = {
 CANCELLED: Final = 1
 _RETRY_INFO: Final = "type.googleapis.com/google.rpc.RetryInfo"
 _CREATE: Final = re.compile(r"^(GET|POST|PUT|PATCH|DELETE) (/\S*)$")
-_PLACEHOLDER: Final = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+#: A ``{placeholder}`` of a create route, filled from the argument of that name.
+PLACEHOLDER: Final = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _DURATION: Final = re.compile(r"^(\d+(?:\.\d{1,9})?)s$")
 #: What an operation name may hold: a resource path, its segments URL-safe (RFC 3986 unreserved, "@" and
 #: ":"; e.g. the Spanner emulator's ``.../operations/_auto_op_1a2b``) and never "." or "..".
@@ -417,7 +419,7 @@ def build_create(
             return ""
         return quote(str(value), safe="@-._~")
 
-    path = _PLACEHOLDER.sub(fill, template)
+    path = PLACEHOLDER.sub(fill, template)
     if missing:
         raise Rejected(
             f"tool {tool!r}: the path {template!r} needs the argument(s) {', '.join(sorted(missing))} "

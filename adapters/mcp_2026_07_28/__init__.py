@@ -6,6 +6,7 @@
 - :mod:`.adapter`: :class:`McpExtTasksAdapter`, the :class:`~adapters.base.ToolAdapter` verbs.
 - :mod:`.discovery`: which MCP generation a server speaks (``server/discover``, then ``initialize``),
   cached per server.
+- :mod:`.spec`: :data:`SPEC`, what the worker asks of the version (its rounds answered by key).
 
 Facts (reference/mcp-tasks-extension.md): no handshake or session; the opt-in on every request; the
 create result flat (the nested ``task.taskId`` tolerated); the result inline in ``tasks/get``; input
@@ -14,6 +15,7 @@ idempotency key, so a lost create answer is unprovable.
 """
 
 from adapters.mcp_2026_07_28.adapter import McpExtTasksAdapter
+from adapters.mcp_2026_07_28.spec import SPEC
 from adapters.mcp_2026_07_28.wire import ADAPTER_VERSION, EXTENSION, PROTOCOL, PROTOCOL_VERSION
 
-__all__ = ["ADAPTER_VERSION", "EXTENSION", "PROTOCOL", "PROTOCOL_VERSION", "McpExtTasksAdapter"]
+__all__ = ["ADAPTER_VERSION", "EXTENSION", "PROTOCOL", "PROTOCOL_VERSION", "SPEC", "McpExtTasksAdapter"]

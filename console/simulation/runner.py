@@ -14,8 +14,7 @@ from typing import Any
 
 import httpx
 
-from adapters import AdapterConfig, ToolAdapter, default_registry
-from adapters.base import ToolRoute
+from adapters import AdapterConfig, ToolAdapter, ToolRoute, default_registry
 from console.simulation.oracle import Expected, expect
 from console.simulation.series import MAX_TICKS, PROTOCOLS, Protocol, Series, generate
 from console.simulation.servers import (

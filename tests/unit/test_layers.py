@@ -279,3 +279,135 @@ def test_the_probe_sees_the_wing_where_it_is_loaded() -> None:
     """The same probe on the ``longcall`` command finds the wing's modules."""
     wing = of_the_wing(loaded_by(["console.main"]))
     assert {"console.main", "console.common", "console.operations", "console.dev.command"} <= set(wing)
+
+
+# ---------------------------------------------------------------------------- the adapters' face
+
+#: The folders that see the adapters through their face (``adapters/__init__.py``) only: the worker's
+#: spine and the operator's wing (``console/``, which may not exist yet: the rule then has no files there).
+#: A protocol question is asked of a version's spec (``adapters.SHIPPED``, a pool's registry), never by
+#: reaching into ``adapters.<version>``: adding or retiring a version then touches ``adapters/`` only.
+FACE_FOLDERS = ("workers", "console")
+FACE_WHY = "workers/ and console/ import only the adapters package's face"
+
+
+def _an_adapters_module(name: str) -> bool:
+    package = REPO / "adapters"
+    return (package / name).is_dir() or (package / f"{name}.py").is_file()
+
+
+def below_the_face(source: str, path: str) -> list[str]:
+    """``path:line imports name (why)`` for each import in ``source`` below the adapters' face, in a module
+    of :data:`FACE_FOLDERS`: ``adapters.<anything>`` by any way of importing it, or a module of the package
+    taken by name from the face (``from adapters import mcp_2026_07_28``)."""
+    parts = Path(path).with_suffix("").parts
+    if parts[0] not in FACE_FOLDERS:
+        return []
+    package = ".".join(parts if parts[-1] == "__init__" else parts[:-1]).removesuffix(".__init__")
+    found = [(line, name) for line, name in imported_modules(source, package) if name.startswith("adapters.")]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "adapters":
+            found += [(node.lineno, f"adapters.{a.name}") for a in node.names if _an_adapters_module(a.name)]
+    return [f"{path}:{line} imports {name} ({FACE_WHY})" for line, name in sorted(found)]
+
+
+def _face_exports() -> set[str]:
+    """``adapters.__all__``, read from the source as the rest of this module reads it."""
+    tree = ast.parse((REPO / "adapters" / "__init__.py").read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            return set(ast.literal_eval(node.value))
+    raise AssertionError("adapters/__init__.py has no __all__")
+
+
+def face_checked_files() -> list[Path]:
+    return [
+        p
+        for folder in FACE_FOLDERS
+        if (REPO / folder).is_dir()
+        for p in sorted((REPO / folder).rglob("*.py"))
+    ]
+
+
+def test_workers_and_console_import_only_the_adapters_face() -> None:
+    found = [
+        v
+        for path in face_checked_files()
+        for v in below_the_face(path.read_text(encoding="utf-8"), path.relative_to(REPO).as_posix())
+    ]
+    assert found == [], "\n".join(found)
+
+
+def test_the_face_check_reads_the_real_tree() -> None:
+    """The scan sees workers/, which does import the adapters (through the face), and every name taken
+    from the face is one the face exports."""
+    files = face_checked_files()
+    assert "workers" in {p.relative_to(REPO).parts[0] for p in files}
+    taken = [
+        (path.relative_to(REPO).as_posix(), alias.name)
+        for path in files
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "adapters"
+        for alias in node.names
+    ]
+    assert taken
+    exported = _face_exports()
+    assert [(path, name) for path, name in taken if name not in exported] == []
+
+
+@pytest.mark.parametrize(
+    ("path", "source", "expected"),
+    [
+        (
+            "workers/steps/input_rounds.py",
+            "from adapters.mcp_2026_07_28.wire import REPLY_METHOD\n",
+            "workers/steps/input_rounds.py:1 imports adapters.mcp_2026_07_28.wire",
+        ),
+        (
+            "workers/remote.py",
+            "from adapters import Timeouts\nfrom adapters.streamable_http import Session\n",
+            "workers/remote.py:2 imports adapters.streamable_http",
+        ),
+        (
+            "workers/steps/result.py",
+            "from adapters.errors import ResultContradictsStatus\n",
+            "workers/steps/result.py:1 imports adapters.errors",
+        ),
+        (
+            "workers/cli.py",
+            "from adapters import mcp_2026_07_28\n",
+            "workers/cli.py:1 imports adapters.mcp_2026_07_28",
+        ),
+        ("console/cli.py", "import adapters.base as base\n", "console/cli.py:1 imports adapters.base"),
+        (
+            "console/commands/fleet.py",
+            "import importlib\n\ndef later():\n    return importlib.import_module('adapters.aip151.spec')\n",
+            "console/commands/fleet.py:4 imports adapters.aip151.spec",
+        ),
+        (
+            "workers/settings.py",
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from adapters.spec import X\n",
+            "workers/settings.py:3 imports adapters.spec",
+        ),
+    ],
+)
+def test_the_face_check_catches_an_import_below_it(path: str, source: str, expected: str) -> None:
+    found = below_the_face(source, path)
+    assert len(found) == 1, found
+    assert found[0] == f"{expected} ({FACE_WHY})", found
+
+
+@pytest.mark.parametrize(
+    ("path", "source"),
+    [
+        ("workers/remote.py", "import adapters\nfrom adapters import SHIPPED, AdapterRegistry, ToolRoute\n"),
+        ("console/cli.py", "from adapters import detect_generation, redact_url\n"),
+        ("adapters/registry.py", "from adapters import aip151\nfrom adapters.spec import AdapterSpec\n"),
+        ("ledger/repository.py", "from adapters.base import RemoteRef\n"),  # the ledger's own rule says no
+        ("workers/steps/poll.py", "from workers.steps.context import StepContext\nimport httpx\n"),
+    ],
+)
+def test_the_face_check_lets_the_face_be(path: str, source: str) -> None:
+    assert below_the_face(source, path) == []

@@ -12,9 +12,7 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from adapters import AdapterError, InputRequest, NotFound, Rejected, RemoteStatus
-from adapters.mcp_2026_07_28.wire import REPLY_METHOD as KEYED_ROUND
-from adapters.mcp_2026_07_28.wire import without_answered
+from adapters import SHIPPED, AdapterError, InputRequest, KeyedRounds, NotFound, Rejected, RemoteStatus
 from ledger.digests import canonical_json, digest
 from ledger.events import EventKind
 from ledger.reasons import ReconciliationReason
@@ -70,7 +68,7 @@ def answered_already(op: Operation, request: InputRequest) -> bool:
     round (rule 10). The reply is stored before it is sent, so until the server takes it a poll sees the
     question again (and :func:`still_asked` bounds how long after it was taken); after a reply the server
     refused, the question is open again and opens a new round."""
-    if request.method == KEYED_ROUND:
+    if keyed_rounds(op) is not None:
         return op.state is OpState.WORKING and unanswered_part(op, request) is None
     stored = op.input_request
     return (
@@ -87,18 +85,26 @@ def unanswered_part(op: Operation, request: InputRequest) -> InputRequest | None
     """A keyed round (the MCP tasks extension: ``request`` is the ``inputRequests`` map) without the keys
     the last round answered, None when none is left: a key already answered is never asked, nor sent,
     twice (DESIGN §7). After a reply that failed, its keys are open again. Other requests as they are."""
+    without_answered = keyed_rounds(op)
     stored = op.input_request
     if (
-        request.method != KEYED_ROUND
+        without_answered is None
         or op.input_round < 1
         or not isinstance(stored, Mapping)
         or stored.get("reply_failed")
-        or stored.get("method") != KEYED_ROUND
+        or stored.get("method") != request.method
         or stored.get("task_id") != request.task_id
     ):
         return request
     answered = stored.get("params")
     return without_answered(request, answered.keys() if isinstance(answered, Mapping) else ())
+
+
+def keyed_rounds(op: Operation) -> KeyedRounds | None:
+    """How the operation's protocol version leaves the answered keys out of a round (its spec's
+    ``without_answered``), None when its rounds are answered whole (or no adapter is shipped for it)."""
+    spec = SHIPPED.find(op.protocol, op.protocol_version)
+    return spec.without_answered if spec is not None else None
 
 
 def answered_round(op: Operation) -> Mapping[str, Any] | None:

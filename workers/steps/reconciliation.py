@@ -21,7 +21,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from adapters import ErrorInfo, RemoteResult
+from adapters import SHIPPED, ErrorInfo, RemoteResult
 from ledger.errors import StaleTransition
 from ledger.events import EventKind
 from ledger.reasons import ReconciliationReason
@@ -48,13 +48,6 @@ _TO_OPERATOR_FROM = frozenset(
         OpState.FETCHING_RESULT,
     }
 )
-
-#: The protocols, by (protocol, version), whose tasks are bound to the session that created them: MCP
-#: 2025-11-25 over Streamable HTTP (a stateful server answers every read of a task without its
-#: ``Mcp-Session-Id`` "400 Missing session ID", one on another session "not found"). The session is
-#: recorded on the operation from the create's answer; when that answer was lost, only the operator's
-#: evidence can name it.
-SESSION_BOUND: frozenset[tuple[str, str]] = frozenset({("mcp", "2025-11-25")})
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,9 +202,10 @@ def resolve(ctx: StepContext, op: Operation, resolution: Resolution) -> Operatio
     """Apply an operator's decision; open records of the operation are closed with the evidence.
 
     ``found``: the operation exists on the server under ``remote_id`` -> WORKING, polled at once. On a
-    protocol whose tasks are bound to a session (:data:`SESSION_BOUND`) with none recorded, the resolution
-    names it (``session_ref``; an empty one says the server keeps no sessions): without it every status
-    read would be refused.
+    protocol version whose tasks are bound to a session (its spec's ``session_bound``: the session is
+    recorded from the create's answer; when that answer was lost, only the operator's evidence can name
+    it) with none recorded, the resolution names it (``session_ref``; an empty one says the server keeps
+    no sessions): without it every status read would be refused.
     ``never_created``: the operator proved it never ran -> NOT_FOUND_SAFE -> SUBMITTING with the same
     submission key (the only resubmission there is); refused when the ledger knows a remote id for it.
     ``terminal``: it ended on the server -> its result is fetched and accepted like any other. With a
@@ -235,7 +229,8 @@ def resolve(ctx: StepContext, op: Operation, resolution: Resolution) -> Operatio
         if (
             resolution.session_ref is None
             and op.session_ref is None
-            and (op.protocol, op.protocol_version) in SESSION_BOUND
+            and (spec := SHIPPED.find(op.protocol, op.protocol_version)) is not None
+            and spec.session_bound
         ):
             raise ValueError(
                 f"operation {op.id} is on {op.server} ({op.protocol} {op.protocol_version}), whose tasks are "

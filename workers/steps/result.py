@@ -14,6 +14,7 @@ import enum
 from typing import Any
 
 from adapters import (
+    ENVELOPE_MARGIN_BYTES,
     AdapterError,
     AnswerTooLarge,
     ErrorInfo,
@@ -22,10 +23,9 @@ from adapters import (
     Rejected,
     RemoteResult,
     RemoteStatus,
+    ResultContradictsStatus,
     ResultNotReady,
 )
-from adapters.base import ENVELOPE_MARGIN_BYTES
-from adapters.errors import ResultContradictsStatus
 from ledger.digests import canonical_json, digest
 from ledger.errors import NotJson, UnstorableResult
 from ledger.events import EventKind

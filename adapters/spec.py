@@ -1,0 +1,107 @@
+"""What the worker asks of one protocol version besides its adapter's verbs: its :class:`AdapterSpec`.
+
+Each version package exposes its ``SPEC`` and :func:`adapters.registry.default_registry` registers them,
+so a worker never tests a protocol name or reaches into a version's modules: whether a server's tools
+suit the protocol (at start), whether a submission's arguments can make its create call (at submit),
+whether its tasks are bound to a session, whether its input rounds are answered key by key, how its
+HTTP client is made. Adding or retiring a version is a spec added to or dropped from the registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httpx
+
+from adapters.base import AdapterConfig, InputRequest, Timeouts, ToolAdapter
+from adapters.streamable_http import parse_cookies_only_when_set
+
+__all__ = [
+    "AdapterFactory",
+    "AdapterSpec",
+    "ArgumentCheck",
+    "ClientMaker",
+    "ConfigCheck",
+    "KeyedRounds",
+    "RequestHook",
+    "ToolSettings",
+    "accept_any_arguments",
+    "accept_any_tools",
+    "http_client",
+]
+
+AdapterFactory = Callable[[AdapterConfig, httpx.Client], ToolAdapter]
+#: Called with each request before it is sent (an httpx ``request`` event hook).
+RequestHook = Callable[[httpx.Request], object]
+
+
+class ToolSettings(Protocol):
+    """What a server's configuration says of one of its tools (the worker's ``ToolConfig`` is one)."""
+
+    @property
+    def create(self) -> str | None: ...
+
+    @property
+    def request_id_field(self) -> str | None: ...
+
+    @property
+    def sync_upper_bound_s(self) -> float | None: ...
+
+
+#: ``check_config(protocol_version, tools)``: raises ValueError saying what the configuration got wrong.
+ConfigCheck = Callable[[str, Mapping[str, ToolSettings]], None]
+#: ``check_arguments(tool, arguments)``: why the arguments cannot start the tool (``tool`` is its
+#: configuration, None when it has none), or None. Pure: nothing is sent.
+ArgumentCheck = Callable[[ToolSettings | None, Mapping[str, Any]], str | None]
+#: ``make_client(timeouts, request_hooks)``: the HTTP client one adapter is built on.
+ClientMaker = Callable[[Timeouts, Sequence[RequestHook]], httpx.Client]
+#: ``without_answered(request, answered_keys)``: the round without the keys already answered, None when
+#: none is left.
+KeyedRounds = Callable[[InputRequest, Iterable[str]], InputRequest | None]
+
+
+def http_client(timeouts: Timeouts, request_hooks: Sequence[RequestHook] = ()) -> httpx.Client:
+    """An adapter's client: the per-phase timeouts, ``request_hooks`` called before every request (the
+    worker's names the bucket each request was charged to), and cookies parsed only from the answers that
+    set one (:func:`~adapters.streamable_http.parse_cookies_only_when_set`: every protocol's client, not
+    only MCP 2025-11-25's)."""
+    t = timeouts
+    client = httpx.Client(
+        timeout=httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool),
+        event_hooks={"request": list(request_hooks)},
+    )
+    parse_cookies_only_when_set(client)
+    return client
+
+
+def accept_any_tools(protocol_version: str, tools: Mapping[str, ToolSettings]) -> None:
+    """The config check of a spec that has none."""
+
+
+def accept_any_arguments(tool: ToolSettings | None, arguments: Mapping[str, Any]) -> str | None:
+    """The argument check of a spec that has none."""
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterSpec:
+    """One protocol version as the worker knows it.
+
+    ``factory``: builds the adapter from its config and client. ``check_config``: the version's check of a
+    server's tools at start (refused with a ValueError). ``check_arguments``: its pure check of a
+    submission's arguments at submit. ``session_bound``: its tasks are read on the session that created
+    them, so an operator who finds a task whose create answer was lost must name that session.
+    ``without_answered``: set when an input round is a set of keyed requests answered key by key (a key
+    answered is never asked, nor sent, twice); None when a round is one request, answered whole.
+    ``make_client``: how the client of each of its adapters is made."""
+
+    protocol: str
+    protocol_version: str
+    factory: AdapterFactory
+    check_config: ConfigCheck = accept_any_tools
+    check_arguments: ArgumentCheck = accept_any_arguments
+    session_bound: bool = False
+    without_answered: KeyedRounds | None = None
+    make_client: ClientMaker = http_client
