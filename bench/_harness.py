@@ -22,6 +22,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TypeVar
 
+import httpx
 import psycopg
 import redis
 from _apps import PIPELINE_QUEUE
@@ -243,6 +244,18 @@ def start_child(
 
 def logged(marker: str) -> Callable[[Child], bool]:
     return lambda child: marker in child.log()
+
+
+def listening(control: str) -> Callable[[Child], bool]:
+    """Ready when a demo server's control endpoints (``control``: its ``.../_control`` URL) answer."""
+
+    def probe(_: Child) -> bool:
+        try:
+            return httpx.get(f"{control}/faults", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    return probe
 
 
 def celery_worker_argv(

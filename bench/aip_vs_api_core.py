@@ -5,7 +5,7 @@ with an httpx ``api_request`` (its REST ``operations_v1`` client needs grpcio an
 default polling (1 s, x1.5, capped at 20 s, full jitter; no RetryInfo, no Retry-After). Two variants: its
 defaults (``result()``: an error on a poll ends the future) and ``result(retry=Retry(predicate=
 if_transient_error))`` (its documented way to survive a 429), both with the default polling. Against it,
-longcall's fleet (workers + beat + a pipeline worker, as ``bench/lifecycle.py``) with the AIP-151 adapter,
+longcall's fleet (workers + beat + a pipeline worker, ``bench/_fleet.py``) with the AIP-151 adapter,
 polling at ``--poll-interval-ms`` (an AIP-151 operation carries no poll hint: this is the server's
 configured default, 5 s as client.proto's ``LongRunning.initial_poll_delay``).
 
@@ -55,11 +55,13 @@ from typing import Any
 import httpx
 import psycopg
 from _apps import PIPELINE_QUEUE, make_pipeline
+from _fleet import Services, longcall_env, services
 from _harness import (
     Child,
     alarm,
     database_url,
     free_port,
+    listening,
     log_directory,
     raise_on_sigterm,
     start_child,
@@ -71,7 +73,6 @@ from celery import Celery
 from google.api_core import exceptions as api_exceptions
 from google.api_core import operation as api_operation
 from google.api_core import retry as api_retry
-from lifecycle import Services, services
 
 from demo_server.aip151_command import command as aip_server_command
 
@@ -124,16 +125,8 @@ class Server:
 def start_server(client: str, scenario: str, seconds: float, log_dir: Path) -> Server:
     port = free_port()
     root = f"http://127.0.0.1:{port}"
-
-    def listening(_: Child) -> bool:
-        try:
-            return httpx.get(f"{root}/_control/faults", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    child = start_child(
-        aip_server_command(port), env={}, log_dir=log_dir, name=f"aip-{port}", ready=listening
-    )
+    ready = listening(f"{root}/_control")
+    child = start_child(aip_server_command(port), env={}, log_dir=log_dir, name=f"aip-{port}", ready=ready)
     return Server(client, scenario, seconds, child, root)
 
 
@@ -273,17 +266,11 @@ def running_fleet(
     try:
         config = log_dir / "longcall.toml"
         config.write_text(fleet_config(servers, args.qps, args.poll_interval_ms))
-        env = {
-            "LONGCALL_DATABASE_URL": database_url(svc.db_name),
-            "LONGCALL_REDIS_URL": svc.redis_url,
-            "LONGCALL_BROKER_KEYPREFIX": svc.prefix,
-            "LONGCALL_CONFIG": str(config),
-        }
         sink = f"{svc.prefix}sink"
         start_longcall_fleet(
             children,
             log_dir=log_dir,
-            longcall_env=env,
+            longcall_env=longcall_env(svc, config),
             workers=args.workers,
             concurrency=args.concurrency,
             redis_url=svc.redis_url,

@@ -61,6 +61,7 @@ from _harness import (
     drop_database,
     free_port,
     fresh_database,
+    listening,
     log_directory,
     logged,
     raise_on_sigterm,
@@ -213,16 +214,6 @@ class Fleet:
 
     def faults(self, server: str, **switches: Any) -> None:
         httpx.post(f"{self.control[server]}/faults", json=switches, timeout=10).raise_for_status()
-
-
-def listening(control: str) -> Callable[[Child], bool]:
-    def probe(_: Child) -> bool:
-        try:
-            return httpx.get(f"{control}/faults", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    return probe
 
 
 @contextlib.contextmanager

@@ -1,6 +1,6 @@
 """Issue 13: polls/s with 1, 2 and 4 longcall worker processes on this machine, the QPS caps holding.
 
-For each process count a fleet of its own (``bench/lifecycle.py``'s: the MCP demo server, one longcall
+For each process count a fleet of its own (``bench/_fleet.py``'s: the MCP demo server, one longcall
 worker with that concurrency, beat, the pipeline worker; a fresh ledger database and a private Redis), with
 ``--ops`` long operations WORKING on one server whose ``poll_qps`` and ``control_qps`` are ``--qps``, its
 poll interval ``--poll-interval-ms``: more polls are due than the processes can do, so polls/s measures
@@ -29,8 +29,8 @@ from typing import Any
 
 import httpx
 import psycopg
+from _fleet import Fleet, running_fleet, services
 from _harness import alarm, database_url, log_directory, raise_on_sigterm, target, wait_for
-from lifecycle import Fleet, running_fleet, services
 
 from workers.hot import RATE_HEADROOM
 

@@ -27,8 +27,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import redis
+from _fleet import fleet_config
 from _harness import (
     SHARED_REDIS_URL,
     alarm,
@@ -36,10 +36,10 @@ from _harness import (
     delete_prefixed,
     free_port,
     fresh_database,
+    listening,
     log_directory,
     start_child,
 )
-from lifecycle import fleet_config
 
 from demo_server.command import command as demo_server_command
 from workers.executor import Executor
@@ -53,13 +53,13 @@ def mcp_server(log_dir: Path) -> Iterator[str]:
     """longcall's MCP server on a free port; its ``/mcp`` URL."""
     port = free_port()
 
-    def listening(_: object) -> bool:
-        try:
-            return httpx.get(f"http://127.0.0.1:{port}/_control/faults", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    child = start_child(demo_server_command(port), env={}, log_dir=log_dir, name="mcp", ready=listening)
+    child = start_child(
+        demo_server_command(port),
+        env={},
+        log_dir=log_dir,
+        name="mcp",
+        ready=listening(f"http://127.0.0.1:{port}/_control"),
+    )
     try:
         yield f"http://127.0.0.1:{port}/mcp"
     finally:

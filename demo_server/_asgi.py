@@ -1,4 +1,5 @@
-"""The ASGI pieces the demo server needs: body reading, plain answers, SSE streams, dropped connections."""
+"""The ASGI pieces the demo servers need: the lifespan, body reading, plain answers, SSE streams, dropped
+connections."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ Message = dict[str, Any]
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 JSON_TYPE = "application/json"
 SSE_TYPE = "text/event-stream"
@@ -18,6 +20,19 @@ SSE_TYPE = "text/event-stream"
 
 def dumps(payload: object) -> bytes:
     return json.dumps(payload, separators=(",", ":")).encode()
+
+
+async def lifespan(receive: Receive, send: Send, on_shutdown: Callable[[], None] | None = None) -> None:
+    """Answer uvicorn's lifespan messages; ``on_shutdown`` runs before the shutdown is acknowledged."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            if on_shutdown is not None:
+                on_shutdown()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
 
 
 def request_headers(scope: Scope) -> dict[str, str]:

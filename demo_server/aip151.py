@@ -70,7 +70,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import json
 import math
 import re
 import time
@@ -80,10 +79,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import uvicorn
-from pydantic import ValidationError
-
-from demo_server._asgi import Receive, Scope, Send, drop_connection, dumps, read_body, respond
+from demo_server import control, serve
+from demo_server._asgi import Receive, Scope, Send, drop_connection, dumps, lifespan, read_body, respond
 from demo_server.aip151_model import (
     ApiError,
     CancelOfDone,
@@ -144,6 +141,14 @@ class AipDemoServer:
         self.log: deque[dict[str, Any]] = deque(maxlen=100_000)
         #: Until this monotonic time the server has asked its clients to wait (a Retry-After it gave).
         self.wait_until = 0.0
+        self.control = control.Control(
+            {
+                **control.switch_endpoints(self._show_switches, self._set_switches, self._reset_switches),
+                **control.log_endpoints("log", lambda: self.log, self._clear_log),
+                ("operations", "GET"): self._operations,
+                ("operations", "DELETE"): self._forget_operations,
+            }
+        )
 
     def _fresh_switches(self) -> FaultSwitches:
         return FaultSwitches(
@@ -156,18 +161,13 @@ class AipDemoServer:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await lifespan(receive, send)
+            return
         if scope["type"] != "http":
             return
         path: str = scope["path"]
-        if path.startswith("/_control/"):
-            await self._control(path.removeprefix("/_control/"), scope["method"], receive, send)
+        if path.startswith(control.PREFIX):
+            await self.control.answer(path, scope["method"], receive, send)
         else:
             await self._api(scope, receive, send)
 
@@ -369,57 +369,41 @@ class AipDemoServer:
         self.store.deleted.append(name)
         return 200, {}
 
-    # ---- control endpoints ------------------------------------------------------------------------
+    # ---- control endpoints (demo_server.control) --------------------------------------------------
 
-    async def _control(self, name: str, method: str, receive: Receive, send: Send) -> None:
-        if name == "faults" and method == "GET":
-            await respond(send, 200, dumps(self.switches.model_dump()))
-        elif name == "faults" and method == "POST":
-            try:
-                changes = json.loads(await read_body(receive) or b"")
-            except ValueError as error:
-                changes = error
-            if not isinstance(changes, dict):
-                await respond(send, 400, dumps({"error": "the body must be a JSON object of fault switches"}))
-                return
-            try:
-                self.switches = FaultSwitches.model_validate({**self.switches.model_dump(), **changes})
-            except ValidationError as error:
-                await respond(send, 400, dumps({"error": str(error)}))
-                return
-            window = self.switches.rate_limit_window
-            if "rate_limit_window" in changes and window is not None:
-                window.opens_at = time.time() + window.start_in_s
-            await respond(send, 200, dumps(self.switches.model_dump()))
-        elif name == "faults" and method == "DELETE":
-            self.switches = self._fresh_switches()
-            await respond(send, 200, dumps(self.switches.model_dump()))
-        elif name == "log" and method == "GET":
-            await respond(send, 200, dumps({"entries": list(self.log)}))
-        elif name == "log" and method == "DELETE":
-            self.log.clear()
-            self.wait_until = 0.0
-            await respond(send, 200, dumps({"entries": []}))
-        elif name == "operations" and method == "GET":
-            now = time.monotonic()
-            self.store.sweep(now, self.switches)
-            ops = [
-                {**op.view(now, self.switches), "requestId": op.request_id, "request": op.request}
-                for op in self.store.operations.values()
-            ]
-            answer = {"operations": ops, "expired": self.store.expired, "deleted": self.store.deleted}
-            await respond(send, 200, dumps(answer))
-        elif name == "operations" and method == "DELETE":
-            self.store = OperationStore()
-            await respond(send, 200, dumps({"operations": [], "expired": [], "deleted": []}))
-        else:
-            await respond(send, 404, dumps({"error": f"no control endpoint {method} /_control/{name}"}))
+    def _show_switches(self) -> dict[str, Any]:
+        return self.switches.model_dump()
+
+    def _set_switches(self, changes: dict[str, Any]) -> dict[str, Any]:
+        self.switches = FaultSwitches.model_validate({**self.switches.model_dump(), **changes})
+        window = self.switches.rate_limit_window
+        if "rate_limit_window" in changes and window is not None:
+            window.opens_at = time.time() + window.start_in_s
+        return self.switches.model_dump()
+
+    def _reset_switches(self) -> dict[str, Any]:
+        self.switches = self._fresh_switches()
+        return self.switches.model_dump()
+
+    def _clear_log(self) -> None:
+        self.log.clear()
+        self.wait_until = 0.0
+
+    def _operations(self, _: bytes | None) -> control.Answer:
+        now = time.monotonic()
+        self.store.sweep(now, self.switches)
+        ops = [
+            {**op.view(now, self.switches), "requestId": op.request_id, "request": op.request}
+            for op in self.store.operations.values()
+        ]
+        return 200, {"operations": ops, "expired": self.store.expired, "deleted": self.store.deleted}
+
+    def _forget_operations(self, _: bytes | None) -> control.Answer:
+        self.store = OperationStore()
+        return 200, {"operations": [], "expired": [], "deleted": []}
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m demo_server.aip151", description=__doc__.split("\n")[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8151)
+def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--envelope", choices=["aip193", "grpc_gateway"], default="aip193")
     parser.add_argument(
         "--cancel-of-done",
@@ -430,24 +414,20 @@ def main(argv: list[str] | None = None) -> None:
         "--expire-after-done-s", type=float, default=None, help="forget a done operation after this"
     )
     parser.add_argument("--page-size", type=int, default=50, help="ListOperations default page size")
-    parser.add_argument("--log-level", default="warning")
-    args = parser.parse_args(argv)
+
+
+def _app(args: argparse.Namespace) -> AipDemoServer:
     defaults = Defaults(
         envelope=args.envelope,
         cancel_of_done=args.cancel_of_done,
         expire_after_done_s=args.expire_after_done_s,
         page_size=args.page_size,
     )
-    config = uvicorn.Config(
-        AipDemoServer(defaults),
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        access_log=False,
-        lifespan="on",
-        timeout_graceful_shutdown=2,
-    )
-    uvicorn.Server(config).run()
+    return AipDemoServer(defaults)
+
+
+def main(argv: list[str] | None = None) -> None:
+    serve.run(argv, module="demo_server.aip151", doc=__doc__, port=8151, add_options=_options, build_app=_app)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,10 @@ differs:
   ``tasks/get`` is always answered with ``application/json`` (tasks spec: servers SHOULD NOT upgrade a
   poll to SSE), and an ``Origin`` that is not a loopback host gets 403 (transports spec: MUST validate).
 
+This module is the transport (HTTP checks, sessions, routing, the control endpoints); the JSON-RPC methods
+are ``demo_server.mcp_methods``, the SSE streams and the delivery of input requests
+``demo_server.mcp_streams``, what they share ``demo_server.mcp_session``.
+
 Control endpoints (test harness only, same port):
 
 * ``GET /_control/log`` -> ``{"entries": [{"t": time.time(), "method", "id", "task_id", "session",
@@ -89,46 +93,40 @@ Control endpoints (test harness only, same port):
   - ``result_payload: {...}`` (or null) — while set, every tool run that finishes ends with this
     CallToolResult instead of its own (``isError`` true ends the task failed).
   - ``malformed_result: N`` — the next N ``tasks/result`` answers of a terminal task are the same body
-    that is not JSON (:data:`MALFORMED_RESULT`, as SSE event data or as the JSON body).
+    that is not JSON (``demo_server.mcp_streams.MALFORMED_RESULT``, as SSE event data or as the JSON
+    body).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import contextlib
-import copy
 import json
 import time
 import uuid
-from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-import uvicorn
-from pydantic import ValidationError
-
+from demo_server import control, serve
 from demo_server._asgi import (
     JSON_TYPE,
     SSE_TYPE,
     Receive,
     Scope,
     Send,
-    SseStream,
     drop_connection,
     dumps,
+    lifespan,
     read_body,
     request_headers,
     respond,
-    sse_event,
-    wait_disconnect,
 )
 from demo_server.faults import Faults, HttpLog, RequestLog
-from demo_server.resumable import LOST_IN_TRANSIT, ResumableStream, StreamLogs
-from demo_server.tasks import RELATED_TASK, PendingInput, RpcError, Task, TaskStore
-from demo_server.tools import TOOLS, Tool, ToolError, text_result
+from demo_server.mcp_methods import McpMethods
+from demo_server.mcp_session import CLOSE, Incoming, ServerOptions, Session, transport_error
+from demo_server.mcp_streams import Streams, send_answer
+from demo_server.tasks import RpcError, Task, TaskStore
 
 LATEST_VERSION = "2025-11-25"
 SUPPORTED_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
@@ -137,94 +135,15 @@ REORDER_HOLD_S = 10.0
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 #: The request budget longcall charged a request to (``poll`` / ``control``), as the request names it.
 BUDGET_HEADER = "longcall-budget"
-#: What ``malformed_result`` answers a ``tasks/result`` with: the same unparsable body every time.
-MALFORMED_RESULT = b'{"jsonrpc": "2.0", "result": {"content": [ this is not JSON'
-_CLOSE = object()
-
-
-@dataclass(frozen=True)
-class ServerOptions:
-    stateless: bool = False
-    json_response: bool = False
-    poll_interval_ms: int = 500
-    max_ttl_ms: int | None = None
-    page_size: int = 50
-
-
-@dataclass(eq=False)
-class Session:
-    session_id: str
-    client_capabilities: dict[str, Any] = field(default_factory=dict)
-    stream: asyncio.Queue[object] | None = None
-
-    def push(self, message: object) -> None:
-        """Best effort: onto the GET stream when one is open, else dropped."""
-        if self.stream is not None:
-            self.stream.put_nowait(message)
-
-
-@dataclass(frozen=True)
-class Incoming:
-    """One JSON-RPC message posted to /mcp, with the session it came in."""
-
-    message: dict[str, Any]
-    session: Session | None
-
-    @property
-    def method(self) -> str | None:
-        method = self.message.get("method")
-        return method if isinstance(method, str) else None
-
-    @property
-    def params(self) -> dict[str, Any]:
-        params = self.message.get("params")
-        return params if isinstance(params, dict) else {}
-
-    @property
-    def session_id(self) -> str | None:
-        return None if self.session is None else self.session.session_id
-
-
-def _transport_error(code: int, message: str) -> bytes:
-    return dumps({"jsonrpc": "2.0", "id": "server-error", "error": {"code": code, "message": message}})
 
 
 async def _method_not_allowed(send: Send) -> None:
     """GET and DELETE without sessions (stateless mode)."""
-    await respond(send, 405, _transport_error(-32000, "Method Not Allowed"), headers={"allow": "POST"})
+    await respond(send, 405, transport_error(-32000, "Method Not Allowed"), headers={"allow": "POST"})
 
 
 def _accepts(accept: str, media_type: str) -> bool:
     return any(part.split(";")[0].strip() == media_type for part in accept.split(","))
-
-
-class _TaskContext:
-    """What a tool running as a task may do: ask the client for input."""
-
-    def __init__(self, server: DemoMcpServer, task: Task) -> None:
-        self._server = server
-        self._task = task
-        self._asked = 0
-
-    def take_forced_input(self) -> bool:
-        return self._server.faults.take("force_input_required")
-
-    async def elicit(self, message: str, requested_schema: dict[str, Any]) -> dict[str, Any]:
-        return await self._server.elicit(self._task, message, requested_schema, self._next_id())
-
-    def _next_id(self) -> str:
-        self._asked += 1
-        return f"{self._task.task_id}-input-{self._asked}"
-
-
-class _PlainContext:
-    """A plain (non-task) call cannot ask for input."""
-
-    def take_forced_input(self) -> bool:
-        return False
-
-    async def elicit(self, message: str, requested_schema: dict[str, Any]) -> dict[str, Any]:
-        raise RpcError(-32600, "input can only be requested from a task")
 
 
 class DemoMcpServer:
@@ -239,16 +158,28 @@ class DemoMcpServer:
         self.http_log = HttpLog()
         self.store = TaskStore()
         self._sessions: dict[str, Session] = {}
-        self._pending: dict[str, PendingInput] = {}
-        self._runners: set[asyncio.Task[None]] = set()
         self._held_get: asyncio.Event | None = None
-        self._stream_logs = StreamLogs()
+        self.streams = Streams(
+            options, self.faults, self.store, self._sessions, after_result=self._after_result
+        )
+        self.methods = McpMethods(
+            options, self.faults, self.store, elicit=self.streams.elicit, on_change=self._task_changed
+        )
+        self.control = control.Control(
+            {
+                **control.switch_endpoints(self._show_faults, self._set_faults, self._reset_faults),
+                **control.log_endpoints("log", lambda: self.log.entries, self.log.clear),
+                **control.log_endpoints("http_log", lambda: self.http_log.entries, self.http_log.clear),
+                ("replies", "GET"): lambda _: (200, {"replies": self.replies}),
+                ("tasks", "GET"): self._tasks_view,
+            }
+        )
 
     # ---- ASGI entry -------------------------------------------------------------------------------
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
+            await lifespan(receive, send, on_shutdown=self._shutdown)
             return
         if scope["type"] != "http":
             return
@@ -276,28 +207,17 @@ class DemoMcpServer:
                 await self._delete(scope, send)
             else:
                 await respond(send, 405, headers={"allow": "GET, POST, DELETE"})
-        elif path.startswith("/_control/"):
-            await self._control(path.removeprefix("/_control/"), method, receive, send)
+        elif path.startswith(control.PREFIX):
+            await self.control.answer(path, method, receive, send)
         else:
             await respond(send, 404, b"Not Found", content_type="text/plain")
 
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                for runner in list(self._runners):
-                    runner.cancel()
-                for session in self._sessions.values():
-                    session.push(_CLOSE)
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+    def _shutdown(self) -> None:
+        self.methods.stop_all()
+        for session in self._sessions.values():
+            session.push(CLOSE)
 
     # ---- HTTP: POST /mcp --------------------------------------------------------------------------
-
-    def _session_headers(self, session: Session | None) -> dict[str, str]:
-        return {} if session is None or self.options.stateless else {"mcp-session-id": session.session_id}
 
     async def _post(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = request_headers(scope)
@@ -305,15 +225,15 @@ class DemoMcpServer:
         if self.options.json_response:
             if not _accepts(accept, JSON_TYPE):
                 message = "Not Acceptable: Client must accept application/json"
-                await respond(send, 406, _transport_error(-32600, message))
+                await respond(send, 406, transport_error(-32600, message))
                 return
         elif not (_accepts(accept, JSON_TYPE) and _accepts(accept, SSE_TYPE)):
             message = "Not Acceptable: Client must accept both application/json and text/event-stream"
-            await respond(send, 406, _transport_error(-32600, message))
+            await respond(send, 406, transport_error(-32600, message))
             return
         if headers.get("content-type", "").split(";")[0].strip() != JSON_TYPE:
             message = "Unsupported Media Type: Content-Type must be application/json"
-            await respond(send, 415, _transport_error(-32600, message))
+            await respond(send, 415, transport_error(-32600, message))
             return
         body = await read_body(receive)
         if body is None:
@@ -321,10 +241,10 @@ class DemoMcpServer:
         try:
             message = json.loads(body)
         except ValueError:
-            await respond(send, 400, _transport_error(-32700, "Parse error: Invalid JSON"))
+            await respond(send, 400, transport_error(-32700, "Parse error: Invalid JSON"))
             return
         if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
-            await respond(send, 400, _transport_error(-32600, "Invalid Request: not a JSON-RPC 2.0 message"))
+            await respond(send, 400, transport_error(-32600, "Invalid Request: not a JSON-RPC 2.0 message"))
             return
         raw_method = message.get("method")
         if raw_method is not None:
@@ -355,11 +275,11 @@ class DemoMcpServer:
             if self.faults.take("ignore_reply"):
                 self.replies.append({**reply, "outcome": "ignored"})
             else:
-                taken = self._client_response(incoming)
+                taken = self.streams.take_reply(incoming)
                 self.replies.append({**reply, "outcome": "taken" if taken else "duplicate"})
-            await respond(send, 202, headers=self._session_headers(incoming.session))
+            await respond(send, 202, headers=self.options.session_headers(incoming.session))
         elif "id" not in message:
-            await respond(send, 202, headers=self._session_headers(incoming.session))
+            await respond(send, 202, headers=self.options.session_headers(incoming.session))
         else:
             await self._request(incoming, receive, send)
 
@@ -370,16 +290,17 @@ class DemoMcpServer:
         if not self.options.stateless:
             session_id = headers.get("mcp-session-id")
             if not session_id:
-                await respond(send, 400, _transport_error(-32600, "Bad Request: Missing session ID"))
+                await respond(send, 400, transport_error(-32600, "Bad Request: Missing session ID"))
                 return False, None
             session = self._sessions.get(session_id)
             if session is None:
-                await respond(send, 404, _transport_error(-32600, "Session not found"))
+                await respond(send, 404, transport_error(-32600, "Session not found"))
                 return False, None
         if version is not None and version not in SUPPORTED_VERSIONS:
             supported = ", ".join(SUPPORTED_VERSIONS)
             text = f"Bad Request: Unsupported protocol version: {version}. Supported versions: {supported}"
-            await respond(send, 400, _transport_error(-32600, text), headers=self._session_headers(session))
+            refusal = transport_error(-32600, text)
+            await respond(send, 400, refusal, headers=self.options.session_headers(session))
             return False, None
         return True, session
 
@@ -404,33 +325,18 @@ class DemoMcpServer:
             "serverInfo": SERVER_INFO,
         }
         answer = {"jsonrpc": "2.0", "id": message.get("id"), "result": result}
-        await self._answer(send, answer, self._session_headers(session))
-
-    def _client_response(self, incoming: Incoming) -> bool:
-        """A JSON-RPC response to one of our requests: hand it to the task that waits for it. False when no
-        task waits for it (answered already, unknown id, another session): ignored, as the SDK does."""
-        pending = self._pending.get(str(incoming.message.get("id")))
-        if pending is None or pending.answer.done():
-            return False
-        if not self.options.stateless and pending.task.session_id != incoming.session_id:
-            return False
-        result = incoming.message.get("result")
-        pending.answer.set_result(result if isinstance(result, dict) else {"action": "cancel"})
-        return True
+        await self._answer(send, answer, self.options.session_headers(session))
 
     async def _answer(
         self, send: Send, message: dict[str, Any], headers: dict[str, str], *, plain_json: bool = False
     ) -> None:
-        if self.options.json_response or plain_json:
-            await respond(send, 200, dumps(message), headers=headers)
-        else:
-            await respond(send, 200, sse_event(message), headers=headers, content_type=SSE_TYPE)
+        await send_answer(send, message, headers, as_json=self.options.json_response or plain_json)
 
-    # ---- JSON-RPC requests ------------------------------------------------------------------------
+    # ---- JSON-RPC requests (demo_server.mcp_methods; tasks/result: demo_server.mcp_streams) -----------
 
     async def _request(self, incoming: Incoming, receive: Receive, send: Send) -> None:
         method = incoming.method or ""
-        headers = self._session_headers(incoming.session)
+        headers = self.options.session_headers(incoming.session)
         refusal = self.faults.take_http_status(method)
         if refusal is not None:
             status, retry_after = refusal
@@ -446,14 +352,14 @@ class DemoMcpServer:
         if delay > 0:
             await asyncio.sleep(delay)
         if method == "tasks/result":
-            await self._tasks_result(incoming, receive, send, headers)
+            await self.streams.tasks_result(incoming, receive, send, headers)
             return
         created: Task | None = None
         try:
             if method == "tools/call":
-                result, created = await self._tools_call(incoming)
+                result, created = await self.methods.tools_call(incoming)
             else:
-                result = self._simple_request(incoming)
+                result = self.methods.simple_request(incoming)
             answer = {"jsonrpc": "2.0", "id": incoming.message["id"], "result": result}
         except RpcError as error:
             answer = {"jsonrpc": "2.0", "id": incoming.message["id"], "error": error.wire()}
@@ -482,306 +388,20 @@ class DemoMcpServer:
         if self.faults.switches.reorder_release == "tasks/get":
             self._release_held_get()
 
+    def _after_result(self) -> None:
+        if self.faults.switches.reorder_release == "tasks/result":
+            self._release_held_get()
+
     def _release_held_get(self) -> None:
         held = self._held_get
         if held is not None:
             self._held_get = None
             held.set()
 
-    def _simple_request(self, incoming: Incoming) -> dict[str, Any]:
-        method = incoming.method
-        params = incoming.params
-        if method == "ping":
-            return {}
-        if method == "tools/list":
-            return {"tools": [tool.descriptor() for tool in TOOLS.values()]}
-        if method == "tasks/get":
-            return self.store.get(params.get("taskId"), incoming.session_id).wire()
-        if method == "tasks/cancel":
-            return self._cancel(self.store.get(params.get("taskId"), incoming.session_id))
-        if method == "tasks/list" and not self.options.stateless:
-            return self._list(incoming.session_id, params.get("cursor"))
-        raise RpcError(-32601, "Method not found", method)
-
-    def _list(self, session_id: str | None, cursor: object) -> dict[str, Any]:
-        start = 0
-        if cursor is not None:
-            try:
-                start = int(base64.urlsafe_b64decode(str(cursor).encode()).decode().removeprefix("offset:"))
-            except ValueError as error:
-                raise RpcError(-32602, "Invalid params: invalid cursor") from error
-        tasks = sorted(self.store.of_session(session_id), key=lambda task: task.created_mono)
-        end = start + self.options.page_size
-        page: dict[str, Any] = {"tasks": [task.wire() for task in tasks[start:end]]}
-        if end < len(tasks):
-            page["nextCursor"] = base64.urlsafe_b64encode(f"offset:{end}".encode()).decode()
-        return page
-
-    async def _tools_call(self, incoming: Incoming) -> tuple[dict[str, Any], Task | None]:
-        params = incoming.params
-        tool = TOOLS.get(str(params.get("name")))
-        if tool is None:
-            raise RpcError(-32602, f"Unknown tool: {params.get('name')}")
-        arguments = params.get("arguments") or {}
-        task_request = params.get("task")
-        if not isinstance(arguments, dict) or not (task_request is None or isinstance(task_request, dict)):
-            raise RpcError(-32602, "Invalid params: arguments and task must be objects")
-        if task_request is not None and not tool.accepts_task:
-            raise RpcError(-32601, f"Tool '{tool.name}' does not support task-augmented invocation")
-        if task_request is None and tool.task_support == "required":
-            raise RpcError(-32601, f"Tool '{tool.name}' requires task-augmented invocation")
-        if task_request is None:
-            try:
-                result = await tool.run(_PlainContext(), arguments)
-            except ToolError as error:
-                return text_result(str(error), is_error=True), None
-            chosen = self.faults.switches.result_payload
-            return (copy.deepcopy(chosen) if chosen is not None else result), None
-        task = self._create_task(tool, arguments, task_request.get("ttl"), incoming.session_id)
-        return {"task": task.wire()}, task
-
-    def _create_task(
-        self, tool: Tool, arguments: dict[str, Any], ttl: object, session_id: str | None
-    ) -> Task:
-        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 0):
-            raise RpcError(-32602, "Invalid params: task.ttl must be a non-negative integer or null")
-        if ttl is not None and self.options.max_ttl_ms is not None:
-            ttl = min(ttl, self.options.max_ttl_ms)
-        task = Task(
-            task_id=str(uuid.uuid4()),
-            session_id=None if self.options.stateless else session_id,
-            tool=tool.name,
-            arguments=arguments,
-            ttl_ms=ttl,
-            poll_interval_ms=self.options.poll_interval_ms,
-            on_change=self._task_changed,
-        )
-        self.store.add(task)
-        runner = asyncio.create_task(self._run(task, tool), name=f"task {task.task_id}")
-        task.runner = runner
-        self._runners.add(runner)
-        runner.add_done_callback(self._runners.discard)
-        return task
-
-    async def _run(self, task: Task, tool: Tool) -> None:
-        try:
-            result = await tool.run(_TaskContext(self, task), task.arguments)
-        except ToolError as error:
-            result = text_result(str(error), is_error=True)
-        except RpcError as error:
-            self._fail(task, error.wire())
-            return
-        except Exception as error:  # noqa: BLE001 - any crash of the tool is the task's failure
-            self._fail(task, {"code": -32603, "message": f"{type(error).__name__}: {error}"})
-            return
-        self._finish(task, result)
-
-    def _finish(self, task: Task, result: dict[str, Any]) -> None:
-        if task.terminal:  # cancelled meanwhile: it stays cancelled
-            return
-        chosen = self.faults.switches.result_payload
-        if chosen is not None:
-            result = copy.deepcopy(chosen)
-        task.result = result
-        task.purge_after_s = self.faults.expire_after_s()
-        if result.get("isError"):
-            texts = [item.get("text") for item in result.get("content", []) if isinstance(item, dict)]
-            task.set_status("failed", next((text for text in texts if isinstance(text, str)), "tool error"))
-        else:
-            task.set_status("completed", task.status_message)
-
-    def _fail(self, task: Task, error: dict[str, Any]) -> None:
-        if task.terminal:
-            return
-        task.error = error
-        task.purge_after_s = self.faults.expire_after_s()
-        task.set_status("failed", str(error["message"]))
-
-    def _cancel(self, task: Task) -> dict[str, Any]:
-        if not task.terminal and self.faults.take("complete_on_cancel"):
-            self._stop(task)
-            self._finish(task, TOOLS[task.tool].instant_result(task.arguments))
-        if task.terminal:
-            raise RpcError(-32602, f"Cannot cancel task: already in terminal status '{task.status}'")
-        task.purge_after_s = self.faults.expire_after_s()
-        task.set_status("cancelled", "The task was cancelled by request.")
-        self._stop(task)
-        return task.wire()
-
-    def _stop(self, task: Task) -> None:
-        if task.runner is not None:
-            task.runner.cancel()
-        for pending in task.inputs.values():
-            pending.answer.cancel()
-
     def _task_changed(self, task: Task) -> None:
         if task.session_id is not None and task.session_id in self._sessions:
             notification = {"jsonrpc": "2.0", "method": "notifications/tasks/status", "params": task.wire()}
             self._sessions[task.session_id].push(notification)
-
-    async def elicit(
-        self, task: Task, message: str, requested_schema: dict[str, Any], request_id: str
-    ) -> dict[str, Any]:
-        session = self._sessions.get(task.session_id or "")
-        if session is not None and "elicitation" not in session.client_capabilities:
-            raise RpcError(-32600, "Client does not support elicitation capability")
-        request = {
-            "jsonrpc": "2.0",
-            "id": request_id,
-            "method": "elicitation/create",
-            "params": {
-                "mode": "form",
-                "message": message,
-                "requestedSchema": requested_schema,
-                "_meta": {RELATED_TASK: {"taskId": task.task_id}},
-            },
-        }
-        answer: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        pending = PendingInput(request_id, request, task, answer)
-        task.inputs[request_id] = pending
-        self._pending[request_id] = pending
-        try:
-            task.set_status("input_required", "waiting for input")
-            if self.options.json_response and session is not None and session.stream is not None:
-                pending.holder = session.stream
-                session.push(request)
-            return await answer
-        finally:
-            del task.inputs[request_id]
-            del self._pending[request_id]
-            if not task.terminal:
-                task.set_status("working", None)
-
-    # ---- tasks/result -----------------------------------------------------------------------------
-
-    async def _tasks_result(
-        self, incoming: Incoming, receive: Receive, send: Send, headers: dict[str, str]
-    ) -> None:
-        request_id = incoming.message["id"]
-        try:
-            task = self.store.get(incoming.params.get("taskId"), incoming.session_id)
-        except RpcError as error:
-            await self._answer(send, {"jsonrpc": "2.0", "id": request_id, "error": error.wire()}, headers)
-            return
-        stream = None
-        if not self.options.json_response:
-            stream = await self._result_stream(send, headers, task, request_id)
-        if not await self._follow(task, stream, receive, send):
-            return
-        injected = self.faults.take_result_error()
-        final = {"error": injected} if injected is not None else self._final_answer(task)
-        answer = {"jsonrpc": "2.0", "id": request_id, **final}
-        try:
-            await self._send_result(send, answer, headers, stream)
-        finally:
-            if self.faults.switches.reorder_release == "tasks/result":
-                self._release_held_get()
-
-    async def _send_result(
-        self, send: Send, answer: dict[str, Any], headers: dict[str, str], stream: SseStream | None
-    ) -> None:
-        if self.faults.take("drop_result"):
-            await drop_connection(send)
-        elif self.faults.take("malformed_result"):
-            if stream is not None:
-                await stream.write(b"event: message\r\ndata: " + MALFORMED_RESULT + b"\r\n\r\n")
-                await stream.close()
-            else:
-                await respond(send, 200, MALFORMED_RESULT, headers=headers)
-        elif self.faults.take("truncate_result"):
-            data = sse_event(answer) if stream is not None else dumps(answer)
-            if stream is not None:
-                await stream.write(data[: len(data) // 2])
-            else:
-                await send_partial(send, data, headers)
-            await drop_connection(send)
-        elif stream is not None:
-            await stream.event(answer)
-            await stream.close()
-        else:
-            await respond(send, 200, dumps(answer), headers=headers)
-
-    async def _result_stream(
-        self, send: Send, headers: dict[str, str], task: Task, request_id: object
-    ) -> SseStream:
-        if not self.faults.switches.sse_event_ids:
-            return SseStream(send, headers)
-        stream = ResumableStream(send, headers, self._stream_logs.open(task.task_id, request_id))
-        await stream.prime()
-        return stream
-
-    async def _follow(self, task: Task, stream: SseStream | None, receive: Receive, send: Send) -> bool:
-        """Carry the task's input requests on ``stream`` until the task is terminal (True), or until the
-        client goes away or the stream is cut under a request (False: nothing more to send)."""
-        disconnected = asyncio.ensure_future(wait_disconnect(receive))
-        try:
-            while not task.terminal:
-                if stream is not None:
-                    for pending in list(task.inputs.values()):
-                        if pending.holder is None and not await self._deliver(pending, stream, send):
-                            return False
-                change = asyncio.ensure_future(task.changed().wait())
-                await asyncio.wait({change, disconnected}, return_when=asyncio.FIRST_COMPLETED)
-                change.cancel()
-                if disconnected.done():
-                    return False
-        finally:
-            disconnected.cancel()
-            if stream is not None:
-                _release(task.inputs.values(), stream)
-        return True
-
-    async def _deliver(self, pending: PendingInput, stream: SseStream, send: Send) -> bool:
-        """Send an input request on ``stream``; with ``lose_input_request``, cut the stream under it instead
-        (False). A lost request counts as sent: only resuming this stream brings it back."""
-        if not self.faults.take("lose_input_request"):
-            pending.holder = stream
-            await stream.event(pending.request)
-            return True
-        pending.holder = LOST_IN_TRANSIT
-        if isinstance(stream, ResumableStream):
-            stream.keep_unsent(pending.request)
-        await stream.start()
-        await drop_connection(send)
-        return False
-
-    async def _resume(self, last_event_id: str, session: Session, receive: Receive, send: Send) -> None:
-        """GET with ``Last-Event-ID``: replay what followed that event on its ``tasks/result`` stream, then
-        go on as that stream (its input requests, then its final answer under the original request id)."""
-        log = self._stream_logs.find(last_event_id)
-        replay = log.after(last_event_id) if log is not None else None
-        task = None
-        if log is not None:
-            with contextlib.suppress(RpcError):
-                task = self.store.get(log.task_id, session.session_id)
-        if log is None or replay is None or task is None:
-            message = f"Bad Request: no stream to resume at event {last_event_id!r}"
-            await respond(send, 400, _transport_error(-32000, message))
-            return
-        headers = self._session_headers(session)
-        stream = ResumableStream(send, headers, log)
-        await stream.start()
-        for replayed, data in replay:
-            await stream.write(data)
-            pending = task.inputs.get(str(replayed.get("id")))
-            if pending is not None and pending.holder is LOST_IN_TRANSIT:
-                pending.holder = stream
-        if not await self._follow(task, stream, receive, send):
-            return
-        answer = {"jsonrpc": "2.0", "id": log.request_id, **self._final_answer(task)}
-        await self._send_result(send, answer, headers, stream)
-
-    @staticmethod
-    def _final_answer(task: Task) -> dict[str, Any]:
-        related = {RELATED_TASK: {"taskId": task.task_id}}
-        if task.status == "cancelled":
-            message = f"Task {task.task_id} was cancelled: a cancelled task has no result"
-            return {"error": {"code": -32602, "message": message}}
-        if task.error is not None:
-            return {"error": task.error}
-        result = dict(task.result or {})
-        result["_meta"] = {**result.get("_meta", {}), **related}
-        return {"result": result}
 
     # ---- GET and DELETE /mcp ----------------------------------------------------------------------
 
@@ -792,49 +412,23 @@ class DemoMcpServer:
         headers = request_headers(scope)
         if not _accepts(headers.get("accept", ""), SSE_TYPE):
             message = "Not Acceptable: Client must accept text/event-stream"
-            await respond(send, 406, _transport_error(-32600, message))
+            await respond(send, 406, transport_error(-32600, message))
             return
         ok, session = await self._check_session(headers, send)
         if not ok or session is None:
             return
         last_event_id = headers.get("last-event-id")
         if last_event_id is not None:
-            await self._resume(last_event_id, session, receive, send)
+            answer_headers = self.options.session_headers(session)
+            await self.streams.resume(last_event_id, session, receive, send, answer_headers)
             return
         if session.stream is not None:
             message = "Conflict: Only one SSE stream is allowed per session"
-            await respond(send, 409, _transport_error(-32000, message))
+            await respond(send, 409, transport_error(-32000, message))
             return
         if await read_body(receive) is None:
             return
-        queue: asyncio.Queue[object] = asyncio.Queue()
-        session.stream = queue
-        if self.options.json_response:
-            for task in self.store.of_session(session.session_id):
-                for pending in task.inputs.values():
-                    if pending.holder is None:
-                        pending.holder = queue
-                        queue.put_nowait(pending.request)
-        stream = SseStream(send, self._session_headers(session))
-        disconnected = asyncio.ensure_future(wait_disconnect(receive))
-        try:
-            await stream.start()
-            while True:
-                item = asyncio.ensure_future(queue.get())
-                await asyncio.wait({item, disconnected}, return_when=asyncio.FIRST_COMPLETED)
-                if not item.done():
-                    item.cancel()
-                    return
-                outgoing = item.result()
-                if outgoing is _CLOSE:
-                    await stream.close()
-                    return
-                await stream.event(outgoing)
-        finally:
-            disconnected.cancel()
-            if session.stream is queue:
-                session.stream = None
-            _release(self._pending.values(), queue)
+        await self.streams.session_stream(session, receive, send, self.options.session_headers(session))
 
     async def _delete(self, scope: Scope, send: Send) -> None:
         if self.options.stateless:
@@ -844,77 +438,35 @@ class DemoMcpServer:
         if not ok or session is None:
             return
         del self._sessions[session.session_id]
-        session.push(_CLOSE)
+        session.push(CLOSE)
         await respond(send, 200)
 
-    # ---- control endpoints ------------------------------------------------------------------------
+    # ---- control endpoints (demo_server.control) --------------------------------------------------
 
-    async def _control(self, name: str, method: str, receive: Receive, send: Send) -> None:
-        if name == "faults" and method == "GET":
-            await respond(send, 200, dumps(self.faults.switches.model_dump()))
-        elif name == "faults" and method == "POST":
-            try:
-                changes = json.loads(await read_body(receive) or b"")
-            except ValueError as error:
-                changes = error
-            if not isinstance(changes, dict):
-                await respond(send, 400, dumps({"error": "the body must be a JSON object of fault switches"}))
-                return
-            try:
-                switches = self.faults.update(changes)
-            except ValidationError as error:
-                await respond(send, 400, dumps({"error": str(error)}))
-                return
-            await respond(send, 200, dumps(switches.model_dump()))
-        elif name == "faults" and method == "DELETE":
-            self.faults.reset()
-            await respond(send, 200, dumps(self.faults.switches.model_dump()))
-        elif name == "log" and method == "GET":
-            await respond(send, 200, dumps({"entries": list(self.log.entries)}))
-        elif name == "replies" and method == "GET":
-            await respond(send, 200, dumps({"replies": self.replies}))
-        elif name == "log" and method == "DELETE":
-            self.log.clear()
-            await respond(send, 200, dumps({"entries": []}))
-        elif name == "http_log" and method == "GET":
-            await respond(send, 200, dumps({"entries": list(self.http_log.entries)}))
-        elif name == "http_log" and method == "DELETE":
-            self.http_log.clear()
-            await respond(send, 200, dumps({"entries": []}))
-        elif name == "tasks" and method == "GET":
-            tasks = [task.view() for task in self.store.all()]
-            await respond(send, 200, dumps({"tasks": tasks, "expired": self.store.expired_ids()}))
-        else:
-            await respond(send, 404, dumps({"error": f"no control endpoint {method} /_control/{name}"}))
+    def _show_faults(self) -> dict[str, Any]:
+        return self.faults.switches.model_dump()
+
+    def _set_faults(self, changes: dict[str, Any]) -> dict[str, Any]:
+        return self.faults.update(changes).model_dump()
+
+    def _reset_faults(self) -> dict[str, Any]:
+        self.faults.reset()
+        return self.faults.switches.model_dump()
+
+    def _tasks_view(self, _: bytes | None) -> control.Answer:
+        tasks = [task.view() for task in self.store.all()]
+        return 200, {"tasks": tasks, "expired": self.store.expired_ids()}
 
 
-def _release(inputs: Iterable[PendingInput], stream: object) -> None:
-    """A closed stream gives its undelivered-or-unanswered requests back for the next stream."""
-    for pending in list(inputs):
-        if pending.holder is stream:
-            pending.holder = None
-            pending.task.wake()
-
-
-async def send_partial(send: Send, data: bytes, headers: dict[str, str]) -> None:
-    """Announce the whole JSON body, then send only its first half (the caller drops the connection)."""
-    start_headers = {**headers, "content-type": JSON_TYPE, "content-length": str(len(data))}
-    raw = [(name.encode(), value.encode()) for name, value in start_headers.items()]
-    await send({"type": "http.response.start", "status": 200, "headers": raw})
-    await send({"type": "http.response.body", "body": data[: len(data) // 2], "more_body": True})
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m demo_server.mcp", description=__doc__.split("\n")[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8765)
+def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stateless", action="store_true", help="no sessions; tasks visible to any caller")
     parser.add_argument("--json-response", action="store_true", help="application/json answers, not SSE")
     parser.add_argument("--poll-interval-ms", type=int, default=500)
     parser.add_argument("--max-ttl-ms", type=int, default=None, help="cap on a requested ttl")
     parser.add_argument("--page-size", type=int, default=50, help="tasks/list page size")
-    parser.add_argument("--log-level", default="warning")
-    args = parser.parse_args(argv)
+
+
+def _app(args: argparse.Namespace) -> DemoMcpServer:
     options = ServerOptions(
         stateless=args.stateless,
         json_response=args.json_response,
@@ -922,16 +474,11 @@ def main(argv: list[str] | None = None) -> None:
         max_ttl_ms=args.max_ttl_ms,
         page_size=args.page_size,
     )
-    config = uvicorn.Config(
-        DemoMcpServer(options),
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        access_log=False,
-        lifespan="on",
-        timeout_graceful_shutdown=2,
-    )
-    uvicorn.Server(config).run()
+    return DemoMcpServer(options)
+
+
+def main(argv: list[str] | None = None) -> None:
+    serve.run(argv, module="demo_server.mcp", doc=__doc__, port=8765, add_options=_options, build_app=_app)
 
 
 if __name__ == "__main__":

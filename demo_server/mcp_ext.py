@@ -36,14 +36,14 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-import uvicorn
-
+from demo_server import control, serve
 from demo_server._asgi import (
     Receive,
     Scope,
     Send,
     drop_connection,
     dumps,
+    lifespan,
     read_body,
     request_headers,
     respond,
@@ -146,6 +146,16 @@ class ExtServer:
         self.faults: dict[str, Any] = {}
         self.log: list[dict[str, Any]] = []
         self.rounds = 0
+        self.control = control.Control(
+            {
+                ("faults", "POST"): self._set_faults,
+                ("faults", "DELETE"): self._clear_faults,
+                ("faults", "GET"): lambda _: (200, self.faults),
+                ("log", "GET"): lambda _: (200, {"entries": self.log}),
+                ("tasks", "GET"): self._tasks_view,
+            },
+            explain_missing=False,
+        )
 
     # -- faults --------------------------------------------------------------------------------------
 
@@ -167,16 +177,11 @@ class ExtServer:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await lifespan(receive, send)
+            return
         path, method = scope["path"], scope["method"]
-        if path.startswith("/_control/"):
-            await self._control(path.removeprefix("/_control/"), method, receive, send)
+        if path.startswith(control.PREFIX):
+            await self.control.answer(path, method, receive, send)
         elif path == "/mcp" and method == "POST":
             await self._post(scope, receive, send)
         elif path == "/mcp":
@@ -184,24 +189,20 @@ class ExtServer:
         else:
             await respond(send, 404)
 
-    async def _control(self, name: str, method: str, receive: Receive, send: Send) -> None:
-        if name == "faults" and method == "POST":
-            body = await read_body(receive)
-            self.faults.update(json.loads(body or b"{}"))
-            await respond(send, 200, dumps(self.faults))
-        elif name == "faults" and method == "DELETE":
-            self.faults.clear()
-            self.log.clear()
-            await respond(send, 204)
-        elif name == "faults" and method == "GET":
-            await respond(send, 200, dumps(self.faults))
-        elif name == "log" and method == "GET":
-            await respond(send, 200, dumps({"entries": self.log}))
-        elif name == "tasks" and method == "GET":
-            tasks = [t.detailed(self.poll_interval_ms, self.ttl_ms) for t in self.tasks.values()]
-            await respond(send, 200, dumps({"tasks": tasks}))
-        else:
-            await respond(send, 404)
+    # -- control endpoints (demo_server.control) -------------------------------------------------------
+
+    def _set_faults(self, body: bytes | None) -> control.Answer:
+        self.faults.update(json.loads(body or b"{}"))
+        return 200, self.faults
+
+    def _clear_faults(self, _: bytes | None) -> control.Answer:
+        self.faults.clear()
+        self.log.clear()
+        return 204, None
+
+    def _tasks_view(self, _: bytes | None) -> control.Answer:
+        tasks = [t.detailed(self.poll_interval_ms, self.ttl_ms) for t in self.tasks.values()]
+        return 200, {"tasks": tasks}
 
     async def _post(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = request_headers(scope)
@@ -396,25 +397,19 @@ class ExtServer:
             self._end(task, "completed", result=result)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m demo_server.mcp_ext", description=__doc__.split("\n")[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8766)
+def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--poll-interval-ms", type=int, default=200)
     parser.add_argument("--ttl-ms", type=int, default=600_000)
-    parser.add_argument("--log-level", default="warning")
-    args = parser.parse_args(argv)
-    app = ExtServer(poll_interval_ms=args.poll_interval_ms, ttl_ms=args.ttl_ms)
-    config = uvicorn.Config(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        access_log=False,
-        lifespan="on",
-        timeout_graceful_shutdown=2,
+
+
+def _app(args: argparse.Namespace) -> ExtServer:
+    return ExtServer(poll_interval_ms=args.poll_interval_ms, ttl_ms=args.ttl_ms)
+
+
+def main(argv: list[str] | None = None) -> None:
+    serve.run(
+        argv, module="demo_server.mcp_ext", doc=__doc__, port=8766, add_options=_options, build_app=_app
     )
-    uvicorn.Server(config).run()
 
 
 if __name__ == "__main__":
