@@ -15,6 +15,7 @@ from beat_schedule import beat_schedule
 from workers import celery_logs
 from workers.broker import CONSUMER as REDIS_CONSUMER
 from workers.broker import TRANSPORT as REDIS_TRANSPORT
+from workers.delivery import CELERY_DELIVERY
 from workers.errors import ConfigError
 from workers.fencing import ConsumptionFence
 from workers.runtime import RuntimeHolder
@@ -135,7 +136,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 
 
 def create_app(settings: Settings | None = None) -> Celery:
-    holder = RuntimeHolder(settings)
+    holder = RuntimeHolder(settings, delivery=CELERY_DELIVERY)
     app = Celery("longcall", set_as_current=False)
     app.add_defaults(lambda: celery_config(holder.settings))
     app.longcall_runtime = holder  # type: ignore[attr-defined]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import amqp.exceptions
@@ -30,7 +30,9 @@ from ledger.errors import PublishUnavailable
 from ledger.outbox import OutboxRetry
 from ledger.records import OutboxMessage
 from ledger.redact import error_line
+from workers.errors import InvalidSubmission
 from workers.settings import Settings
+from workers.signatures import DeliveryCheck, completed_signature
 
 #: Namespace of the downstream task ids: uuid5(DELIVERY_NAMESPACE, "receipt:<id>" | "input:<op>:<round>").
 DELIVERY_NAMESPACE = uuid.UUID("5b0f7c1e-9a3c-4d51-8a59-2f6f3c0b9a11")
@@ -47,36 +49,21 @@ def delivered_unchanged(value: Any) -> bool:
         return False
 
 
-#: What a signature dict may leave out (or give as null), filled in as Celery writes it.
-SIGNATURE_DEFAULTS: Mapping[str, Any] = {"args": [], "kwargs": {}, "options": {}}
+def buildable(field: str, value: dict[str, Any]) -> None:
+    """Celery builds the signature ``value`` (as delivery will build it).
+
+    Raises:
+        InvalidSubmission: whatever Celery refuses to build, delivery could not publish.
+    """
+    try:
+        signature(copy.deepcopy(value))
+    except Exception as exc:  # noqa: BLE001 - whatever Celery refuses to build, delivery could not publish
+        raise InvalidSubmission(f"{field} is not a signature Celery can build: {error_line(exc)}") from None
 
 
-def completed_signature(value: Mapping[str, Any]) -> dict[str, Any]:
-    """``value`` (a signature as a dict) with the parts a dict may leave out filled in, its nested signatures
-    too (a chain's or a group's tasks, a chord's header and body, ``link`` and ``link_error``): Celery
-    builds a signature from a dict as it is, and one whose ``kwargs`` is missing cannot take the receipt
-    (``apply_async(kwargs=...)`` raises TypeError, every time). Submit stores signatures completed
-    (``workers/signatures.py``); delivery completes the ones stored before it did."""
-    sig = dict(value)
-    for key, empty in SIGNATURE_DEFAULTS.items():
-        if sig.get(key) is None:
-            sig[key] = copy.copy(empty)
-
-    def nested(member: Any) -> Any:
-        if isinstance(member, dict):
-            return completed_signature(member)
-        if isinstance(member, list | tuple):
-            return [completed_signature(m) if isinstance(m, dict) else m for m in member]
-        return member
-
-    if isinstance(sig["kwargs"], dict):
-        kind = sig.get("subtask_type")
-        parts = ("tasks",) if kind in ("chain", "group") else ("header", "body") if kind == "chord" else ()
-        sig["kwargs"] = {k: nested(v) if k in parts else v for k, v in sig["kwargs"].items()}
-    if isinstance(sig["options"], dict):
-        links = ("link", "link_error")
-        sig["options"] = {k: nested(v) if k in links else v for k, v in sig["options"].items()}
-    return sig
+#: The answers of this worker's serializer and of Celery itself, which the runtime gives the engine (the
+#: result step, the submission check).
+CELERY_DELIVERY = DeliveryCheck(unchanged=delivered_unchanged, build=buildable)
 
 
 def delivery_task_id(message: OutboxMessage) -> str:

@@ -24,7 +24,7 @@ from workers import __version__
 from workers.errors import InvalidSubmission
 from workers.rollout import RolloutState, Routing, decide, is_side_effect_free
 from workers.settings import FleetConfig, ToolConfig
-from workers.signatures import check_absolute_expiry, checked_signature
+from workers.signatures import JSON_RULE, DeliveryCheck, check_absolute_expiry, checked_signature
 
 SUBMIT_KWARGS = frozenset(
     {"call_node_id", "server", "tool", "arguments", "on_terminal", "on_input", "ttl_ms", "wait_budget_s"}
@@ -50,17 +50,23 @@ class SubmitRequest:
 
 
 def validate_submission(
-    kwargs: Mapping[str, Any], fleet: FleetConfig, *, max_body_bytes: int, max_delay_s: float | None = None
+    kwargs: Mapping[str, Any],
+    fleet: FleetConfig,
+    *,
+    max_body_bytes: int,
+    max_delay_s: float | None = None,
+    delivery: DeliveryCheck = JSON_RULE,
 ) -> NewOperation:
     """The whole check of a submission: its shape, then its server, adapter and body size.
 
     ``max_delay_s`` bounds the countdown (or ETA ahead) of the downstream signatures
-    (``Settings.max_callback_delay_s``: inside a Redis broker's visibility timeout).
+    (``Settings.max_callback_delay_s``: inside a Redis broker's visibility timeout); ``delivery``: what the
+    serializer and Celery say of them (``Runtime.delivery``).
 
     Raises:
         InvalidSubmission: what was wrong; nothing was written.
     """
-    request = parse_submit_kwargs(kwargs, max_delay_s=max_delay_s)
+    request = parse_submit_kwargs(kwargs, max_delay_s=max_delay_s, delivery=delivery)
     server = fleet.servers.get(request.server)
     if server is None:
         known = ", ".join(sorted(fleet.servers)) or "none (set LONGCALL_CONFIG)"
@@ -143,9 +149,11 @@ def check_route_arguments(
         )
 
 
-def parse_submit_kwargs(kwargs: Mapping[str, Any], *, max_delay_s: float | None = None) -> SubmitRequest:
+def parse_submit_kwargs(
+    kwargs: Mapping[str, Any], *, max_delay_s: float | None = None, delivery: DeliveryCheck = JSON_RULE
+) -> SubmitRequest:
     """The shape check alone (no fleet needed): names, arguments object, signatures (their delays within
-    ``max_delay_s``), ttl and budget."""
+    ``max_delay_s``, as ``delivery`` takes them), ttl and budget."""
     unknown = sorted(set(kwargs) - SUBMIT_KWARGS)
     if unknown:
         raise InvalidSubmission(
@@ -162,8 +170,10 @@ def parse_submit_kwargs(kwargs: Mapping[str, Any], *, max_delay_s: float | None 
         server=_name("server", kwargs["server"]),
         tool=_name("tool", kwargs["tool"]),
         arguments=arguments,
-        on_terminal=checked_signature("on_terminal", kwargs.get("on_terminal"), max_delay_s),
-        on_input=checked_signature("on_input", kwargs.get("on_input"), max_delay_s),
+        on_terminal=checked_signature(
+            "on_terminal", kwargs.get("on_terminal"), max_delay_s, delivery=delivery
+        ),
+        on_input=checked_signature("on_input", kwargs.get("on_input"), max_delay_s, delivery=delivery),
         ttl_ms=_ttl(kwargs.get("ttl_ms")),
         wait_budget_s=_budget(kwargs.get("wait_budget_s")),
     )

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from workers.app import celery_config
+from workers import delivery, signatures
+from workers.app import celery_config, create_app
 from workers.errors import ConfigError, InvalidSubmission
 from workers.settings import AMQP_CONSUMER_TIMEOUT_S, REDIS_VISIBILITY_TIMEOUT_S, FleetConfig, Settings
 from workers.submission import reply_size_refusal, validate_submission
@@ -136,3 +137,46 @@ def test_an_input_reply_over_the_body_limit_is_refused() -> None:
     assert refusal is not None
     assert "LONGCALL_MAX_BODY_BYTES" in refusal
     assert reply_size_refusal({"x": float("nan")}, max_body_bytes=1000) is not None
+
+
+ENVELOPE_CASES: list[Any] = [
+    {"content": [], "isError": False},
+    {"structuredContent": {"__type__": "decimal", "__value__": "1.5"}},
+    [{"__type__": "datetime", "__value__": "2026-01-01T00:00:00"}],
+    {"__type__": "bytes", "__value__": "x"},
+    {"__type__": "base64", "__value__": "eA=="},
+    {"__type__": "uuid", "__value__": {"hex": "0" * 32}},
+    {"__type__": "uuid", "__value__": "not a uuid"},
+    {"__type__": "date", "__value__": "not a date"},
+    {"__type__": "no-such-type", "__value__": 1},
+    {"__type__": "decimal", "__value__": "1", "more": True},
+    {"__type__": "decimal"},
+    {"a": {"b": [1, 2.5, None, True, "__type__", {"__value__": 3}]}},
+    {"1": "one", "two": [], "three": {}},
+    "text",
+    10**20,
+    -0.0,
+    None,
+    float("nan"),
+    {"bad": "\ud800"},
+    {"x": object()},
+]
+
+
+@pytest.mark.parametrize("value", ENVELOPE_CASES)
+def test_the_json_rule_answers_as_celerys_serializer_does(value: Any) -> None:
+    """The engine's rule (``workers.signatures.delivered_unchanged``, no Celery) and the serializer itself
+    (``workers.delivery.delivered_unchanged``, kombu's round trip) agree."""
+    assert signatures.delivered_unchanged(value) is delivery.delivered_unchanged(value)
+
+
+def test_a_worker_checks_signatures_with_celery_itself() -> None:
+    """A worker's runtime answers with kombu's serializer and Celery's own build (``workers/app.py``); the
+    same submission validates to the same operation with or without them."""
+    holder = create_app(REDIS).longcall_runtime  # type: ignore[attr-defined]
+    assert holder.get().delivery is delivery.CELERY_DELIVERY
+    kwargs = submission(countdown=5)
+    with_celery = validate_submission(kwargs, FLEET, max_body_bytes=1000, delivery=delivery.CELERY_DELIVERY)
+    assert with_celery == validate_submission(kwargs, FLEET, max_body_bytes=1000)
+    with pytest.raises(InvalidSubmission, match="is not a signature Celery can build"):
+        delivery.buildable("on_terminal", {"task": "celery.chord", "subtask_type": "chord", "kwargs": 5})

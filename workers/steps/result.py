@@ -32,7 +32,6 @@ from ledger.events import EventKind
 from ledger.reasons import ReconciliationReason
 from ledger.records import Fence, Operation, TerminalEvidence
 from ledger.states import OpState, TerminalKind
-from workers.delivery import delivered_unchanged
 from workers.errors import NoToken
 from workers.steps.context import TRY_AGAIN, StepContext, StepOutcome, describe, remote_ref, retry_s
 
@@ -141,7 +140,8 @@ def fetch(
 def storable(ctx: StepContext, value: Any) -> Any:
     """The result as it is stored, delivered and digested: the value Postgres jsonb gives back for it
     (``1e16`` becomes ``10000000000000000``, ``-0.0`` becomes ``0.0``), checked to pass the Celery JSON
-    serializer unchanged and to be within ``max_result_bytes``.
+    serializer unchanged (the runtime's :attr:`~workers.runtime.Runtime.delivery` says) and to be within
+    ``max_result_bytes``.
 
     Raises:
         UnstorableResult: not JSON, refused by jsonb, changed by the Celery JSON serializer, or too large.
@@ -153,7 +153,7 @@ def storable(ctx: StepContext, value: Any) -> Any:
     if size > ctx.settings.max_result_bytes:
         raise UnstorableResult(f"too large: {size} bytes of JSON, over max_result_bytes")
     stored = ctx.ledger.as_stored(value)
-    if not delivered_unchanged(stored):
+    if not ctx.runtime.delivery.unchanged(stored):
         raise UnstorableResult(
             "the Celery JSON serializer would deliver another value (an object with exactly the keys "
             "__type__ and __value__)"
