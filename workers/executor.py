@@ -2,7 +2,12 @@
 
 Every entry point reads the row, checks that the step applies to its state and that the caller's claim is
 still the row's, and maps what a step may meet on the way: a stale write (the row moved on under it) and a
-missing token (rescheduled, never blocked).
+missing token (rescheduled, never blocked). A message sent by name (a submission, a cancel, an input reply)
+enters by ``take_*``: its intent recorded through the caller's ``tries`` (the Celery layer's: through
+infrastructure faults, then by the broker, ``workers/task_faults.py``), then its step.
+
+No Celery here (``tests/unit/test_layers.py``): what the serializer and Celery say of a value comes from
+the runtime (``Runtime.delivery``).
 """
 
 from __future__ import annotations
@@ -12,13 +17,14 @@ import functools
 import logging
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 import redis
 
 from ledger.errors import StaleTransition
 from ledger.records import Fence, NewOperation, Operation, Submission
 from ledger.repository import Ledger
+from ledger.shadow import LegacyRecording, ShadowComparison
 from ledger.states import OpState
 from workers import logs
 from workers.errors import NoToken, UnknownServer
@@ -29,8 +35,9 @@ from workers.steps import cancel, dispatch, input_rounds, poll, reconciliation, 
 from workers.steps.context import REDIS_PAUSE_S, StepContext, StepOutcome, spread, utc_now
 from workers.steps.dispatch import Dispatch
 from workers.steps.reconciliation import Resolution
+from workers.submission import canary_admission, operation_summary, parse_legacy_outcome, validate_submission
 
-__all__ = ["Dispatch", "Executor", "Resolution", "StepOutcome"]
+__all__ = ["Dispatch", "Executor", "Resolution", "StepOutcome", "Tries", "once", "submit_answer"]
 
 log = logging.getLogger("longcall.executor")
 
@@ -40,6 +47,28 @@ Step = Callable[[StepContext, Operation, Fence], StepOutcome]
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+class Tries(Protocol):
+    """How the caller tries an intent's recording: ``tries(what, run)`` returns ``run()``, tried again as
+    the caller sees fit (``what`` names the intent in what it logs)."""
+
+    def __call__(self, what: str, run: Callable[[], R], /) -> R: ...
+
+
+def once(what: str, run: Callable[[], R], /) -> R:
+    """Try once (an in-process caller: a test, a simulation)."""
+    return run()
+
+
+def submit_answer(submission: Submission, step: StepOutcome | None) -> dict[str, Any]:
+    """What ``longcall.submit`` returns (JSON): the operation (``workers.submission.operation_summary``), and
+    what its first step did when this worker made it (``step``, and the state it left)."""
+    summary = operation_summary(submission.operation, created=submission.created)
+    if step is not None:
+        summary["step"] = step.action
+        summary["state"] = step.state.value if step.state is not None else summary["state"]
+    return summary
 
 
 def _own_log_context(entry: Callable[P, R]) -> Callable[P, R]:
@@ -71,6 +100,66 @@ class Executor:
     @property
     def ledger(self) -> Ledger:
         return self.rt.ledger
+
+    def take_submission(
+        self, kwargs: Mapping[str, Any], *, tries: Tries = once
+    ) -> tuple[Submission, StepOutcome | None]:
+        """``longcall.submit`` from its keyword arguments: checked at the boundary (``workers/submission.py``,
+        with what the runtime's serializer and Celery say of its signatures), then recorded through
+        ``tries`` and routed in the insert's transaction, under the call node's lock (:meth:`submit`). A
+        repeat of the insert finds the row the first try committed; once the row is recorded, a fault in its
+        first step leaves the step to the dispatcher, and the answer is the operation.
+
+        Raises:
+            InvalidSubmission: the submission was refused; nothing was written.
+            workers.submission.NotRouted: the call node is outside the canary; nothing was written.
+            ledger.errors.CallNodeConflict, ledger.errors.AdmissionClosed, ledger.errors.AdapterDisabled:
+                the ledger refused it.
+        """
+        settings, fleet = self.rt.settings, self.rt.fleet
+        new = validate_submission(
+            kwargs,
+            fleet,
+            max_body_bytes=settings.max_body_bytes,
+            max_delay_s=settings.max_callback_delay_s,
+            delivery=self.rt.delivery,
+        )
+        return tries(
+            f"longcall.submit of call node {new.call_node_id!r}",
+            lambda: self.submit(new, admit=canary_admission(fleet, new)),
+        )
+
+    def take_cancel(self, op_id: uuid.UUID, *, tries: Tries = once) -> StepOutcome:
+        """``longcall.cancel`` of an operator or a pipeline: its intent recorded through ``tries`` until it
+        is, then its request sent (:meth:`request_cancel`)."""
+        return tries(f"longcall.cancel of {op_id}", lambda: self.request_cancel(op_id))
+
+    def take_reply(
+        self, op_id: uuid.UUID, input_round: int, response: Mapping[str, Any], *, tries: Tries = once
+    ) -> StepOutcome:
+        """``longcall.provide_input``, its reply checked at the boundary (``workers/replies.py``): stored
+        with its round through ``tries`` until it is (a repeat of the same reply after a lost commit finds
+        it stored), then sent, now or by the next step (:meth:`provide_input`)."""
+        return tries(
+            f"longcall.provide_input of {op_id} round {input_round}",
+            lambda: self.provide_input(op_id, input_round, response),
+        )
+
+    def record_legacy_outcome(self, kwargs: Mapping[str, Any]) -> tuple[ShadowComparison, LegacyRecording]:
+        """``longcall.record_legacy_outcome``: the caller's legacy outcome of a call node, checked at the
+        boundary, beside its shadow operation's receipt (issue 12).
+
+        Raises:
+            InvalidSubmission: the outcome was refused; nothing was written.
+            ledger.shadow.LegacyOutcomeRefused: the ledger refused it.
+        """
+        legacy = parse_legacy_outcome(kwargs, max_body_bytes=self.rt.settings.max_body_bytes)
+        return self.ledger.record_legacy_outcome(
+            legacy.call_node_id,
+            legacy.terminal_state,
+            result_digest=legacy.result_digest,
+            detail=legacy.detail,
+        )
 
     @_own_log_context
     def submit(

@@ -340,18 +340,6 @@ def _name(field: str, value: Any) -> str:
     return value
 
 
-def reply_size_refusal(response: Any, *, max_body_bytes: int) -> str | None:
-    """Why an input reply (``longcall.provide_input``'s ``response``) is refused before anything is
-    written: not JSON, or larger than the body limit. None when it may go on."""
-    try:
-        size = len(canonical_json(response).encode("utf-8"))
-    except NotJson as exc:
-        return f"response is not JSON: {exc}"
-    if size > max_body_bytes:
-        return f"response is {size} bytes of JSON; the limit is {max_body_bytes} (LONGCALL_MAX_BODY_BYTES)"
-    return None
-
-
 def _ttl(value: Any) -> int | None:
     if value is None:
         return None

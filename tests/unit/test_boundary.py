@@ -14,8 +14,9 @@ from pydantic import ValidationError
 from workers import delivery, signatures
 from workers.app import celery_config, create_app
 from workers.errors import ConfigError, InvalidSubmission
+from workers.replies import reply_size_refusal
 from workers.settings import AMQP_CONSUMER_TIMEOUT_S, REDIS_VISIBILITY_TIMEOUT_S, FleetConfig, Settings
-from workers.submission import reply_size_refusal, validate_submission
+from workers.submission import validate_submission
 
 FLEET = FleetConfig.model_validate(
     {"servers": {"reports": {"protocol": "mcp", "protocol_version": "2025-11-25", "url": "http://h/mcp"}}}
