@@ -32,7 +32,7 @@ from workers.faults import INFRASTRUCTURE, describe_fault
 from workers.lease import keep_lease
 from workers.runtime import OWNER_SEEN_S, Runtime
 from workers.steps import cancel, dispatch, input_rounds, poll, reconciliation, result, submit
-from workers.steps.context import REDIS_PAUSE_S, StepContext, StepOutcome, spread, utc_now
+from workers.steps.context import REDIS_PAUSE_S, StepAction, StepContext, StepOutcome, spread, utc_now
 from workers.steps.dispatch import Dispatch
 from workers.steps.reconciliation import Resolution
 from workers.submission import canary_admission, operation_summary, parse_legacy_outcome, validate_submission
@@ -66,7 +66,7 @@ def submit_answer(submission: Submission, step: StepOutcome | None) -> dict[str,
     what its first step did when this worker made it (``step``, and the state it left)."""
     summary = operation_summary(submission.operation, created=submission.created)
     if step is not None:
-        summary["step"] = step.action
+        summary["step"] = step.action.value
         summary["state"] = step.state.value if step.state is not None else summary["state"]
     return summary
 
@@ -179,7 +179,9 @@ class Executor:
             # once this claim's lease runs out (a create attempt recorded before the fault is looked up by
             # key then, never made again blindly).
             log.warning("the first step of %s met %s; the dispatcher takes it on", op.id, describe_fault(exc))
-            return submission, StepOutcome(op.id, "deferred", op.state, detail={"fault": describe_fault(exc)})
+            return submission, StepOutcome(
+                op.id, StepAction.DEFERRED, op.state, detail={"fault": describe_fault(exc)}
+            )
 
     @_own_log_context
     def advance(self, op_id: uuid.UUID, cursor: int) -> StepOutcome:
@@ -195,14 +197,14 @@ class Executor:
             return self._guard(op, cursor, submit.advance_submission)
         if op.state is S.WORKING:
             return self._guard(op, cursor, poll.poll)
-        return StepOutcome(op.id, "nothing_to_do", op.state)
+        return StepOutcome(op.id, StepAction.NOTHING_TO_DO, op.state)
 
     @_own_log_context
     def fetch_result(self, op_id: uuid.UUID, cursor: int) -> StepOutcome:
         """``longcall.fetch_result``: read and accept the result of a TERMINAL_OBSERVED operation."""
         op = self.ledger.get(op_id)
         if op.state not in (S.TERMINAL_OBSERVED, S.FETCHING_RESULT):
-            return StepOutcome(op.id, "nothing_to_do", op.state)
+            return StepOutcome(op.id, StepAction.NOTHING_TO_DO, op.state)
         return self._guard(op, cursor, result.fetch)
 
     @_own_log_context
@@ -210,7 +212,7 @@ class Executor:
         """``longcall.cancel`` with a cursor: send (again) the cancel request of a recorded cancel."""
         op = self.ledger.get(op_id)
         if op.state is not S.CANCEL_REQUESTED:
-            return StepOutcome(op.id, "nothing_to_do", op.state)
+            return StepOutcome(op.id, StepAction.NOTHING_TO_DO, op.state)
         return self._guard(op, cursor, cancel.send)
 
     @_own_log_context
@@ -232,7 +234,7 @@ class Executor:
             # The intent is recorded (rule 6): the request is the dispatcher's when this claim's lease ends.
             log.warning("the cancel of %s is recorded; sending it met %s", op_id, describe_fault(exc))
             return StepOutcome(
-                op_id, "cancel_requested", recorded.state, detail={"fault": describe_fault(exc)}
+                op_id, StepAction.CANCEL_REQUESTED, recorded.state, detail={"fault": describe_fault(exc)}
             )
 
     @_own_log_context
@@ -252,14 +254,16 @@ class Executor:
             claim = self.ledger.claim(op_id, lease_s=self.rt.settings.lease_s)
             if claim is None:
                 return StepOutcome(
-                    op_id, "input_recorded", recorded.state, detail={"input_round": input_round}
+                    op_id, StepAction.INPUT_RECORDED, recorded.state, detail={"input_round": input_round}
                 )
             op = self.ledger.get(op_id, with_body=False)
             return self._guard(op, claim.poll_cursor, input_rounds.send_reply)
         except INFRASTRUCTURE as exc:
             # The reply is stored (rule 10): the dispatcher's next step sends it.
             log.warning("the reply to %s is recorded; sending it met %s", op_id, describe_fault(exc))
-            return StepOutcome(op_id, "input_recorded", recorded.state, detail={"fault": describe_fault(exc)})
+            return StepOutcome(
+                op_id, StepAction.INPUT_RECORDED, recorded.state, detail={"fault": describe_fault(exc)}
+            )
 
     @_own_log_context
     def dispatch_due(self, limit: int | None = None) -> list[Dispatch]:
@@ -281,7 +285,7 @@ class Executor:
         stale write and a missing token."""
         if op.poll_cursor != cursor:
             return StepOutcome(
-                op.id, "superseded", op.state, detail={"cursor": cursor, "now": op.poll_cursor}
+                op.id, StepAction.SUPERSEDED, op.state, detail={"cursor": cursor, "now": op.poll_cursor}
             )
         not_owner = self._not_owner(op, cursor)
         if not_owner is not None:
@@ -292,7 +296,7 @@ class Executor:
                 return step(self.ctx, op, fence)
         except StaleTransition as stale:
             log.info("stale step on %s: %s", op.id, stale)
-            return StepOutcome(op.id, "stale", None, detail={"found": stale.found})
+            return StepOutcome(op.id, StepAction.STALE, None, detail={"found": stale.found})
         except UnknownServer as unknown:
             return self._server_unconfigured(op, fence, unknown)
         except NoToken as no_token:
@@ -316,7 +320,7 @@ class Executor:
         self.ledger.hand_back_claim(op.id, cursor)
         self.rt.say_not_owner(ownership, f"the step of operation {op.id} is handed back to the owner")
         detail = {"epoch_owner": ownership.epoch_owner, "executor_id": ownership.executor_id}
-        return StepOutcome(op.id, "not_owner", op.state, detail=detail)
+        return StepOutcome(op.id, StepAction.NOT_OWNER, op.state, detail=detail)
 
     def _server_unconfigured(self, op: Operation, fence: Fence, unknown: UnknownServer) -> StepOutcome:
         """Rule 14: the step met a server this fleet's configuration does not name. An operation older than
@@ -327,11 +331,11 @@ class Executor:
             log.warning(
                 "%s; operation %s is newer than this fleet: left to a fleet that names it", unknown, op.id
             )
-            return StepOutcome(op.id, "unknown_server", op.state, detail={"server": op.server})
+            return StepOutcome(op.id, StepAction.UNKNOWN_SERVER, op.state, detail={"server": op.server})
         try:
             return reconciliation.server_unconfigured(self.ctx, self.ledger.get(op.id), fence)
         except StaleTransition as stale:
-            return StepOutcome(op.id, "stale", None, detail={"found": stale.found})
+            return StepOutcome(op.id, StepAction.STALE, None, detail={"found": stale.found})
 
     def _later(self, op: Operation, fence: Fence, no_token: NoToken) -> StepOutcome:
         """Rescheduled in the state the row is in now: the step may have moved it before the refused request
@@ -339,4 +343,4 @@ class Executor:
         try:
             return self.ctx.no_token(self.ledger.get(op.id, with_body=False), fence, no_token)
         except StaleTransition as stale:
-            return StepOutcome(op.id, "stale", None, detail={"found": stale.found})
+            return StepOutcome(op.id, StepAction.STALE, None, detail={"found": stale.found})
