@@ -13,8 +13,8 @@ from pydantic import ValidationError
 
 from workers import delivery, signatures
 from workers.app import celery_config, create_app
-from workers.errors import ConfigError, InvalidSubmission
-from workers.replies import reply_size_refusal
+from workers.errors import ConfigError, InvalidSubmission, RequestRefused
+from workers.replies import check_reply, reply_size_refusal
 from workers.settings import AMQP_CONSUMER_TIMEOUT_S, REDIS_VISIBILITY_TIMEOUT_S, FleetConfig, Settings
 from workers.submission import validate_submission
 
@@ -181,3 +181,21 @@ def test_a_worker_checks_signatures_with_celery_itself() -> None:
     assert with_celery == validate_submission(kwargs, FLEET, max_body_bytes=1000)
     with pytest.raises(InvalidSubmission, match="is not a signature Celery can build"):
         delivery.buildable("on_terminal", {"task": "celery.chord", "subtask_type": "chord", "kwargs": 5})
+
+
+@pytest.mark.parametrize(
+    ("input_round", "response", "message"),
+    [
+        (1, ["not", "an", "object"], "response must be the protocol's reply body, a JSON object"),
+        (True, {"approved": True}, "input_round must be a whole number"),
+        ("1", ["neither"], "response must be the protocol's reply body"),  # the response is checked first
+        (1, {"x": "y" * 2000}, r"response is \d+ bytes of JSON; the limit is 1000"),
+        (1, {"x": float("nan")}, "response is not JSON"),
+    ],
+)
+def test_an_input_reply_is_refused_at_the_boundary_with_what_was_wrong(
+    input_round: Any, response: Any, message: str
+) -> None:
+    with pytest.raises(RequestRefused, match=message):
+        check_reply("op-1", input_round, response, max_body_bytes=1000)
+    check_reply("op-1", 1, {"approved": True}, max_body_bytes=1000)
