@@ -12,9 +12,10 @@ from celery import Celery, signals
 from kombu import Queue
 
 from beat_schedule import beat_schedule
-from workers import logs
+from workers import celery_logs
 from workers.broker import CONSUMER as REDIS_CONSUMER
 from workers.broker import TRANSPORT as REDIS_TRANSPORT
+from workers.delivery import CELERY_DELIVERY
 from workers.errors import ConfigError
 from workers.fencing import ConsumptionFence
 from workers.runtime import RuntimeHolder
@@ -135,7 +136,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 
 
 def create_app(settings: Settings | None = None) -> Celery:
-    holder = RuntimeHolder(settings)
+    holder = RuntimeHolder(settings, delivery=CELERY_DELIVERY)
     app = Celery("longcall", set_as_current=False)
     app.add_defaults(lambda: celery_config(holder.settings))
     app.longcall_runtime = holder  # type: ignore[attr-defined]
@@ -171,17 +172,17 @@ def create_app(settings: Settings | None = None) -> Celery:
     signals.worker_ready.connect(fence_consumption, weak=False)
     signals.beat_init.connect(report_at_start, weak=False)
 
-    # Logs (workers.logs): `celery -A workers.app worker|beat --log-format json`, op and call node on every
-    # line, idle ticks at DEBUG.
-    app.user_options["preload"].add(logs.LOG_FORMAT_OPTION)
+    # Logs (workers.celery_logs): `celery -A workers.app worker|beat --log-format json`, op and call node on
+    # every line, idle ticks at DEBUG.
+    app.user_options["preload"].add(celery_logs.LOG_FORMAT_OPTION)
 
     def take_log_format(**kwargs: Any) -> None:  # user_preload_options(sender, app, options)
         options = kwargs.get("options")
         if kwargs.get("app") is app and isinstance(options, dict):
-            logs.request_format(options.get("log_format"))
+            celery_logs.request_format(options.get("log_format"))
 
     signals.user_preload_options.connect(take_log_format, weak=False)
-    logs.connect_signals()
+    celery_logs.connect_signals()
     return app
 
 

@@ -1,4 +1,5 @@
-"""Turning outbox rows into downstream Celery messages (rule 9).
+"""Turning outbox rows into downstream Celery messages (rule 9): the publisher, the beat's drain
+(:func:`drain`) and a step's own (:func:`follow`).
 
 Delivery is at-least-once: a drainer that crashes between the broker publish and the ledger commit leaves the
 row ready, and it is sent again. Every message names its receipt and carries ``outbox_id``; its Celery task id
@@ -15,8 +16,9 @@ without counting: an outage dead-letters nothing.
 from __future__ import annotations
 
 import copy
+import logging
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import amqp.exceptions
@@ -28,9 +30,15 @@ from kombu.utils import json as celery_json
 from ledger.digests import canonical_json
 from ledger.errors import NotJson, PublishUnavailable
 from ledger.outbox import OutboxRetry
-from ledger.records import OutboxMessage
+from ledger.records import DrainReport, OutboxMessage
 from ledger.redact import error_line
+from workers.errors import InvalidSubmission
+from workers.runtime import Runtime, RuntimeHolder
 from workers.settings import Settings
+from workers.signatures import DeliveryCheck, completed_signature
+from workers.steps.context import StepOutcome
+
+log = logging.getLogger("longcall")
 
 #: Namespace of the downstream task ids: uuid5(DELIVERY_NAMESPACE, "receipt:<id>" | "input:<op>:<round>").
 DELIVERY_NAMESPACE = uuid.UUID("5b0f7c1e-9a3c-4d51-8a59-2f6f3c0b9a11")
@@ -47,36 +55,21 @@ def delivered_unchanged(value: Any) -> bool:
         return False
 
 
-#: What a signature dict may leave out (or give as null), filled in as Celery writes it.
-SIGNATURE_DEFAULTS: Mapping[str, Any] = {"args": [], "kwargs": {}, "options": {}}
+def buildable(field: str, value: dict[str, Any]) -> None:
+    """Celery builds the signature ``value`` (as delivery will build it).
+
+    Raises:
+        InvalidSubmission: whatever Celery refuses to build, delivery could not publish.
+    """
+    try:
+        signature(copy.deepcopy(value))
+    except Exception as exc:  # noqa: BLE001 - whatever Celery refuses to build, delivery could not publish
+        raise InvalidSubmission(f"{field} is not a signature Celery can build: {error_line(exc)}") from None
 
 
-def completed_signature(value: Mapping[str, Any]) -> dict[str, Any]:
-    """``value`` (a signature as a dict) with the parts a dict may leave out filled in, its nested signatures
-    too (a chain's or a group's tasks, a chord's header and body, ``link`` and ``link_error``): Celery
-    builds a signature from a dict as it is, and one whose ``kwargs`` is missing cannot take the receipt
-    (``apply_async(kwargs=...)`` raises TypeError, every time). Submit stores signatures completed
-    (``workers/signatures.py``); delivery completes the ones stored before it did."""
-    sig = dict(value)
-    for key, empty in SIGNATURE_DEFAULTS.items():
-        if sig.get(key) is None:
-            sig[key] = copy.copy(empty)
-
-    def nested(member: Any) -> Any:
-        if isinstance(member, dict):
-            return completed_signature(member)
-        if isinstance(member, list | tuple):
-            return [completed_signature(m) if isinstance(m, dict) else m for m in member]
-        return member
-
-    if isinstance(sig["kwargs"], dict):
-        kind = sig.get("subtask_type")
-        parts = ("tasks",) if kind in ("chain", "group") else ("header", "body") if kind == "chord" else ()
-        sig["kwargs"] = {k: nested(v) if k in parts else v for k, v in sig["kwargs"].items()}
-    if isinstance(sig["options"], dict):
-        links = ("link", "link_error")
-        sig["options"] = {k: nested(v) if k in links else v for k, v in sig["options"].items()}
-    return sig
+#: The answers of this worker's serializer and of Celery itself, which the runtime gives the engine (the
+#: result step, the submission check).
+CELERY_DELIVERY = DeliveryCheck(unchanged=delivered_unchanged, build=buildable)
 
 
 def delivery_task_id(message: OutboxMessage) -> str:
@@ -163,3 +156,61 @@ def outbox_retry(settings: Settings) -> OutboxRetry:
         max_pause_s=settings.outbox_retry_max_s,
         first_pause_s=min(settings.outbox_interval_s, settings.outbox_retry_max_s),
     )
+
+
+#: What a step drains of its own operation's rows (a receipt, an input request or two).
+OWN_ROWS_DRAIN_LIMIT = 10
+
+
+def drain(app: Celery, runtime: Runtime, limit: int) -> DrainReport:
+    """``longcall.drain_outbox``: the ready rows (up to ``limit``) published, the ones that could not be said
+    (:func:`log_failed_publishes`)."""
+    report = runtime.ledger.drain_outbox(publisher(app), limit=limit, retry=outbox_retry(runtime.settings))
+    if report.failed:
+        log_failed_publishes(report)
+    return report
+
+
+def follow(app: Celery, holder: RuntimeHolder, step: StepOutcome | None) -> None:
+    """A step left a receipt or an input request in the outbox (committed with its state): drain it now,
+    in this task, rather than as one more message (``longcall.drain_outbox``: a broker round trip, its
+    events and a task's CPU for every operation; issue 13). The drain is the beat's own
+    (``Ledger.drain_outbox``: SKIP LOCKED, at-least-once); if it fails, the message is sent instead, and
+    the beat's drain still runs every ``outbox_interval_s``. Only the step's own operation's rows, up to
+    the first failed publish: a backlog of others' rows, or a broker that fails slowly, stays with the
+    beat's drain on ``longcall.outbox`` and never holds a poll or control slot."""
+    if step is None or not step.drain_now:
+        return
+    try:
+        runtime = holder.get()
+        report = runtime.ledger.drain_outbox(
+            publisher(app),
+            limit=OWN_ROWS_DRAIN_LIMIT,
+            op_id=step.op_id,
+            retry=outbox_retry(runtime.settings),
+        )
+    except Exception:
+        log.warning("draining the outbox after %s failed", step.op_id, exc_info=True)
+    else:
+        if not report.failed:
+            return
+        log_failed_publishes(report)
+    try:
+        app.send_task("longcall.drain_outbox", queue="longcall.outbox", ignore_result=True)
+    except Exception:  # the beat's drain runs every outbox_interval_s anyway
+        log.warning("could not send longcall.drain_outbox; the beat's drain will publish", exc_info=True)
+
+
+def log_failed_publishes(report: DrainReport) -> None:
+    """The rows a drain could not publish: the ones it dead-lettered at ERROR (an operator's, rule 9), the
+    rest, which stay ready for the next drain, at WARNING."""
+    dead = set(report.dead)
+    if dead:
+        log.error(
+            "outbox rows %s could not be published after their bounded attempts: dead-lettered "
+            "(OUTBOX_UNDELIVERABLE; longcall reconcile --resend ID once the cause is gone)",
+            sorted(dead),
+        )
+    ready = [row for row in report.failed if row not in dead]
+    if ready:
+        log.warning("outbox rows %s could not be published; they stay ready", ready)

@@ -2,7 +2,12 @@
 
 Every entry point reads the row, checks that the step applies to its state and that the caller's claim is
 still the row's, and maps what a step may meet on the way: a stale write (the row moved on under it) and a
-missing token (rescheduled, never blocked).
+missing token (rescheduled, never blocked). A message sent by name (a submission, a cancel, an input reply)
+enters by ``take_*``: its intent recorded through the caller's ``tries`` (the Celery layer's: through
+infrastructure faults, then by the broker, ``workers/task_faults.py``), then its step.
+
+No Celery here (``tests/unit/test_layers.py``): what the serializer and Celery say of a value comes from
+the runtime (``Runtime.delivery``).
 """
 
 from __future__ import annotations
@@ -12,13 +17,14 @@ import functools
 import logging
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 import redis
 
 from ledger.errors import StaleTransition
 from ledger.records import Fence, NewOperation, Operation, Submission
 from ledger.repository import Ledger
+from ledger.shadow import LegacyRecording, ShadowComparison
 from ledger.states import OpState
 from workers import logs
 from workers.budget import REDIS_PAUSE_S
@@ -27,11 +33,12 @@ from workers.faults import INFRASTRUCTURE, describe_fault
 from workers.lease import keep_lease
 from workers.runtime import OWNER_SEEN_S, Runtime
 from workers.steps import cancel, dispatch, input_rounds, poll, reconciliation, result, submit
-from workers.steps.context import StepContext, StepOutcome, spread, utc_now
+from workers.steps.context import StepAction, StepContext, StepOutcome, spread, utc_now
 from workers.steps.dispatch import Dispatch
 from workers.steps.reconciliation import Resolution
+from workers.submission import canary_admission, operation_summary, parse_legacy_outcome, validate_submission
 
-__all__ = ["Dispatch", "Executor", "Resolution", "StepOutcome"]
+__all__ = ["Dispatch", "Executor", "Resolution", "StepOutcome", "Tries", "once", "submit_answer"]
 
 log = logging.getLogger("longcall.executor")
 
@@ -41,6 +48,28 @@ Step = Callable[[StepContext, Operation, Fence], StepOutcome]
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+class Tries(Protocol):
+    """How the caller tries an intent's recording: ``tries(what, run)`` returns ``run()``, tried again as
+    the caller sees fit (``what`` names the intent in what it logs)."""
+
+    def __call__(self, what: str, run: Callable[[], R], /) -> R: ...
+
+
+def once(what: str, run: Callable[[], R], /) -> R:
+    """Try once (an in-process caller: a test, a simulation)."""
+    return run()
+
+
+def submit_answer(submission: Submission, step: StepOutcome | None) -> dict[str, Any]:
+    """What ``longcall.submit`` returns (JSON): the operation (``workers.submission.operation_summary``), and
+    what its first step did when this worker made it (``step``, and the state it left)."""
+    summary = operation_summary(submission.operation, created=submission.created)
+    if step is not None:
+        summary["step"] = step.action.value
+        summary["state"] = step.state.value if step.state is not None else summary["state"]
+    return summary
 
 
 def _own_log_context(entry: Callable[P, R]) -> Callable[P, R]:
@@ -73,6 +102,66 @@ class Executor:
     def ledger(self) -> Ledger:
         return self.rt.ledger
 
+    def take_submission(
+        self, kwargs: Mapping[str, Any], *, tries: Tries = once
+    ) -> tuple[Submission, StepOutcome | None]:
+        """``longcall.submit`` from its keyword arguments: checked at the boundary (``workers/submission.py``,
+        with what the runtime's serializer and Celery say of its signatures), then recorded through
+        ``tries`` and routed in the insert's transaction, under the call node's lock (:meth:`submit`). A
+        repeat of the insert finds the row the first try committed; once the row is recorded, a fault in its
+        first step leaves the step to the dispatcher, and the answer is the operation.
+
+        Raises:
+            InvalidSubmission: the submission was refused; nothing was written.
+            workers.submission.NotRouted: the call node is outside the canary; nothing was written.
+            ledger.errors.CallNodeConflict, ledger.errors.AdmissionClosed, ledger.errors.AdapterDisabled:
+                the ledger refused it.
+        """
+        settings, fleet = self.rt.settings, self.rt.fleet
+        new = validate_submission(
+            kwargs,
+            fleet,
+            max_body_bytes=settings.max_body_bytes,
+            max_delay_s=settings.max_callback_delay_s,
+            delivery=self.rt.delivery,
+        )
+        return tries(
+            f"longcall.submit of call node {new.call_node_id!r}",
+            lambda: self.submit(new, admit=canary_admission(fleet, new)),
+        )
+
+    def take_cancel(self, op_id: uuid.UUID, *, tries: Tries = once) -> StepOutcome:
+        """``longcall.cancel`` of an operator or a pipeline: its intent recorded through ``tries`` until it
+        is, then its request sent (:meth:`request_cancel`)."""
+        return tries(f"longcall.cancel of {op_id}", lambda: self.request_cancel(op_id))
+
+    def take_reply(
+        self, op_id: uuid.UUID, input_round: int, response: Mapping[str, Any], *, tries: Tries = once
+    ) -> StepOutcome:
+        """``longcall.provide_input``, its reply checked at the boundary (``workers/replies.py``): stored
+        with its round through ``tries`` until it is (a repeat of the same reply after a lost commit finds
+        it stored), then sent, now or by the next step (:meth:`provide_input`)."""
+        return tries(
+            f"longcall.provide_input of {op_id} round {input_round}",
+            lambda: self.provide_input(op_id, input_round, response),
+        )
+
+    def record_legacy_outcome(self, kwargs: Mapping[str, Any]) -> tuple[ShadowComparison, LegacyRecording]:
+        """``longcall.record_legacy_outcome``: the caller's legacy outcome of a call node, checked at the
+        boundary, beside its shadow operation's receipt (issue 12).
+
+        Raises:
+            InvalidSubmission: the outcome was refused; nothing was written.
+            ledger.shadow.LegacyOutcomeRefused: the ledger refused it.
+        """
+        legacy = parse_legacy_outcome(kwargs, max_body_bytes=self.rt.settings.max_body_bytes)
+        return self.ledger.record_legacy_outcome(
+            legacy.call_node_id,
+            legacy.terminal_state,
+            result_digest=legacy.result_digest,
+            detail=legacy.detail,
+        )
+
     @_own_log_context
     def submit(
         self, new: NewOperation, *, admit: Callable[[Mapping[str, Any]], NewOperation] | None = None
@@ -91,7 +180,9 @@ class Executor:
             # once this claim's lease runs out (a create attempt recorded before the fault is looked up by
             # key then, never made again blindly).
             log.warning("the first step of %s met %s; the dispatcher takes it on", op.id, describe_fault(exc))
-            return submission, StepOutcome(op.id, "deferred", op.state, detail={"fault": describe_fault(exc)})
+            return submission, StepOutcome(
+                op.id, StepAction.DEFERRED, op.state, detail={"fault": describe_fault(exc)}
+            )
 
     @_own_log_context
     def advance(self, op_id: uuid.UUID, cursor: int) -> StepOutcome:
@@ -107,14 +198,14 @@ class Executor:
             return self._guard(op, cursor, submit.advance_submission)
         if op.state is S.WORKING:
             return self._guard(op, cursor, poll.poll)
-        return StepOutcome(op.id, "nothing_to_do", op.state)
+        return StepOutcome(op.id, StepAction.NOTHING_TO_DO, op.state)
 
     @_own_log_context
     def fetch_result(self, op_id: uuid.UUID, cursor: int) -> StepOutcome:
         """``longcall.fetch_result``: read and accept the result of a TERMINAL_OBSERVED operation."""
         op = self.ledger.get(op_id)
         if op.state not in (S.TERMINAL_OBSERVED, S.FETCHING_RESULT):
-            return StepOutcome(op.id, "nothing_to_do", op.state)
+            return StepOutcome(op.id, StepAction.NOTHING_TO_DO, op.state)
         return self._guard(op, cursor, result.fetch)
 
     @_own_log_context
@@ -122,7 +213,7 @@ class Executor:
         """``longcall.cancel`` with a cursor: send (again) the cancel request of a recorded cancel."""
         op = self.ledger.get(op_id)
         if op.state is not S.CANCEL_REQUESTED:
-            return StepOutcome(op.id, "nothing_to_do", op.state)
+            return StepOutcome(op.id, StepAction.NOTHING_TO_DO, op.state)
         return self._guard(op, cursor, cancel.send)
 
     @_own_log_context
@@ -144,7 +235,7 @@ class Executor:
             # The intent is recorded (rule 6): the request is the dispatcher's when this claim's lease ends.
             log.warning("the cancel of %s is recorded; sending it met %s", op_id, describe_fault(exc))
             return StepOutcome(
-                op_id, "cancel_requested", recorded.state, detail={"fault": describe_fault(exc)}
+                op_id, StepAction.CANCEL_REQUESTED, recorded.state, detail={"fault": describe_fault(exc)}
             )
 
     @_own_log_context
@@ -164,14 +255,16 @@ class Executor:
             claim = self.ledger.claim(op_id, lease_s=self.rt.settings.lease_s)
             if claim is None:
                 return StepOutcome(
-                    op_id, "input_recorded", recorded.state, detail={"input_round": input_round}
+                    op_id, StepAction.INPUT_RECORDED, recorded.state, detail={"input_round": input_round}
                 )
             op = self.ledger.get(op_id, with_body=False)
             return self._guard(op, claim.poll_cursor, input_rounds.send_reply)
         except INFRASTRUCTURE as exc:
             # The reply is stored (rule 10): the dispatcher's next step sends it.
             log.warning("the reply to %s is recorded; sending it met %s", op_id, describe_fault(exc))
-            return StepOutcome(op_id, "input_recorded", recorded.state, detail={"fault": describe_fault(exc)})
+            return StepOutcome(
+                op_id, StepAction.INPUT_RECORDED, recorded.state, detail={"fault": describe_fault(exc)}
+            )
 
     @_own_log_context
     def dispatch_due(self, limit: int | None = None) -> list[Dispatch]:
@@ -193,7 +286,7 @@ class Executor:
         stale write and a missing token."""
         if op.poll_cursor != cursor:
             return StepOutcome(
-                op.id, "superseded", op.state, detail={"cursor": cursor, "now": op.poll_cursor}
+                op.id, StepAction.SUPERSEDED, op.state, detail={"cursor": cursor, "now": op.poll_cursor}
             )
         not_owner = self._not_owner(op, cursor)
         if not_owner is not None:
@@ -204,7 +297,7 @@ class Executor:
                 return step(self.ctx, op, fence)
         except StaleTransition as stale:
             log.info("stale step on %s: %s", op.id, stale)
-            return StepOutcome(op.id, "stale", None, detail={"found": stale.found})
+            return StepOutcome(op.id, StepAction.STALE, None, detail={"found": stale.found})
         except UnknownServer as unknown:
             return self._server_unconfigured(op, fence, unknown)
         except NoToken as no_token:
@@ -228,7 +321,7 @@ class Executor:
         self.ledger.hand_back_claim(op.id, cursor)
         self.rt.say_not_owner(ownership, f"the step of operation {op.id} is handed back to the owner")
         detail = {"epoch_owner": ownership.epoch_owner, "executor_id": ownership.executor_id}
-        return StepOutcome(op.id, "not_owner", op.state, detail=detail)
+        return StepOutcome(op.id, StepAction.NOT_OWNER, op.state, detail=detail)
 
     def _server_unconfigured(self, op: Operation, fence: Fence, unknown: UnknownServer) -> StepOutcome:
         """Rule 14: the step met a server this fleet's configuration does not name. An operation older than
@@ -239,11 +332,11 @@ class Executor:
             log.warning(
                 "%s; operation %s is newer than this fleet: left to a fleet that names it", unknown, op.id
             )
-            return StepOutcome(op.id, "unknown_server", op.state, detail={"server": op.server})
+            return StepOutcome(op.id, StepAction.UNKNOWN_SERVER, op.state, detail={"server": op.server})
         try:
             return reconciliation.server_unconfigured(self.ctx, self.ledger.get(op.id), fence)
         except StaleTransition as stale:
-            return StepOutcome(op.id, "stale", None, detail={"found": stale.found})
+            return StepOutcome(op.id, StepAction.STALE, None, detail={"found": stale.found})
 
     def _later(self, op: Operation, fence: Fence, no_token: NoToken) -> StepOutcome:
         """Rescheduled in the state the row is in now: the step may have moved it before the refused request
@@ -251,4 +344,4 @@ class Executor:
         try:
             return self.ctx.no_token(self.ledger.get(op.id, with_body=False), fence, no_token)
         except StaleTransition as stale:
-            return StepOutcome(op.id, "stale", None, detail={"found": stale.found})
+            return StepOutcome(op.id, StepAction.STALE, None, detail={"found": stale.found})

@@ -3,7 +3,7 @@
 A fault of Postgres (the ledger) or Redis (the buckets, the holds, the cancel CAS) says nothing about the
 operation: the work is tried again, never turned into a failure that is acknowledged and forgotten. Each
 part names its own faults (``ledger.errors.UNAVAILABLE``, ``workers.hot.UNAVAILABLE``); the broker's are
-added where Celery is known (``workers/tasks.py``).
+added where Celery is known (``workers/task_faults.py``).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from ledger.repository import Ledger
 from workers.hot import HotState
 from workers.remote import RemotePool
 from workers.settings import FleetConfig, Settings, load_settings
+from workers.signatures import JSON_RULE, DeliveryCheck
 
 log = logging.getLogger("longcall.executor")
 
@@ -43,6 +44,10 @@ class Runtime:
     #: When this runtime read its configuration: an operation on a server it does not name that is older
     #: than this is one whose server was removed (or renamed); a newer one is another fleet's (rule 14).
     started_at: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
+    #: What the serializer and Celery say of a value before it is sent (a result about to be accepted, a
+    #: submission's downstream signatures): the Celery layer's own answers in a worker (``workers/app.py``),
+    #: the JSON rule without it.
+    delivery: DeliveryCheck = JSON_RULE
     _ledger: Ledger | None = field(default=None, repr=False)
     _hot: HotState | None = field(default=None, repr=False)
     _remote: RemotePool | None = field(default=None, repr=False)
@@ -50,8 +55,8 @@ class Runtime:
     _not_owner_said_at: float = field(default=-math.inf, repr=False)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Runtime:
-        return cls(settings=settings, fleet=settings.checked_fleet())
+    def from_settings(cls, settings: Settings, *, delivery: DeliveryCheck = JSON_RULE) -> Runtime:
+        return cls(settings=settings, fleet=settings.checked_fleet(), delivery=delivery)
 
     def _forked(self) -> None:
         """A pool created in a parent process is never used by its child."""
@@ -153,10 +158,12 @@ class Runtime:
 
 
 class RuntimeHolder:
-    """Loads the settings on first use (not at import), once per holder."""
+    """Loads the settings on first use (not at import), once per holder; its runtime answers with
+    ``delivery`` (:attr:`Runtime.delivery`)."""
 
-    def __init__(self, settings: Settings | None = None) -> None:
+    def __init__(self, settings: Settings | None = None, *, delivery: DeliveryCheck = JSON_RULE) -> None:
         self._settings = settings
+        self._delivery = delivery
         self._runtime: Runtime | None = None
         self._lock = threading.Lock()
 
@@ -172,5 +179,5 @@ class RuntimeHolder:
         if self._runtime is None:
             with self._lock:
                 if self._runtime is None:
-                    self._runtime = Runtime.from_settings(self.settings)
+                    self._runtime = Runtime.from_settings(self.settings, delivery=self._delivery)
         return self._runtime

@@ -24,15 +24,12 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
-
-import celery
 
 from ledger.digests import canonical_json
 from ledger.errors import NotJson
-from ledger.redact import error_line
-from workers.delivery import completed_signature, delivered_unchanged
 from workers.errors import InvalidSubmission
 
 SIGNATURE_KEYS = frozenset({"task", "args", "kwargs", "options", "subtask_type", "immutable", "chord_size"})
@@ -40,12 +37,58 @@ SIGNATURE_KEYS = frozenset({"task", "args", "kwargs", "options", "subtask_type",
 MAX_OPTION_TEXT = 512
 
 
-def checked_signature(field: str, value: Any, max_delay_s: float | None = None) -> dict[str, Any] | None:
+#: The keys of Celery's JSON serializer's envelope for a type JSON lacks (kombu's ``{"__type__": "datetime",
+#: "__value__": "..."}``): an object with exactly these keys is decoded on delivery, never delivered as sent.
+KOMBU_ENVELOPE = frozenset({"__type__", "__value__"})
+
+
+def delivered_unchanged(value: Any) -> bool:
+    """Whether Celery's JSON serializer delivers ``value`` as it is, answered without Celery: a JSON value
+    is delivered unchanged unless it holds, at any depth, an object with exactly the keys ``__type__`` and
+    ``__value__`` (:data:`KOMBU_ENVELOPE`), which kombu decodes into a datetime, a Decimal, bytes, ... (or
+    refuses the whole message for a type it does not know). Not JSON: False. A worker asks the serializer
+    itself (``workers/delivery.py``, through :class:`DeliveryCheck`); the two agree on every JSON value
+    (``tests/unit/test_boundary.py``)."""
+    try:
+        canonical_json(value)
+    except NotJson:
+        return False
+    return not _holds_envelope(value)
+
+
+def _holds_envelope(value: Any) -> bool:
+    if isinstance(value, dict):
+        return value.keys() == KOMBU_ENVELOPE or any(_holds_envelope(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_holds_envelope(v) for v in value)
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryCheck:
+    """What delivery's serializer and Celery say of a value before it is sent: ``unchanged(value)``, whether
+    the JSON serializer delivers it as it is; ``build(field, signature)``, raising
+    :class:`~workers.errors.InvalidSubmission` when Celery cannot build the signature. The Celery layer
+    gives its own (``workers/delivery.py`` ``CELERY_DELIVERY``, through the runtime); without it, the JSON
+    rule of :func:`delivered_unchanged` and no build."""
+
+    unchanged: Callable[[Any], bool] = delivered_unchanged
+    build: Callable[[str, dict[str, Any]], None] | None = None
+
+
+#: Without Celery: the JSON rule, no build.
+JSON_RULE = DeliveryCheck()
+
+
+def checked_signature(
+    field: str, value: Any, max_delay_s: float | None = None, *, delivery: DeliveryCheck = JSON_RULE
+) -> dict[str, Any] | None:
     """A downstream signature (``on_terminal``, ``on_input``) checked as delivery will publish it
     (``workers/delivery.py``: ``celery.signature(stored, app=app).apply_async(kwargs=..., task_id=...,
     headers=...)``), every signature nested in it too (the members of a chain or a group, a chord's header
     and body, ``link`` and ``link_error`` callbacks): what could never be published or never run is refused
     now, while the caller is there to hear it, rather than found by the outbox once the operation has ended.
+    ``delivery``: the serializer's and Celery's own answers (:class:`DeliveryCheck`).
     """
     if value is None:
         return None
@@ -60,17 +103,47 @@ def checked_signature(field: str, value: Any, max_delay_s: float | None = None) 
     # Celery builds a signature from a dict as it is: one without ``kwargs`` cannot take the receipt
     # (``apply_async(kwargs=...)`` raises TypeError), so the parts a dict may leave out are filled in.
     value = completed_signature(value)
-    if not delivered_unchanged(value):
+    if not delivery.unchanged(value):
         raise InvalidSubmission(
             f"{field} holds an object with exactly the keys __type__ and __value__: Celery's JSON serializer "
             "would decode it into another type (a date, a Decimal, bytes) or refuse the message"
         )
-    try:
-        celery.signature(copy.deepcopy(value))
-    except Exception as exc:  # noqa: BLE001 - whatever Celery refuses to build, delivery could not publish
-        raise InvalidSubmission(f"{field} is not a signature Celery can build: {error_line(exc)}") from None
+    if delivery.build is not None:
+        delivery.build(field, value)
     checked: dict[str, Any] = value
     return checked
+
+
+#: What a signature dict may leave out (or give as null), filled in as Celery writes it.
+SIGNATURE_DEFAULTS: Mapping[str, Any] = {"args": [], "kwargs": {}, "options": {}}
+
+
+def completed_signature(value: Mapping[str, Any]) -> dict[str, Any]:
+    """``value`` (a signature as a dict) with the parts a dict may leave out filled in, its nested signatures
+    too (a chain's or a group's tasks, a chord's header and body, ``link`` and ``link_error``): Celery
+    builds a signature from a dict as it is, and one whose ``kwargs`` is missing cannot take the receipt
+    (``apply_async(kwargs=...)`` raises TypeError, every time). Submit stores signatures completed; delivery
+    (``workers/delivery.py``) completes the ones stored before it did."""
+    sig = dict(value)
+    for key, empty in SIGNATURE_DEFAULTS.items():
+        if sig.get(key) is None:
+            sig[key] = copy.copy(empty)
+
+    def nested(member: Any) -> Any:
+        if isinstance(member, dict):
+            return completed_signature(member)
+        if isinstance(member, list | tuple):
+            return [completed_signature(m) if isinstance(m, dict) else m for m in member]
+        return member
+
+    if isinstance(sig["kwargs"], dict):
+        kind = sig.get("subtask_type")
+        parts = ("tasks",) if kind in ("chain", "group") else ("header", "body") if kind == "chord" else ()
+        sig["kwargs"] = {k: nested(v) if k in parts else v for k, v in sig["kwargs"].items()}
+    if isinstance(sig["options"], dict):
+        links = ("link", "link_error")
+        sig["options"] = {k: nested(v) if k in links else v for k, v in sig["options"].items()}
+    return sig
 
 
 #: The signature types delivery can publish with a receipt: a task, a chain (its first task gets the

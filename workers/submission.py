@@ -25,7 +25,7 @@ from workers import __version__
 from workers.errors import InvalidSubmission
 from workers.rollout import RolloutState, Routing, decide, is_side_effect_free
 from workers.settings import FleetConfig
-from workers.signatures import check_absolute_expiry, checked_signature
+from workers.signatures import JSON_RULE, DeliveryCheck, check_absolute_expiry, checked_signature
 
 SUBMIT_KWARGS = frozenset(
     {"call_node_id", "server", "tool", "arguments", "on_terminal", "on_input", "ttl_ms", "wait_budget_s"}
@@ -51,18 +51,24 @@ class SubmitRequest:
 
 
 def validate_submission(
-    kwargs: Mapping[str, Any], fleet: FleetConfig, *, max_body_bytes: int, max_delay_s: float | None = None
+    kwargs: Mapping[str, Any],
+    fleet: FleetConfig,
+    *,
+    max_body_bytes: int,
+    max_delay_s: float | None = None,
+    delivery: DeliveryCheck = JSON_RULE,
 ) -> NewOperation:
     """The whole check of a submission: its shape, then its server, adapter, arguments (as its protocol
     version's spec checks them: ``check_arguments``) and body size.
 
     ``max_delay_s`` bounds the countdown (or ETA ahead) of the downstream signatures
-    (``Settings.max_callback_delay_s``: inside a Redis broker's visibility timeout).
+    (``Settings.max_callback_delay_s``: inside a Redis broker's visibility timeout); ``delivery``: what the
+    serializer and Celery say of them (``Runtime.delivery``).
 
     Raises:
         InvalidSubmission: what was wrong; nothing was written.
     """
-    request = parse_submit_kwargs(kwargs, max_delay_s=max_delay_s)
+    request = parse_submit_kwargs(kwargs, max_delay_s=max_delay_s, delivery=delivery)
     server = fleet.servers.get(request.server)
     if server is None:
         known = ", ".join(sorted(fleet.servers)) or "none (set LONGCALL_CONFIG)"
@@ -105,9 +111,11 @@ def validate_submission(
     )
 
 
-def parse_submit_kwargs(kwargs: Mapping[str, Any], *, max_delay_s: float | None = None) -> SubmitRequest:
+def parse_submit_kwargs(
+    kwargs: Mapping[str, Any], *, max_delay_s: float | None = None, delivery: DeliveryCheck = JSON_RULE
+) -> SubmitRequest:
     """The shape check alone (no fleet needed): names, arguments object, signatures (their delays within
-    ``max_delay_s``), ttl and budget."""
+    ``max_delay_s``, as ``delivery`` takes them), ttl and budget."""
     unknown = sorted(set(kwargs) - SUBMIT_KWARGS)
     if unknown:
         raise InvalidSubmission(
@@ -124,8 +132,10 @@ def parse_submit_kwargs(kwargs: Mapping[str, Any], *, max_delay_s: float | None 
         server=_name("server", kwargs["server"]),
         tool=_name("tool", kwargs["tool"]),
         arguments=arguments,
-        on_terminal=checked_signature("on_terminal", kwargs.get("on_terminal"), max_delay_s),
-        on_input=checked_signature("on_input", kwargs.get("on_input"), max_delay_s),
+        on_terminal=checked_signature(
+            "on_terminal", kwargs.get("on_terminal"), max_delay_s, delivery=delivery
+        ),
+        on_input=checked_signature("on_input", kwargs.get("on_input"), max_delay_s, delivery=delivery),
         ttl_ms=_ttl(kwargs.get("ttl_ms")),
         wait_budget_s=_budget(kwargs.get("wait_budget_s")),
     )
@@ -290,18 +300,6 @@ def _name(field: str, value: Any) -> str:
     if any(unicodedata.category(c) == "Cc" for c in value):
         raise InvalidSubmission(f"{field} must not contain control characters")
     return value
-
-
-def reply_size_refusal(response: Any, *, max_body_bytes: int) -> str | None:
-    """Why an input reply (``longcall.provide_input``'s ``response``) is refused before anything is
-    written: not JSON, or larger than the body limit. None when it may go on."""
-    try:
-        size = len(canonical_json(response).encode("utf-8"))
-    except NotJson as exc:
-        return f"response is not JSON: {exc}"
-    if size > max_body_bytes:
-        return f"response is {size} bytes of JSON; the limit is {max_body_bytes} (LONGCALL_MAX_BODY_BYTES)"
-    return None
 
 
 def _ttl(value: Any) -> int | None:

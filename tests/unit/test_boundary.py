@@ -11,10 +11,12 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from workers.app import celery_config
-from workers.errors import ConfigError, InvalidSubmission
+from workers import delivery, signatures
+from workers.app import celery_config, create_app
+from workers.errors import ConfigError, InvalidSubmission, RequestRefused
+from workers.replies import check_reply, reply_size_refusal
 from workers.settings import AMQP_CONSUMER_TIMEOUT_S, REDIS_VISIBILITY_TIMEOUT_S, FleetConfig, Settings
-from workers.submission import reply_size_refusal, validate_submission
+from workers.submission import validate_submission
 
 FLEET = FleetConfig.model_validate(
     {"servers": {"reports": {"protocol": "mcp", "protocol_version": "2025-11-25", "url": "http://h/mcp"}}}
@@ -136,3 +138,64 @@ def test_an_input_reply_over_the_body_limit_is_refused() -> None:
     assert refusal is not None
     assert "LONGCALL_MAX_BODY_BYTES" in refusal
     assert reply_size_refusal({"x": float("nan")}, max_body_bytes=1000) is not None
+
+
+ENVELOPE_CASES: list[Any] = [
+    {"content": [], "isError": False},
+    {"structuredContent": {"__type__": "decimal", "__value__": "1.5"}},
+    [{"__type__": "datetime", "__value__": "2026-01-01T00:00:00"}],
+    {"__type__": "bytes", "__value__": "x"},
+    {"__type__": "base64", "__value__": "eA=="},
+    {"__type__": "uuid", "__value__": {"hex": "0" * 32}},
+    {"__type__": "uuid", "__value__": "not a uuid"},
+    {"__type__": "date", "__value__": "not a date"},
+    {"__type__": "no-such-type", "__value__": 1},
+    {"__type__": "decimal", "__value__": "1", "more": True},
+    {"__type__": "decimal"},
+    {"a": {"b": [1, 2.5, None, True, "__type__", {"__value__": 3}]}},
+    {"1": "one", "two": [], "three": {}},
+    "text",
+    10**20,
+    -0.0,
+    None,
+    float("nan"),
+    {"bad": "\ud800"},
+    {"x": object()},
+]
+
+
+@pytest.mark.parametrize("value", ENVELOPE_CASES)
+def test_the_json_rule_answers_as_celerys_serializer_does(value: Any) -> None:
+    """The engine's rule (``workers.signatures.delivered_unchanged``, no Celery) and the serializer itself
+    (``workers.delivery.delivered_unchanged``, kombu's round trip) agree."""
+    assert signatures.delivered_unchanged(value) is delivery.delivered_unchanged(value)
+
+
+def test_a_worker_checks_signatures_with_celery_itself() -> None:
+    """A worker's runtime answers with kombu's serializer and Celery's own build (``workers/app.py``); the
+    same submission validates to the same operation with or without them."""
+    holder = create_app(REDIS).longcall_runtime  # type: ignore[attr-defined]
+    assert holder.get().delivery is delivery.CELERY_DELIVERY
+    kwargs = submission(countdown=5)
+    with_celery = validate_submission(kwargs, FLEET, max_body_bytes=1000, delivery=delivery.CELERY_DELIVERY)
+    assert with_celery == validate_submission(kwargs, FLEET, max_body_bytes=1000)
+    with pytest.raises(InvalidSubmission, match="is not a signature Celery can build"):
+        delivery.buildable("on_terminal", {"task": "celery.chord", "subtask_type": "chord", "kwargs": 5})
+
+
+@pytest.mark.parametrize(
+    ("input_round", "response", "message"),
+    [
+        (1, ["not", "an", "object"], "response must be the protocol's reply body, a JSON object"),
+        (True, {"approved": True}, "input_round must be a whole number"),
+        ("1", ["neither"], "response must be the protocol's reply body"),  # the response is checked first
+        (1, {"x": "y" * 2000}, r"response is \d+ bytes of JSON; the limit is 1000"),
+        (1, {"x": float("nan")}, "response is not JSON"),
+    ],
+)
+def test_an_input_reply_is_refused_at_the_boundary_with_what_was_wrong(
+    input_round: Any, response: Any, message: str
+) -> None:
+    with pytest.raises(RequestRefused, match=message):
+        check_reply("op-1", input_round, response, max_body_bytes=1000)
+    check_reply("op-1", 1, {"approved": True}, max_body_bytes=1000)

@@ -411,3 +411,138 @@ def test_the_face_check_catches_an_import_below_it(path: str, source: str, expec
 )
 def test_the_face_check_lets_the_face_be(path: str, source: str) -> None:
     assert below_the_face(source, path) == []
+
+
+# --- The engine knows no Celery, however far it looks (issue 20, item 3) ---------------------------------
+#
+# A worker's engine (the executor, the steps, the runtime and what it holds, the boundary checks, the log
+# context) runs the protocol without Celery: the tasks (``workers/tasks.py``) and the Celery wiring beside
+# them (``delivery``, ``task_faults``, ``celery_logs``, ``app``, ``broker``, ``fencing``) decode a message,
+# call it, and map its outcome. The rule above reads one file at a time; this one follows every import of
+# the repository's own modules from each engine module, so an engine module that imports a helper that
+# imports kombu is caught, with the chain that leads there.
+
+ENGINE = (
+    "workers.executor",
+    "workers.runtime",
+    "workers.budget",
+    "workers.hot",
+    "workers.lease",
+    "workers.submission",
+    "workers.replies",
+    "workers.settings",
+    "workers.logs",
+)
+
+
+def module_name(path: Path) -> str:
+    """``workers/steps/context.py`` -> ``workers.steps.context``; a package is named by its folder."""
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_imports(source: str, package: str, modules: set[str] | frozenset[str]) -> set[str]:
+    """What importing a module with ``source`` imports: each name :func:`imported_modules` reads, the
+    repository's submodules named by ``from package import module``, and the packages above each of the
+    repository's own modules (importing ``a.b.c`` runs ``a`` and ``a.b`` first)."""
+    names = {name for _, name in imported_modules(source, package)}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module is not None:
+            base = next(name for line, name in imported_modules(ast.unparse(node), package))
+            names |= {f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in modules}
+    found = set()
+    for name in names:
+        parts = name.split(".")
+        own = [".".join(parts[:i]) for i in range(1, len(parts) + 1) if ".".join(parts[:i]) in modules]
+        found |= set(own) if own else {name}
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """The repository's own modules (what :func:`checked_files` reads), each with what it imports: another
+    of them, or an outside module's dotted name (a leaf)."""
+    files = checked_files()
+    modules = frozenset(module_name(path) for path in files)
+    graph = {}
+    for path in files:
+        name = module_name(path)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        graph[name] = module_imports(path.read_text(encoding="utf-8"), package, modules)
+    return graph
+
+
+def chain_to(graph: dict[str, set[str]], start: str, forbidden: tuple[str, ...]) -> list[str] | None:
+    """The shortest chain of imports from ``start`` to a module under one of ``forbidden`` (top-level
+    names), or None when there is none. Only the repository's own modules (the graph's keys) are followed."""
+    came_from: dict[str, str | None] = {start: None}
+    queue = [start]
+    while queue:
+        here = queue.pop(0)
+        for there in sorted(graph.get(here, ())):
+            if there in came_from:
+                continue
+            came_from[there] = here
+            if there.split(".")[0] in forbidden:
+                chain = [there]
+                while (step := came_from[chain[-1]]) is not None:
+                    chain.append(step)
+                return chain[::-1]
+            if there in graph:
+                queue.append(there)
+    return None
+
+
+def engine_modules(graph: dict[str, set[str]]) -> list[str]:
+    return [*ENGINE, *sorted(m for m in graph if m.startswith("workers.steps"))]
+
+
+def test_the_engine_reaches_neither_celery_nor_kombu() -> None:
+    graph = import_graph()
+    found = [
+        " -> ".join(chain)
+        for start in engine_modules(graph)
+        if (chain := chain_to(graph, start, CELERY)) is not None
+    ]
+    assert found == [], "the engine knows no Celery (issue 20, item 3):\n" + "\n".join(found)
+
+
+def test_the_transitive_check_reads_the_real_tree() -> None:
+    """Every engine module is in the graph, the steps among them, and the graph sees the Celery wiring's
+    own imports (the tasks reach kombu, through the executor's neighbours or their own)."""
+    graph = import_graph()
+    assert set(engine_modules(graph)) <= graph.keys()
+    assert {"workers.steps.context", "workers.steps.result"} <= set(engine_modules(graph))
+    assert "workers.steps.context" in graph["workers.executor"]  # from workers.steps.context import ...
+    assert "workers.logs" in graph["workers.executor"]  # from workers import logs
+    assert "workers.steps" in graph["workers.executor"]  # the package above a module runs first
+    assert chain_to(graph, "workers.tasks", CELERY) is not None
+    assert chain_to(graph, "workers.app", CELERY) == ["workers.app", "celery"]
+
+
+def test_the_transitive_check_reports_a_chain_two_hops_away() -> None:
+    fake = {
+        "workers.executor": {"workers.steps.result", "logging"},
+        "workers.steps.result": {"workers.helper", "workers.steps.context"},
+        "workers.steps.context": {"redis"},
+        "workers.helper": {"kombu.utils.json", "json"},
+    }
+    assert chain_to(fake, "workers.executor", CELERY) == [
+        "workers.executor",
+        "workers.steps.result",
+        "workers.helper",
+        "kombu.utils.json",
+    ]
+    assert chain_to(fake, "workers.steps.context", CELERY) is None
+    assert chain_to({"a": {"b"}, "b": {"a"}}, "a", CELERY) is None  # a circle ends
+
+
+def test_the_graph_follows_a_module_imported_from_its_package() -> None:
+    modules = frozenset({"workers", "workers.logs", "workers.steps", "workers.steps.poll"})
+    source = "from workers import logs\nfrom workers.steps import poll as p\nimport kombu\n"
+    assert module_imports(source, "workers.steps", modules) == {
+        "workers",
+        "workers.logs",
+        "workers.steps",
+        "workers.steps.poll",
+        "kombu",
+    }

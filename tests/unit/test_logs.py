@@ -1,4 +1,5 @@
-"""workers.logs on records as Celery makes them: idle ticks demoted, op and call node on every line, JSON."""
+"""workers.logs and workers.celery_logs on records as Celery makes them: idle ticks demoted, op and call
+node on every line, JSON."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from workers import logs
+from workers import celery_logs, logs
 from workers.errors import ConfigError
 
 SUCCESS = "Task %(name)s[%(id)s] succeeded in %(runtime)ss: %(return_value)s"
@@ -43,7 +44,7 @@ def info_level() -> Iterator[None]:
 
 
 def test_an_idle_tick_is_demoted_and_dropped_at_info(info_level: None) -> None:
-    quiet = logs.QuietTicks()
+    quiet = celery_logs.QuietTicks()
     for name, value in [
         ("longcall.dispatch_due", "{'dispatched': 0}"),
         ("longcall.drain_outbox", "{'dispatched': 0, 'failed': 0}"),
@@ -65,7 +66,7 @@ def test_an_idle_tick_is_demoted_and_dropped_at_info(info_level: None) -> None:
 
 
 def test_a_tick_that_did_something_and_every_other_task_keep_info(info_level: None) -> None:
-    quiet = logs.QuietTicks()
+    quiet = celery_logs.QuietTicks()
     for record in [
         trace("longcall.dispatch_due", "{'dispatched': 3}"),
         trace("longcall.drain_outbox", "{'dispatched': 0, 'failed': 1}"),
@@ -84,7 +85,7 @@ def test_a_demoted_tick_is_shown_when_the_worker_logs_debug() -> None:
     root.setLevel(logging.DEBUG)
     try:
         record = trace("longcall.dispatch_due", "{'dispatched': 0}")
-        assert logs.QuietTicks().filter(record) is True
+        assert celery_logs.QuietTicks().filter(record) is True
         assert record.levelno == logging.DEBUG
     finally:
         root.setLevel(before)
@@ -116,11 +117,11 @@ def test_a_task_run_binds_its_operation_and_a_step_adds_the_call_node() -> None:
     class Task:
         name = "longcall.poll"
 
-    logs.task_started("t-9", Task(), {"op_id": "op-9", "cursor": 3})
+    celery_logs.task_started("t-9", Task(), {"op_id": "op-9", "cursor": 3})
     assert logs.current() == ("op-9", None)
     logs.note_operation("op-9", "run-9/report\nforged line")
     assert logs.current() == ("op-9", "run-9/report?forged line")  # no line a value could forge
-    logs.task_ended("t-9")
+    celery_logs.task_ended("t-9")
     assert logs.current() == (None, None)
 
 
@@ -154,23 +155,23 @@ def test_the_trace_record_names_its_task_in_json() -> None:
 
 def test_the_format_comes_from_the_option_else_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("LONGCALL_LOG_FORMAT", raising=False)
-    assert logs.log_format() == "plain"
+    assert celery_logs.log_format() == "plain"
     monkeypatch.setenv("LONGCALL_LOG_FORMAT", "json")
-    assert logs.log_format() == "json"
-    logs.request_format("plain")
+    assert celery_logs.log_format() == "json"
+    celery_logs.request_format("plain")
     try:
-        assert logs.log_format() == "plain"
+        assert celery_logs.log_format() == "plain"
     finally:
-        logs.request_format(None)
+        celery_logs.request_format(None)
     monkeypatch.setenv("LONGCALL_LOG_FORMAT", "xml")
     with pytest.raises(ConfigError, match="'xml' is not one of plain, json"):
-        logs.log_format()
+        celery_logs.log_format()
 
 
 @pytest.fixture
 def library_levels() -> Iterator[None]:
     """httpx's and httpcore's logger levels, restored after."""
-    before = {name: logging.getLogger(name).level for name in logs.QUIET_LIBRARY_LOGGERS}
+    before = {name: logging.getLogger(name).level for name in celery_logs.QUIET_LIBRARY_LOGGERS}
     try:
         yield
     finally:
@@ -183,14 +184,14 @@ def test_httpx_request_lines_are_not_shown_at_info_unless_the_application_asks(
 ) -> None:
     """A worker at INFO does not write httpx's "HTTP Request: POST ..." line for every poll; an application
     that set httpx's level itself keeps it."""
-    for name in logs.QUIET_LIBRARY_LOGGERS:
+    for name in celery_logs.QUIET_LIBRARY_LOGGERS:
         logging.getLogger(name).setLevel(logging.NOTSET)
-    logs.install(logging.getLogger("longcall-test-install"))
+    celery_logs.install(logging.getLogger("longcall-test-install"))
     assert not logging.getLogger("httpx").isEnabledFor(logging.INFO)
     assert logging.getLogger("httpx").isEnabledFor(logging.WARNING)
 
     logging.getLogger("httpx").setLevel(logging.INFO)
-    logs.install(logging.getLogger("longcall-test-install"))
+    celery_logs.install(logging.getLogger("longcall-test-install"))
     assert logging.getLogger("httpx").isEnabledFor(logging.INFO)
 
 
@@ -199,9 +200,9 @@ def test_httpx_lines_stay_when_the_worker_logs_debug(library_levels: None) -> No
     before = root.level
     root.setLevel(logging.DEBUG)
     try:
-        for name in logs.QUIET_LIBRARY_LOGGERS:
+        for name in celery_logs.QUIET_LIBRARY_LOGGERS:
             logging.getLogger(name).setLevel(logging.NOTSET)
-        logs.install(logging.getLogger("longcall-test-install"))
+        celery_logs.install(logging.getLogger("longcall-test-install"))
         assert logging.getLogger("httpx").isEnabledFor(logging.DEBUG)
     finally:
         root.setLevel(before)

@@ -4,9 +4,15 @@ none knows Celery or the executor that runs it."""
 from __future__ import annotations
 
 import ast
+import typing
+import uuid
 from pathlib import Path
 
 import pytest
+
+from ledger.events import EventKind
+from ledger.records import AcceptanceOutcome
+from workers.steps.context import StepAction, StepOutcome
 
 STEPS = Path(__file__).resolve().parents[2] / "workers" / "steps"
 PACKAGE = "workers.steps"
@@ -76,3 +82,15 @@ def test_a_step_knows_neither_celery_nor_the_executor(path: Path) -> None:
     assert not {m for m in imported if m.split(".")[0] in {"celery", "kombu", "jsonschema"}}
     assert "workers.executor" not in imported
     assert "workers.tasks" not in imported
+
+
+def test_a_step_action_is_answered_as_the_plain_string() -> None:
+    """``StepOutcome.action`` is an enum; the task's answer (and Celery's log line of it) holds its plain
+    string, as before it was one. Every acceptance outcome the ledger gives is a step action."""
+    op_id = uuid.uuid4()
+    for action in (StepAction.CREATED, EventKind.NO_TOKEN):
+        answer = StepOutcome(op_id, action).as_dict()["action"]
+        assert type(answer) is str
+        assert answer == action.value
+        assert repr(answer) == repr(action.value)
+    assert set(typing.get_args(AcceptanceOutcome)) <= {a.value for a in StepAction}

@@ -33,7 +33,15 @@ from ledger.reasons import ReconciliationReason
 from ledger.records import Claim, Fence, Operation
 from ledger.states import CANCEL_WAITS_IN, OpState, TerminalKind
 from workers.errors import NotCancellable, NoToken
-from workers.steps.context import TRY_AGAIN, StepContext, StepOutcome, describe, remote_ref, server_status
+from workers.steps.context import (
+    TRY_AGAIN,
+    StepAction,
+    StepContext,
+    StepOutcome,
+    describe,
+    remote_ref,
+    server_status,
+)
 from workers.steps.poll import observed, rejected_read
 from workers.steps.result import accept, not_found, too_large
 
@@ -83,7 +91,9 @@ def record_intent(ctx: StepContext, op: Operation) -> StepOutcome | Claim:
                 return claim
         return StepOutcome(
             op.id,
-            "cancel_requested" if op.state is OpState.CANCEL_REQUESTED else "cancel_recorded",
+            StepAction.CANCEL_REQUESTED
+            if op.state is OpState.CANCEL_REQUESTED
+            else StepAction.CANCEL_RECORDED,
             op.state,
             detail={"cancel_generation": op.cancel_generation},
         )
@@ -94,13 +104,15 @@ def _already_settled(op: Operation) -> StepOutcome | None:
     """The outcome when a cancel has nothing (more) to record: final, requested already, an intent waiting
     already, or a terminal state observed (its outcome stands: never rewritten to cancelled)."""
     if op.is_final:
-        return StepOutcome(op.id, "already_final", op.state)
+        return StepOutcome(op.id, StepAction.ALREADY_FINAL, op.state)
     if op.state is OpState.CANCEL_REQUESTED:
-        return StepOutcome(op.id, "already_requested", op.state)
+        return StepOutcome(op.id, StepAction.ALREADY_REQUESTED, op.state)
     if op.state in (OpState.TERMINAL_OBSERVED, OpState.FETCHING_RESULT):
-        return StepOutcome(op.id, "terminal_observed", op.state, detail={"terminal": op.observed_terminal})
+        return StepOutcome(
+            op.id, StepAction.TERMINAL_OBSERVED, op.state, detail={"terminal": op.observed_terminal}
+        )
     if op.state in CANCEL_WAITS_IN and not _cancel_now(op) and op.cancel_generation > 0:
-        return StepOutcome(op.id, "cancel_recorded", op.state, detail={"already": True})
+        return StepOutcome(op.id, StepAction.CANCEL_RECORDED, op.state, detail={"already": True})
     return None
 
 
@@ -351,7 +363,7 @@ def _after(
         op = ctx.ledger.record_poll(
             op.id, fence, state=op.state, status=server_status(status), next_poll_in_s=ctx.jittered(interval)
         )
-        return StepOutcome(op.id, event.value, op.state, detail={"delay_s": round(interval, 3)})
+        return StepOutcome(op.id, event, op.state, detail={"delay_s": round(interval, 3)})
     return ctx.reschedule(op, fence, interval, event, detail)
 
 
@@ -444,4 +456,4 @@ def _never_carried_out(
             **({"error": error} if error is not None else {}),
         },
     )
-    return StepOutcome(op.id, "wait_budget_exhausted", op.state)
+    return StepOutcome(op.id, StepAction.WAIT_BUDGET_EXHAUSTED, op.state)

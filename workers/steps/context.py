@@ -9,6 +9,7 @@ one of the ledger's named, guarded moves.
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import logging
 import random
 import uuid
@@ -59,12 +60,53 @@ DEADLINE_SLACK_S = 0.05
 TRY_AGAIN: tuple[type[AdapterError], ...] = (Transient, ProtocolViolation, OutcomeUnknown)
 
 
+class StepAction(enum.StrEnum):
+    """What one step did, as its task's answer says it (``"action"``), besides a reschedule (which answers
+    with the :class:`~ledger.events.EventKind` it recorded: ``no_token``, ``rate_limited``, ...)."""
+
+    # --- the protocol's steps
+    CREATED = "created"
+    CREATE_RETRY = "create_retry"
+    FOUND_BY_KEY = "found_by_key"
+    STILL_WORKING = "still_working"
+    NO_TOKEN = "no_token"  # noqa: S105 - the bucket had no token for the call, not a secret
+    WAIT_BUDGET_EXHAUSTED = "wait_budget_exhausted"
+    TERMINAL_OBSERVED = "terminal_observed"
+    MANUAL_RECONCILIATION = "manual_reconciliation"
+    # --- acceptance (rule 8): ``ledger.records.AcceptanceOutcome``, one member each
+    ACCEPTED = "accepted"
+    ALREADY_ACCEPTED = "already_accepted"
+    REJECTED = "rejected"
+    EFFECT_RECONCILIATION = "effect_reconciliation"
+    # --- cancel (rule 6)
+    CANCEL_RECORDED = "cancel_recorded"
+    CANCEL_REQUESTED = "cancel_requested"
+    ALREADY_REQUESTED = "already_requested"
+    ALREADY_FINAL = "already_final"
+    # --- input rounds (rule 10)
+    INPUT_RECORDED = "input_recorded"
+    INPUT_PROVIDED = "input_provided"
+    INPUT_REPLY_REFUSED = "input_reply_refused"
+    INPUT_REPLY_FAILED = "input_reply_failed"
+    INPUT_REPLY_TO_OPERATOR = "input_reply_to_operator"
+    INPUT_UNREADABLE = "input_unreadable"
+    INPUT_UNREADABLE_TO_OPERATOR = "input_unreadable_to_operator"
+    # --- what the executor answers without a step
+    NOTHING_TO_DO = "nothing_to_do"
+    SUPERSEDED = "superseded"
+    STALE = "stale"
+    NOT_OWNER = "not_owner"
+    UNKNOWN_SERVER = "unknown_server"
+    DEFERRED = "deferred"
+
+
 @dataclass(frozen=True, slots=True)
 class StepOutcome:
-    """What one step did. ``drain_now``: a receipt or an input request is waiting in the outbox."""
+    """What one step did: a :class:`StepAction`, or the event a reschedule recorded. ``drain_now``: a receipt
+    or an input request is waiting in the outbox."""
 
     op_id: uuid.UUID
-    action: str
+    action: StepAction | EventKind
     state: OpState | None = None
     drain_now: bool = False
     detail: Mapping[str, Any] = field(default_factory=dict)
@@ -73,7 +115,7 @@ class StepOutcome:
         """The task's return value (JSON)."""
         return {
             "op_id": str(self.op_id),
-            "action": self.action,
+            "action": self.action.value,
             "state": self.state.value if self.state else None,
             **({"detail": dict(self.detail)} if self.detail else {}),
         }
@@ -165,7 +207,7 @@ class StepContext:
         a silent wait past it."""
         delay_s = self._until_deadline(op, delay_s)
         self.ledger.reschedule(op.id, fence, state=op.state, delay_s=delay_s, event=event, detail=detail)
-        return StepOutcome(op.id, event.value, op.state, detail={"delay_s": round(delay_s, 3)})
+        return StepOutcome(op.id, event, op.state, detail={"delay_s": round(delay_s, 3)})
 
     def _until_deadline(self, op: Operation, delay_s: float) -> float:
         if op.wait_deadline is None:

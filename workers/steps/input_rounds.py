@@ -19,7 +19,15 @@ from ledger.reasons import ReconciliationReason
 from ledger.records import Fence, Operation
 from ledger.states import OpState
 from workers.errors import InputRefused
-from workers.steps.context import StepContext, StepOutcome, describe, remote_ref, retry_s, server_status
+from workers.steps.context import (
+    StepAction,
+    StepContext,
+    StepOutcome,
+    describe,
+    remote_ref,
+    retry_s,
+    server_status,
+)
 from workers.steps.result import not_found
 
 #: How soon to look again when the server says it waits for input whose request could not be read yet.
@@ -59,7 +67,7 @@ def ask_for_input(
         },
     )
     return StepOutcome(
-        op.id, EventKind.INPUT_REQUIRED.value, op.state, drain_now=True, detail={"input_round": round_}
+        op.id, EventKind.INPUT_REQUIRED, op.state, drain_now=True, detail={"input_round": round_}
     )
 
 
@@ -145,7 +153,7 @@ def still_asked(ctx: StepContext, op: Operation, fence: Fence, status: RemoteSta
             "remote_id": op.remote_id,
         },
     )
-    return StepOutcome(op.id, "input_reply_to_operator", op.state)
+    return StepOutcome(op.id, StepAction.INPUT_REPLY_TO_OPERATOR, op.state)
 
 
 def unreadable_input(
@@ -164,12 +172,16 @@ def unreadable_input(
         op = ctx.ledger.wait_for_input_request(
             op.id, fence, status=server_status(status), read_by=read_by, next_poll_in_s=recheck_s
         )
-        return StepOutcome(op.id, "input_unreadable", op.state, detail={"read_by": read_by.isoformat()})
+        return StepOutcome(
+            op.id, StepAction.INPUT_UNREADABLE, op.state, detail={"read_by": read_by.isoformat()}
+        )
     if read_by > now:
         op = ctx.ledger.record_poll(
             op.id, fence, state=op.state, status=server_status(status), next_poll_in_s=recheck_s
         )
-        return StepOutcome(op.id, "input_unreadable", op.state, detail={"read_by": read_by.isoformat()})
+        return StepOutcome(
+            op.id, StepAction.INPUT_UNREADABLE, op.state, detail={"read_by": read_by.isoformat()}
+        )
     stored = op.input_request if isinstance(op.input_request, Mapping) else {}
     op = ctx.hand_to_operator(
         op,
@@ -187,7 +199,7 @@ def unreadable_input(
             "last_answered_request_id": stored.get("request_id"),
         },
     )
-    return StepOutcome(op.id, "input_unreadable_to_operator", op.state)
+    return StepOutcome(op.id, StepAction.INPUT_UNREADABLE_TO_OPERATOR, op.state)
 
 
 def record_reply(
@@ -209,7 +221,7 @@ def record_reply(
     ):
         return StepOutcome(
             op.id,
-            "input_recorded",
+            StepAction.INPUT_RECORDED,
             op.state,
             detail={"input_round": input_round, "sent": held.get("sent_at") is not None, "repeat": True},
         )
@@ -245,7 +257,7 @@ def send_reply(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
     operator decides (INPUT_REPLY_NOT_TAKEN), never a silent wait."""
     reply = pending_reply(op)
     if reply is None:
-        return StepOutcome(op.id, "nothing_to_do", op.state)
+        return StepOutcome(op.id, StepAction.NOTHING_TO_DO, op.state)
     recorded_at = dt.datetime.fromisoformat(str(reply["recorded_at"]))
     waited_s = (ctx.now() - recorded_at).total_seconds()
     if waited_s > ctx.settings.input_reply_s:
@@ -262,7 +274,7 @@ def send_reply(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
                 "remote_id": op.remote_id,
             },
         )
-        return StepOutcome(op.id, "input_reply_to_operator", op.state)
+        return StepOutcome(op.id, StepAction.INPUT_REPLY_TO_OPERATOR, op.state)
     request = InputRequest.from_json(op.input_request or {})
     try:
         ctx.adapter(op).reply_input(
@@ -274,18 +286,20 @@ def send_reply(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
         op = ctx.ledger.record_input_reply_failed(
             op.id, fence, reply=reply, error=describe(exc), answered=op.input_request or {}
         )
-        return StepOutcome(op.id, "input_reply_refused", op.state)
+        return StepOutcome(op.id, StepAction.INPUT_REPLY_REFUSED, op.state)
     except AdapterError as exc:
         ctx.budget.hold(op.server, exc)
         op = ctx.ledger.record_input_reply_failed(
             op.id, fence, reply=reply, error=describe(exc), retry_in_s=retry_s(exc)
         )
-        return StepOutcome(op.id, "input_reply_failed", op.state, detail={"sent_again_in_s": retry_s(exc)})
+        return StepOutcome(
+            op.id, StepAction.INPUT_REPLY_FAILED, op.state, detail={"sent_again_in_s": retry_s(exc)}
+        )
     op = ctx.durably(
         lambda: ctx.ledger.record_input_reply_sent(op.id, fence, reply=reply),
         what=f"the delivered reply of {op.id} round {op.input_round}",
     )
-    return StepOutcome(op.id, "input_provided", op.state)
+    return StepOutcome(op.id, StepAction.INPUT_PROVIDED, op.state)
 
 
 def input_refusal(

@@ -25,6 +25,7 @@ from ledger.states import OpState, TerminalKind
 from workers.errors import NoToken
 from workers.steps.context import (
     TRY_AGAIN,
+    StepAction,
     StepContext,
     StepOutcome,
     describe,
@@ -67,7 +68,7 @@ def poll(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
             ReconciliationReason.DEADLINE_EXCEEDED,
             {"why": "the wait budget ran out with the operation still open on the server"},
         )
-        return StepOutcome(op.id, "wait_budget_exhausted", op.state)
+        return StepOutcome(op.id, StepAction.WAIT_BUDGET_EXHAUSTED, op.state)
     try:
         status = ctx.adapter(op).get(remote_ref(op), budget=ctx.budget.per_request(op.server, "poll"))
     except RateLimited as exc:
@@ -127,7 +128,7 @@ def rejected_read(
                 "session_ref": op.session_ref,
             },
         )
-        return StepOutcome(op.id, "manual_reconciliation", op.state)
+        return StepOutcome(op.id, StepAction.MANUAL_RECONCILIATION, op.state)
     delay = min(REJECTION_PAUSE_MAX_S, 2.0 ** (rejections - 1))
     return ctx.reschedule(op, fence, delay, event, detail)
 
@@ -153,7 +154,7 @@ def _violated_read(ctx: StepContext, op: Operation, fence: Fence, exc: ProtocolV
                 "session_ref": op.session_ref,
             },
         )
-        return StepOutcome(op.id, "manual_reconciliation", op.state)
+        return StepOutcome(op.id, StepAction.MANUAL_RECONCILIATION, op.state)
     return ctx.reschedule(op, fence, retry_s(exc), EventKind.POLL_FAILED, detail)
 
 
@@ -199,11 +200,11 @@ def observed(ctx: StepContext, op: Operation, fence: Fence, status: RemoteStatus
         op = ctx.ledger.wait_for_input_request(
             op.id, fence, status=server_status(status), read_by=None, next_poll_in_s=ctx.jittered(interval)
         )
-        return StepOutcome(op.id, "still_working", op.state)
+        return StepOutcome(op.id, StepAction.STILL_WORKING, op.state)
     op = ctx.ledger.record_poll(
         op.id, fence, state=op.state, status=server_status(status), next_poll_in_s=ctx.jittered(interval)
     )
-    return StepOutcome(op.id, "still_working", op.state)
+    return StepOutcome(op.id, StepAction.STILL_WORKING, op.state)
 
 
 def _terminal(
@@ -230,5 +231,5 @@ def _terminal(
         due_in_s=wait.wait_s if wait is not None else 0.0,
     )
     if wait is not None:
-        return StepOutcome(op.id, "no_token", op.state, detail={"wait_s": round(wait.wait_s, 3)})
+        return StepOutcome(op.id, StepAction.NO_TOKEN, op.state, detail={"wait_s": round(wait.wait_s, 3)})
     return fetch(ctx, op, fence, status, prepaid=1 if reads else 0)

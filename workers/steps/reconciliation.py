@@ -28,7 +28,7 @@ from ledger.reasons import ReconciliationReason
 from ledger.records import Fence, Operation
 from ledger.states import OpState, TerminalKind
 from workers.errors import WrongState
-from workers.steps.context import StepContext, StepOutcome
+from workers.steps.context import StepAction, StepContext, StepOutcome
 from workers.steps.result import accept, fetch, result_json, storable
 
 log = logging.getLogger("longcall.executor")
@@ -174,10 +174,10 @@ def server_unconfigured(ctx: StepContext, op: Operation, fence: Fence) -> StepOu
     elif state is OpState.TERMINAL_OBSERVED:
         op = ctx.ledger.start_fetch(op.id, fence)
     if op.state not in _TO_OPERATOR_FROM:
-        return StepOutcome(op.id, "nothing_to_do", op.state, detail={"server": op.server})
+        return StepOutcome(op.id, StepAction.NOTHING_TO_DO, op.state, detail={"server": op.server})
     log.error("operation %s: %s; handed to an operator (SERVER_UNCONFIGURED)", op.id, why)
     op = ctx.hand_to_operator(op, fence, ReconciliationReason.SERVER_UNCONFIGURED, detail)
-    return StepOutcome(op.id, "manual_reconciliation", op.state, detail={"server": op.server})
+    return StepOutcome(op.id, StepAction.MANUAL_RECONCILIATION, op.state, detail={"server": op.server})
 
 
 def _never_sent(ctx: StepContext, op: Operation, fence: Fence, why: str) -> StepOutcome:

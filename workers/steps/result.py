@@ -32,9 +32,16 @@ from ledger.events import EventKind
 from ledger.reasons import ReconciliationReason
 from ledger.records import Fence, Operation, TerminalEvidence
 from ledger.states import OpState, TerminalKind
-from workers.delivery import delivered_unchanged
 from workers.errors import NoToken
-from workers.steps.context import TRY_AGAIN, StepContext, StepOutcome, describe, remote_ref, retry_s
+from workers.steps.context import (
+    TRY_AGAIN,
+    StepAction,
+    StepContext,
+    StepOutcome,
+    describe,
+    remote_ref,
+    retry_s,
+)
 
 #: The longest pause between two reads of a result that contradicts the observed terminal state.
 CONTRADICTION_PAUSE_MAX_S = 30.0
@@ -101,7 +108,7 @@ def fetch(
             ReconciliationReason.RESULT_UNSTORABLE,
             {"why": "no result is held and there is no remote operation to read it from"},
         )
-        return StepOutcome(op.id, "manual_reconciliation", op.state)
+        return StepOutcome(op.id, StepAction.MANUAL_RECONCILIATION, op.state)
     try:
         result = ctx.adapter(op).result(
             remote_ref(op),
@@ -142,7 +149,8 @@ def fetch(
 def storable(ctx: StepContext, value: Any) -> Any:
     """The result as it is stored, delivered and digested: the value Postgres jsonb gives back for it
     (``1e16`` becomes ``10000000000000000``, ``-0.0`` becomes ``0.0``), checked to pass the Celery JSON
-    serializer unchanged and to be within ``max_result_bytes``.
+    serializer unchanged (the runtime's :attr:`~workers.runtime.Runtime.delivery` says) and to be within
+    ``max_result_bytes``.
 
     Raises:
         UnstorableResult: not JSON, refused by jsonb, changed by the Celery JSON serializer, or too large.
@@ -154,7 +162,7 @@ def storable(ctx: StepContext, value: Any) -> Any:
     if size > ctx.settings.max_result_bytes:
         raise UnstorableResult(f"too large: {size} bytes of JSON, over max_result_bytes")
     stored = ctx.ledger.as_stored(value)
-    if not delivered_unchanged(stored):
+    if not ctx.runtime.delivery.unchanged(stored):
         raise UnstorableResult(
             "the Celery JSON serializer would deliver another value (an object with exactly the keys "
             "__type__ and __value__)"
@@ -184,7 +192,7 @@ def accept(
     )
     return StepOutcome(
         op.id,
-        acceptance.outcome,
+        StepAction(acceptance.outcome),
         None,
         # A shadow operation's outbox row names no signature (nothing is delivered): no drain is hurried.
         drain_now=acceptance.accepted and op.routing == "live",
@@ -245,7 +253,7 @@ def _contradicted(
             ReconciliationReason.RESULT_CONTRADICTS_STATUS,
             {**detail, "for_s": round(elapsed_s, 3)},
         )
-        return StepOutcome(op.id, "manual_reconciliation", op.state)
+        return StepOutcome(op.id, StepAction.MANUAL_RECONCILIATION, op.state)
     delay = max(retry_s(exc), min(CONTRADICTION_PAUSE_MAX_S, 2.0**attempts))
     return ctx.reschedule(op, fence, delay, EventKind.RESULT_CONTRADICTS_STATUS, detail)
 
@@ -264,7 +272,7 @@ def unstorable(
     with contextlib.suppress(NotJson):
         detail["fetched_digest"] = digest(result_json(result))
     op = ctx.hand_to_operator(op, fence, ReconciliationReason.RESULT_UNSTORABLE, detail)
-    return StepOutcome(op.id, "manual_reconciliation", op.state)
+    return StepOutcome(op.id, StepAction.MANUAL_RECONCILIATION, op.state)
 
 
 def too_large(ctx: StepContext, op: Operation, fence: Fence, exc: AnswerTooLarge) -> StepOutcome:
@@ -288,7 +296,7 @@ def too_large(ctx: StepContext, op: Operation, fence: Fence, exc: AnswerTooLarge
         "remote_id": op.remote_id,
     }
     op = ctx.hand_to_operator(op, fence, ReconciliationReason.RESULT_UNSTORABLE, detail)
-    return StepOutcome(op.id, "manual_reconciliation", op.state)
+    return StepOutcome(op.id, StepAction.MANUAL_RECONCILIATION, op.state)
 
 
 def _read_failed(ctx: StepContext, op: Operation, fence: Fence, exc: AdapterError) -> StepOutcome:
@@ -331,7 +339,7 @@ def _read_failed(ctx: StepContext, op: Operation, fence: Fence, exc: AdapterErro
                 "remote_id": op.remote_id,
             },
         )
-        return StepOutcome(op.id, "manual_reconciliation", op.state)
+        return StepOutcome(op.id, StepAction.MANUAL_RECONCILIATION, op.state)
     # Doubling from 1 s, at most RESULT_PAUSE_MAX_S, not past the bound (the read then is the last one
     # before an operator is asked), never sooner than the server's Retry-After.
     pause = min(RESULT_PAUSE_MAX_S, 2.0 ** (failures - 1), bound_s - elapsed_s)
@@ -368,4 +376,4 @@ def _unknown(ctx: StepContext, op: Operation, fence: Fence, exc: NotFound) -> St
         ReconciliationReason.UNKNOWN_NOT_FOUND,
         {"error": describe(exc), "session_gone": exc.session_gone, "remote_id": op.remote_id},
     )
-    return StepOutcome(op.id, "manual_reconciliation", op.state)
+    return StepOutcome(op.id, StepAction.MANUAL_RECONCILIATION, op.state)

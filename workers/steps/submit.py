@@ -34,6 +34,7 @@ from workers.steps.context import (
     DEADLINE_SLACK_S,
     TRY_AGAIN,
     Moved,
+    StepAction,
     StepContext,
     StepOutcome,
     describe,
@@ -171,7 +172,7 @@ def _undo_attempt(ctx: StepContext, op: Operation, fence: Fence, retry_in_s: flo
         lambda: ctx.ledger.undo_create_attempt(op.id, fence, retry_in_s=retry_in_s, detail={"error": why}),
         what=f"the refused create of {op.id}",
     )
-    return StepOutcome(op.id, "create_retry", op.state)
+    return StepOutcome(op.id, StepAction.CREATE_RETRY, op.state)
 
 
 def lookup(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved:
@@ -204,7 +205,7 @@ def lookup(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved
                     "submission_key": str(op.submission_key),
                 },
             )
-            return StepOutcome(op.id, "manual_reconciliation", op.state)
+            return StepOutcome(op.id, StepAction.MANUAL_RECONCILIATION, op.state)
         return ctx.retry_later(op, fence, exc, EventKind.LOOKUP_FAILED)
     if found.proof == "found" and found.ref is not None:
         op = ctx.ledger.record_found_by_key(
@@ -216,7 +217,7 @@ def lookup(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved
         )
         if op.state is OpState.CANCEL_REQUESTED:
             return _cancel_now(ctx, op, fence)
-        return StepOutcome(op.id, "found_by_key", op.state)
+        return StepOutcome(op.id, StepAction.FOUND_BY_KEY, op.state)
     if found.proof == "never_created" and (resubmitted_n := _resubmissions(ctx, op)) >= MAX_RESUBMISSIONS:
         # Rule 2: the create <-> lookup loop has a bound. Every create's answer was lost and every lookup
         # proved it never created: something between longcall and the server eats the answers.
@@ -231,7 +232,7 @@ def lookup(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved
                 "submission_key": str(op.submission_key),
             },
         )
-        return StepOutcome(op.id, "manual_reconciliation", op.state)
+        return StepOutcome(op.id, StepAction.MANUAL_RECONCILIATION, op.state)
     if found.proof == "never_created":
         # Made at once by this step (the create below), under its claim: the lease stays.
         resubmitted = ctx.ledger.resubmit(
@@ -248,7 +249,7 @@ def lookup(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved
             "candidates": [c.remote_id for c in found.candidates],
         },
     )
-    return StepOutcome(op.id, "manual_reconciliation", op.state)
+    return StepOutcome(op.id, StepAction.MANUAL_RECONCILIATION, op.state)
 
 
 def _resubmissions(ctx: StepContext, op: Operation) -> int:
@@ -295,7 +296,7 @@ def _created(ctx: StepContext, op: Operation, fence: Fence, created: Created) ->
         return _cancel_now(ctx, op, fence)
     if status.terminal is not None or status.input_request is not None:
         return observed(ctx, op, fence, status)
-    return StepOutcome(op.id, "created", op.state, detail={"remote_id": op.remote_id})
+    return StepOutcome(op.id, StepAction.CREATED, op.state, detail={"remote_id": op.remote_id})
 
 
 def _cancel_now(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
