@@ -115,16 +115,8 @@ class HotState:
 
     @classmethod
     def from_url(cls, url: str, *, prefix: str = "longcall:", cluster: bool = False) -> HotState:
-        """A hot state on the Redis at ``url``; ``cluster``: a Redis Cluster, ``url`` one of its nodes
-        (the others are found from it)."""
-        client: RedisClient
-        if cluster:
-            client = redis.cluster.RedisCluster.from_url(url, socket_timeout=5, socket_connect_timeout=5)
-        else:
-            client = redis.Redis.from_url(
-                url, socket_timeout=5, socket_connect_timeout=5, retry_on_timeout=True
-            )
-        return cls(client, prefix=prefix)
+        """A hot state on the Redis at ``url`` (:func:`connect`)."""
+        return cls(connect(url, cluster=cluster), prefix=prefix)
 
     def take(
         self,
@@ -253,6 +245,14 @@ class HotState:
 
     def close(self) -> None:
         self.client.close()
+
+
+def connect(url: str, *, cluster: bool = False) -> RedisClient:
+    """A client of the hot state's Redis at ``url``; ``cluster``: a Redis Cluster, ``url`` one of its nodes
+    (the client finds the others from it and sends each script call to the node of its keys' slot)."""
+    if cluster:
+        return redis.cluster.RedisCluster.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+    return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5, retry_on_timeout=True)
 
 
 def burst_for(rate_per_s: float) -> int:

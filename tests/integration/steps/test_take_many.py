@@ -14,8 +14,10 @@ import pytest
 import redis
 
 from tests import support
-from workers.budget import RATE_KEEP_S, RequestMeter, peak_key, rate_key
+from workers.budget import RATE_KEEP_S, RequestMeter, ServerBudgets, peak_key, rate_key
+from workers.errors import NoToken
 from workers.hot import RATE_HEADROOM, HotState, bucket_key, burst_for
+from workers.settings import ServerConfig
 
 
 def test_a_take_many_of_one_is_a_take(redis_client: redis.Redis, broker_prefix: str) -> None:
@@ -100,6 +102,20 @@ def test_k_below_one_is_refused(redis_client: redis.Redis, broker_prefix: str) -
     hot = HotState(redis_client, prefix=broker_prefix)
     with pytest.raises(ValueError, match="at least one slot"):
         hot.take_many("reports", "poll", 10.0, 0)
+
+
+def test_the_budgets_take_many_books_within_one_tick_or_raises_no_token(
+    redis_client: redis.Redis, broker_prefix: str
+) -> None:
+    config = ServerConfig(
+        protocol="mcp", protocol_version="2025-11-25", url="http://127.0.0.1:1/mcp", poll_qps=2.0
+    )
+    budgets = ServerBudgets(HotState(redis_client, prefix=broker_prefix), lambda _: config, tick_s=1.0)
+    tokens = budgets.take_many("reports", "poll", 5)
+    assert tokens.granted == 2  # the poll_qps bucket's slots within one dispatch tick
+    with pytest.raises(NoToken) as refused:
+        budgets.take_many("reports", "poll", 5)
+    assert 0.0 < refused.value.wait_s <= 1 / (2.0 * RATE_HEADROOM)
 
 
 def _book_batches(url: str, prefix: str, rate: float, seconds: float, seed: int, out: Any) -> None:
