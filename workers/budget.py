@@ -3,7 +3,8 @@
 :class:`ServerBudgets` is what a step holds of it (``ctx.budget``):
 
 - ``take`` books a slot on a server's bucket, or raises :class:`~workers.errors.NoToken` (a Redis failure
-  too: no token can be had, so the request is not sent);
+  too: no token can be had, so the request is not sent); ``take_many`` books up to k of them in one script
+  call (for a batch of requests to one server);
 - ``hold`` records the wait a server asked for in a refusal (:func:`server_wait_s`) as its fleet-wide hold,
   called by each step first thing where it catches an adapter call's error;
 - ``per_request`` is the :class:`TokenBudget` an adapter call charges, once per HTTP request.
@@ -47,7 +48,16 @@ import redis
 
 from adapters import OutcomeUnknown, ResultNotReady, Transient
 from workers.errors import NoToken
-from workers.hot import MAX_SERVER_WAIT_S, RATE_HEADROOM, Budget, HotState, MeterCount
+from workers.hot import (
+    MAX_SERVER_WAIT_S,
+    RATE_HEADROOM,
+    Budget,
+    HotState,
+    MeterCount,
+    RedisClient,
+    Tokens,
+    server_tag,
+)
 from workers.settings import ServerConfig
 
 __all__ = [
@@ -140,6 +150,25 @@ class ServerBudgets:
             if held > 0:
                 raise NoToken(held)
 
+    def take_many(self, server: str, bucket: Budget, k: int, *, meter: MeterCount | None = None) -> Tokens:
+        """Book up to ``k`` slots on the server's bucket in one script call, each within one dispatch tick
+        (:meth:`~workers.hot.HotState.take_many`: spaced as ``k`` takes would be, so rule 4's per-second cap
+        holds for each). Nothing is waited for here: the caller sends each request at its slot's delay, and
+        one that waited asks :meth:`~workers.hot.HotState.held_s` first, as :meth:`take` does. None
+        granted (a hold, a full bucket) raises :class:`NoToken` with the wait, a Redis failure too.
+        ``meter``: the second's keys; the slots granted for now count their requests
+        (``Tokens.counted``)."""
+        config = self.server(server)
+        rate = config.poll_qps if bucket == "poll" else config.control_qps
+        try:
+            tokens = self.hot.take_many(server, bucket, rate, k, horizon_s=self.tick_s, meter=meter)
+        except redis.RedisError as exc:
+            log.warning("no %s tokens for %s: Redis failed (%s)", bucket, server, exc)
+            raise NoToken(REDIS_PAUSE_S) from exc
+        if not tokens.granted:
+            raise NoToken(tokens.wait_s)
+        return tokens
+
     def per_request(self, server: str, bucket: Budget, *, prepaid: int = 0) -> TokenBudget:
         """What the adapter call a step makes charges per HTTP request it sends (DESIGN rule 4 as amended):
         a token from ``server``'s ``bucket`` each, waited for within one dispatch tick, else
@@ -226,14 +255,16 @@ class TokenBudget:
 
 
 def rate_key(prefix: str, server: str, bucket: Budget, second: int) -> str:
-    """The Redis key counting the requests charged to ``server``'s ``bucket`` in the Unix ``second``."""
-    return f"{prefix}rate:{server}:{bucket}:{second}"
+    """The Redis key counting the requests charged to ``server``'s ``bucket`` in the Unix ``second``. It
+    carries the server's hash tag (:func:`~workers.hot.server_tag`), as its bucket and hold do: the token
+    bucket's script counts a request in it, and a read over one server's seconds (an ``MGET``) is one slot."""
+    return f"{prefix}rate:{server_tag(server)}:{bucket}:{second}"
 
 
 def peak_key(prefix: str, server: str, bucket: Budget, second: int) -> str:
     """The Redis key holding the most requests charged to ``server``'s ``bucket`` in any one second of the
     hour (:data:`PEAK_BUCKET_S`) that holds the Unix ``second``."""
-    return f"{prefix}ratemax:{server}:{bucket}:{second // PEAK_BUCKET_S}"
+    return f"{prefix}ratemax:{server_tag(server)}:{bucket}:{second // PEAK_BUCKET_S}"
 
 
 class RequestMeter:
@@ -241,7 +272,7 @@ class RequestMeter:
     and raises its hour's highest per-second count: one Lua script (``request_meter.lua``), one round trip.
     A metric is never worth a request: a Redis error is logged and the request goes on."""
 
-    def __init__(self, client: redis.Redis, prefix: str, server: str, bucket: Budget) -> None:
+    def __init__(self, client: RedisClient, prefix: str, server: str, bucket: Budget) -> None:
         self._client = client
         self._prefix = prefix
         self._server = server

@@ -4,6 +4,11 @@ worker) and the cancel-generation CAS (rules 3, 4 and 6).
 Each is a single Lua script, so each decision is one atomic step on Redis whatever the number of worker
 processes. Redis may lose everything (it keeps nothing on disk here): a lost bucket starts afresh, a lost
 generation is re-seeded from the ledger, which stays the record of truth.
+
+The keys are named here (and the request meter's in :mod:`workers.budget`, from :func:`server_tag`): every
+key of one server's carries the server's hash tag, ``{s:<server>}``, so the keys of one script call live
+in one hash slot and a Redis Cluster runs each call on one node, while different servers spread over the
+cluster. :class:`HotState` takes a ``redis.Redis`` or a ``redis.cluster.RedisCluster``.
 """
 
 from __future__ import annotations
@@ -12,11 +17,15 @@ import math
 import uuid
 from dataclasses import dataclass
 from importlib import resources
-from typing import Literal
+from typing import Literal, TypeAlias
 
 import redis
+import redis.cluster
 
 Budget = Literal["poll", "control"]
+
+#: A standalone Redis or a Redis Cluster: the hot state runs on either.
+RedisClient: TypeAlias = redis.Redis | redis.cluster.RedisCluster
 
 #: What a hot-state call raises when Redis is out of reach or not serving yet: refused or dropped
 #: connections, timeouts, "LOADING" while a restarted Redis reads its append-only file (a ConnectionError),
@@ -43,6 +52,24 @@ class Token:
     wait_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class Tokens:
+    """What :meth:`HotState.take_many` booked: one delay per slot granted (make that call after it: the
+    slots are spaced by the bucket's interval, those within its burst at 0), in order. ``wait_s``: when
+    fewer slots were granted than asked for (none, under a hold), how soon the next one comes within reach
+    (ask again then); 0 when all were granted. ``counted``: how many of the slots granted for now counted
+    their request for the meter (the first ``counted`` of them; the caller meters the others when it sends
+    them)."""
+
+    delays_s: tuple[float, ...]
+    wait_s: float
+    counted: int = 0
+
+    @property
+    def granted(self) -> int:
+        return len(self.delays_s)
+
+
 @dataclass(slots=True)
 class MeterCount:
     """One request for the request meter (``workers.budget.RequestMeter``): its second's counter and its
@@ -54,20 +81,42 @@ class MeterCount:
     counted: bool = False
 
 
+def server_tag(server: str) -> str:
+    """The hash tag in every key of ``server``'s (its buckets, its hold, its request counts): a Redis
+    Cluster hashes only the tag, so one script call's keys share a slot, and servers spread over the nodes.
+    The prefix before it must hold no ``{`` (a tag there would put every key in one slot, or split one
+    server's keys apart)."""
+    return "{s:" + server + "}"
+
+
+def bucket_key(prefix: str, server: str, budget: Budget) -> str:
+    """The key of ``server``'s ``budget`` bucket (its GCRA theoretical arrival time)."""
+    return f"{prefix}bucket:{server_tag(server)}:{budget}"
+
+
+def hold_key(prefix: str, server: str) -> str:
+    """The key of ``server``'s hold (the end of the wait it asked for, Redis time in microseconds)."""
+    return f"{prefix}hold:{server_tag(server)}"
+
+
+def cancel_key(prefix: str, op_id: uuid.UUID) -> str:
+    """The key of an operation's hot cancel generation (alone in its script call: any slot will do)."""
+    return f"{prefix}cancel:{op_id}"
+
+
 class HotState:
-    def __init__(self, client: redis.Redis, *, prefix: str = "longcall:") -> None:
+    def __init__(self, client: RedisClient, *, prefix: str = "longcall:") -> None:
         self.client = client
         self.prefix = prefix
         self._bucket = client.register_script(_lua("token_bucket.lua"))
         self._hold = client.register_script(_lua("server_hold.lua"))
+        self._held = client.register_script(_lua("server_held.lua"))
         self._cas = client.register_script(_lua("cancel_cas.lua"))
 
     @classmethod
-    def from_url(cls, url: str, *, prefix: str = "longcall:") -> HotState:
-        return cls(
-            redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5, retry_on_timeout=True),
-            prefix=prefix,
-        )
+    def from_url(cls, url: str, *, prefix: str = "longcall:", cluster: bool = False) -> HotState:
+        """A hot state on the Redis at ``url`` (:func:`connect`)."""
+        return cls(connect(url, cluster=cluster), prefix=prefix)
 
     def take(
         self,
@@ -91,21 +140,60 @@ class HotState:
         ``meter.counted``; a refusal or a slot booked ahead leaves it uncounted (the caller meters the
         request when it sends it).
         """
+        uncounted = None if meter is None or meter.counted else meter
+        tokens = self._book(server, budget, rate_per_s, 1, horizon_s=horizon_s, meter=uncounted)
+        if meter is not None and tokens.counted:
+            meter.counted = True
+        if tokens.granted:
+            return Token(True, tokens.delays_s[0])
+        return Token(False, tokens.wait_s)
+
+    def take_many(
+        self,
+        server: str,
+        budget: Budget,
+        rate_per_s: float,
+        k: int,
+        *,
+        horizon_s: float = 0.0,
+        meter: MeterCount | None = None,
+    ) -> Tokens:
+        """Book up to ``k`` calls to ``server`` on the ``budget`` bucket in one script call: the slots
+        :meth:`take` would hand out to ``k`` callers asking at this instant (the first ones within the
+        burst, the next ones spaced by the interval), each at most ``horizon_s`` ahead, so the one-second
+        bound of :meth:`take` holds for every slot granted. Fewer than ``k`` when the horizon reaches only
+        some (``wait_s``: when the next comes within reach); none under the server's hold. With ``meter``
+        (its keys; its ``counted`` flag is neither read nor set), the slots granted for now count their
+        requests in the same script call (``Tokens.counted``)."""
+        if k < 1:
+            raise ValueError(f"take_many books at least one slot, not {k}")
+        return self._book(server, budget, rate_per_s, k, horizon_s=horizon_s, meter=meter)
+
+    def _book(
+        self,
+        server: str,
+        budget: Budget,
+        rate_per_s: float,
+        k: int,
+        *,
+        horizon_s: float,
+        meter: MeterCount | None,
+    ) -> Tokens:
         interval_us = max(1, math.ceil(1_000_000 / (rate_per_s * RATE_HEADROOM)))
-        keys = [f"{self.prefix}bucket:{server}:{budget}", self.hold_key(server)]
+        keys = [bucket_key(self.prefix, server, budget), self.hold_key(server)]
         args = [
             interval_us,
             burst_for(rate_per_s) * interval_us,
             math.floor(max(0.0, horizon_s) * 1_000_000),
             math.ceil(MAX_SERVER_WAIT_S * 1_000_000),
+            k,
         ]
-        if meter is not None and not meter.counted:
+        if meter is not None:
             keys.extend(meter.keys)
             args.extend(meter.keep_s)
-        granted, wait_us, *counted = self._call(self._bucket, keys, args)
-        if meter is not None and counted:
-            meter.counted = True
-        return Token(bool(granted), int(wait_us) / 1_000_000)
+        granted, first_us, wait_us, counted = (int(v) for v in self._call(self._bucket, keys, args))
+        delays = tuple(max(0, first_us + i * interval_us) / 1_000_000 for i in range(granted))
+        return Tokens(delays, wait_us / 1_000_000, counted)
 
     def hold(self, server: str, delay_s: float) -> float:
         """The server asked for no request for ``delay_s`` (a Retry-After or RetryInfo on a 429 or 503): no
@@ -126,28 +214,26 @@ class HotState:
 
     def held_s(self, server: str) -> float:
         """The seconds ``server``'s hold has left (0: none): read by a caller that waited for a booked slot,
-        since a hold recorded during that wait must still stop its request."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.get(self.hold_key(server))
-        pipe.time()
-        until, (seconds, micros) = pipe.execute()
-        left_us = int(float(until or 0)) - (int(seconds) * 1_000_000 + int(micros))
-        return min(max(0, left_us) / 1_000_000, MAX_SERVER_WAIT_S)  # a longer hold is cut (token_bucket.lua)
+        since a hold recorded during that wait must still stop its request. One script reads the hold and
+        the clock of the node that holds it (in a cluster, another node's clock is another clock)."""
+        [left_us] = self._call(
+            self._held, [self.hold_key(server)], [math.ceil(MAX_SERVER_WAIT_S * 1_000_000)]
+        )
+        return int(left_us) / 1_000_000
 
     def hold_key(self, server: str) -> str:
-        return f"{self.prefix}hold:{server}"
+        return hold_key(self.prefix, server)
 
     def bump_cancel_generation(
         self, op_id: uuid.UUID, expected: int, *, keep_s: int = 86_400
     ) -> tuple[bool, int]:
         """CAS the hot generation from ``expected`` to ``expected + 1``; (won, generation now)."""
-        key = f"{self.prefix}cancel:{op_id}"
-        won, generation = self._call(self._cas, [key], [expected, keep_s])
+        won, generation = self._call(self._cas, [cancel_key(self.prefix, op_id)], [expected, keep_s])
         return bool(won), int(generation)
 
     def seed_cancel_generation(self, op_id: uuid.UUID, generation: int, *, keep_s: int = 86_400) -> None:
         """Reset the hot copy from the ledger (after a lost CAS or a Redis restart)."""
-        self.client.set(f"{self.prefix}cancel:{op_id}", generation, ex=keep_s)
+        self.client.set(cancel_key(self.prefix, op_id), generation, ex=keep_s)
 
     def _call(self, script: redis.commands.core.Script, keys: list[str], args: list[int]) -> list[int]:
         try:
@@ -159,6 +245,14 @@ class HotState:
 
     def close(self) -> None:
         self.client.close()
+
+
+def connect(url: str, *, cluster: bool = False) -> RedisClient:
+    """A client of the hot state's Redis at ``url``; ``cluster``: a Redis Cluster, ``url`` one of its nodes
+    (the client finds the others from it and sends each script call to the node of its keys' slot)."""
+    if cluster:
+        return redis.cluster.RedisCluster.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+    return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5, retry_on_timeout=True)
 
 
 def burst_for(rate_per_s: float) -> int:

@@ -6,20 +6,24 @@
 -- ARGV[3]  reservation horizon in microseconds (how far ahead a caller may book a slot and wait for it)
 -- ARGV[4]  the longest hold kept, in microseconds from now (workers.hot.MAX_SERVER_WAIT_S): a hold set
 --          longer (by a worker without that cap, during a rolling deploy) is cut to it here too
--- KEYS[3], KEYS[4], ARGV[5], ARGV[6], optional: request_meter.lua's keys and expiries for the request this
---          token pays for. A token granted for now counts the request there too (the caller sends it at
---          once), so a charge is one round trip; a slot booked ahead counts nothing (the caller meters the
---          request when it sends it, in that second). Without them the script is what it was.
--- Returns {1, delay_us}: granted; make the call after delay_us (0 = now). {0, wait_us}: refused; the next
--- slot within reach is wait_us away, so ask again then. {1, 0, count}: granted for now and counted, the
--- request's second now at count.
+-- ARGV[5]  how many slots to book (k >= 1): the slots k callers asking now would get one by one, spaced by
+--          the interval, each within the horizon; as many of them as the horizon reaches are granted
+-- KEYS[3], KEYS[4], ARGV[6], ARGV[7], optional: request_meter.lua's keys and expiries for the requests these
+--          slots pay for. The slots granted for now count their requests there too (the caller sends them
+--          at once), so a charge is one round trip; a slot booked ahead counts nothing (the caller meters
+--          its request when it sends it, in that second). Without them nothing is counted.
+-- Returns {granted, first_us, wait_us, counted}: granted slots (0 under a hold or when the first slot is
+-- past the horizon); slot i (from 0) is for now + max(0, first_us + i * interval); wait_us, when fewer than
+-- k were granted, is how soon the next slot comes within reach (ask again then), else 0; counted is how many
+-- requests the meter counted (the first ones granted for now).
 -- Redis TIME is the one clock, so worker clocks never matter (the meter's second is the worker's: its keys
--- come named).
+-- come named). In a Redis Cluster all four keys carry the server's hash tag: one slot, one node.
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000000 + tonumber(now_parts[2])
 local interval = tonumber(ARGV[1])
 local tolerance = tonumber(ARGV[2])
 local horizon = tonumber(ARGV[3])
+local wanted = tonumber(ARGV[5])
 -- One read of both keys (the hold, then the bucket's theoretical arrival time).
 local read = redis.call('MGET', KEYS[2], KEYS[1])
 local hold = tonumber(read[1] or '0')
@@ -29,38 +33,42 @@ if hold > now + longest then
   redis.call('SET', KEYS[2], hold, 'PX', math.ceil(longest / 1000) + 1000)
 end
 if hold > now then
-  return {0, hold - now}
+  return {0, 0, hold - now, 0}
 end
 local tat = tonumber(read[2] or '0')
 if tat < now then
   tat = now
 end
+-- The first slot's distance past its burst allowance (negative: that far within it).
 local ahead = tat - now - tolerance
 if ahead > horizon then
-  return {0, ahead - horizon}
+  return {0, 0, ahead - horizon, 0}
 end
-redis.call('SET', KEYS[1], tat + interval, 'PX', math.ceil((tat + interval - now) / 1000) + 1000)
-if ahead < 0 then
-  ahead = 0
+local granted = math.min(wanted, math.floor((horizon - ahead) / interval) + 1)
+local last = tat + granted * interval
+redis.call('SET', KEYS[1], last, 'PX', math.ceil((last - now) / 1000) + 1000)
+local wait = 0
+if granted < wanted then
+  wait = ahead + granted * interval - horizon
 end
 if ahead > 0 or #KEYS < 4 then
-  return {1, ahead}
+  return {granted, ahead, wait, 0}
 end
--- request_meter.lua, step for step. A metric is never worth a request: its failure leaves the grant as is.
-local counted, n = pcall(function()
-  local count = redis.call('INCR', KEYS[3])
-  if count == 1 then
-    redis.call('EXPIRE', KEYS[3], tonumber(ARGV[5]))
-    redis.call('SET', KEYS[4], 1, 'NX', 'EX', tonumber(ARGV[6]))
-    return count
+local for_now = math.min(granted, math.floor(-ahead / interval) + 1)
+-- request_meter.lua's steps, for for_now requests at once. A metric is never worth a request: its failure
+-- leaves the grant as is.
+local counted = pcall(function()
+  local count = redis.call('INCRBY', KEYS[3], for_now)
+  if count == for_now then
+    redis.call('EXPIRE', KEYS[3], tonumber(ARGV[6]))
   end
   local highest = tonumber(redis.call('GET', KEYS[4]) or '0')
   if count > highest then
-    redis.call('SET', KEYS[4], count, 'EX', tonumber(ARGV[6]))
+    redis.call('SET', KEYS[4], count, 'EX', tonumber(ARGV[7]))
   end
   return count
 end)
 if not counted then
-  return {1, 0}
+  return {granted, ahead, wait, 0}
 end
-return {1, 0, n}
+return {granted, ahead, wait, for_now}

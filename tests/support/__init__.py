@@ -2,10 +2,11 @@
 the integration tests start, and the ledger rows they build.
 
 - ``services``: a Postgres database per test (from a migrated template), Redis, RabbitMQ, private
-  ``redis-server``/``postgres``/RabbitMQ instances, Celery worker and beat subprocesses, and ``wait_for``
-  (every wait bounded). Its names are re-exported here, so ``from tests import support`` then
-  ``support.wait_for(...)`` reads as before; a test that monkeypatches one of its constants patches
-  ``tests.support.services`` (the module whose functions read it), not this package.
+  ``redis-server``/``postgres``/RabbitMQ instances (and a private 3-node Redis Cluster), Celery worker and
+  beat subprocesses, and ``wait_for`` (every wait bounded). Its names are re-exported here, so
+  ``from tests import support`` then ``support.wait_for(...)`` reads as before; a test that monkeypatches
+  one of its constants patches ``tests.support.services`` (the module whose functions read it), not this
+  package.
 - ``fleet``: a whole fleet for end-to-end tests (longcall's MCP server, workers, beat, a pipeline worker);
   ``aip_fleet`` and ``ext_fleet`` the same with the demo AIP-151 server or the MCP tasks extension's peer.
 - ``aip_server``: the demo AIP-151 server as a child process.
@@ -28,6 +29,7 @@ from tests.support.services import (
     PrivatePostgres,
     PrivateRabbitMQ,
     PrivateRedis,
+    PrivateRedisCluster,
     admin_execute,
     celery_env,
     child_pids,
@@ -38,6 +40,7 @@ from tests.support.services import (
     private_postgres,
     private_rabbitmq,
     private_redis,
+    private_redis_cluster,
     rabbitmq_messages,
     rabbitmq_vhost,
     rabbitmqctl,
@@ -60,6 +63,7 @@ __all__ = [
     "PrivatePostgres",
     "PrivateRabbitMQ",
     "PrivateRedis",
+    "PrivateRedisCluster",
     "admin_execute",
     "celery_env",
     "child_pids",
@@ -70,6 +74,7 @@ __all__ = [
     "private_postgres",
     "private_rabbitmq",
     "private_redis",
+    "private_redis_cluster",
     "rabbitmq_messages",
     "rabbitmq_vhost",
     "rabbitmqctl",

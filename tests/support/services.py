@@ -5,6 +5,7 @@ Celery worker/beat processes started as subprocesses. Every wait here is bounded
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -21,6 +22,7 @@ from typing import TypeVar
 
 import psycopg
 import redis
+import redis.cluster
 
 REPO = Path(__file__).resolve().parents[2]
 ADMIN_URL = os.environ.get("LONGCALL_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -348,6 +350,71 @@ def private_redis(data_dir: Path, log_dir: Path, *flags: str) -> Iterator[Privat
         yield server
     finally:
         server.stop(signal.SIGKILL)
+
+
+@dataclass
+class PrivateRedisCluster:
+    """A Redis Cluster of this test's own: ``nodes`` primaries (no replicas) on free loopback ports, each a
+    :class:`PrivateRedis` in cluster mode, the slots spread over them by ``redis-cli --cluster create``."""
+
+    nodes: list[PrivateRedis]
+
+    @property
+    def ports(self) -> list[int]:
+        return [node.port for node in self.nodes]
+
+    @property
+    def url(self) -> str:
+        """One node's URL: a cluster client finds the others from it."""
+        return self.nodes[0].url
+
+    def client(self) -> redis.cluster.RedisCluster:
+        return redis.cluster.RedisCluster(host="127.0.0.1", port=self.ports[0], socket_timeout=5)
+
+
+def _cluster_ok(port: int) -> bool:
+    node = redis.Redis(port=port, socket_timeout=2, socket_connect_timeout=2)
+    try:
+        info = node.execute_command("CLUSTER INFO")  # type: ignore[no-untyped-call]  # parsed into a dict
+        return bool(info.get("cluster_state") == "ok")
+    except redis.RedisError:
+        return False
+    finally:
+        node.close()
+
+
+@contextlib.contextmanager
+def private_redis_cluster(data_dir: Path, log_dir: Path, nodes: int = 3) -> Iterator[PrivateRedisCluster]:
+    """Start ``nodes`` redis-servers in cluster mode (nothing kept on disk), join them into one cluster
+    with every slot assigned, and wait (bounded) until each node says ``cluster_state:ok``. Every server is
+    stopped (by its pid) on the way out."""
+    started: list[PrivateRedis] = []
+    try:
+        for _ in range(nodes):
+            port = free_port()
+            node_dir = data_dir / f"node-{port}"
+            node_dir.mkdir(parents=True, exist_ok=True)
+            # The cluster bus on a free port of its own (the default, port + 10000, may be taken or past
+            # 65535).
+            bus = ("--cluster-port", str(free_port()))
+            flags = ("--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf", *bus)
+            node = PrivateRedis((*flags, "--appendonly", "no", "--save", ""), node_dir, log_dir, port=port)
+            started.append(node)
+            node.start()
+        cli = _binary("redis-cli", "redis-tools", "/usr/bin/redis-cli")
+        addresses = [f"127.0.0.1:{node.port}" for node in started]
+        subprocess.run(
+            [cli, "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        for node in started:
+            wait_for(f"cluster_state:ok on node {node.port}", functools.partial(_cluster_ok, node.port))
+        yield PrivateRedisCluster(started)
+    finally:
+        for node in started:
+            node.stop(signal.SIGKILL)
 
 
 #: Postgres refuses to run as root: as root, initdb and pg_ctl run as this (unprivileged) user.

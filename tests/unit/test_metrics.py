@@ -137,5 +137,6 @@ def test_every_charge_is_metered_once_prepaid_ones_included() -> None:
 
 def test_rate_keys_are_per_server_bucket_and_second() -> None:
     assert (
-        rate_key("p:longcall:", "reports", "poll", 1_700_000_000) == "p:longcall:rate:reports:poll:1700000000"
+        rate_key("p:longcall:", "reports", "poll", 1_700_000_000)
+        == "p:longcall:rate:{s:reports}:poll:1700000000"
     )

@@ -336,10 +336,10 @@ def test_the_peak_outlives_the_per_second_counters_and_redis_unreadable_fails(
     add_simulation(ledger)
     meter(redis_client, settings, "reports", "control", 6)  # control_qps 4
     prefix = f"{settings.broker_keyprefix}longcall:"
-    seconds = list(redis_client.scan_iter(match=f"{prefix}rate:reports:control:*"))
+    seconds = list(redis_client.scan_iter(match=f"{prefix}rate:{{s:reports}}:control:*"))
     assert seconds
     redis_client.delete(*seconds)  # the 15 s counters are gone: the hour's peak remains (kept a week)
-    [peak] = list(redis_client.scan_iter(match=f"{prefix}ratemax:reports:control:*"))
+    [peak] = list(redis_client.scan_iter(match=f"{prefix}ratemax:{{s:reports}}:control:*"))
     assert 6 * 86_400 < int(redis_client.ttl(peak)) <= 7 * 86_400
     assert not gate(ledger, settings, redis_client)["poll amplification"].passed
     nowhere = redis.Redis(port=support.free_port(), socket_connect_timeout=1)

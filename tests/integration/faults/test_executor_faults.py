@@ -30,6 +30,7 @@ from tests.support.fleet import (
 )
 from tests.support.ledger_rows import evidence_for
 from workers.executor import Executor, StepOutcome
+from workers.hot import bucket_key
 from workers.submission import validate_submission
 
 S = OpState
@@ -455,7 +456,7 @@ def test_a_restarted_hot_redis_is_reseeded_from_the_ledger(
     # pipeline app, whose result backend is the broker Redis) stays on 6379. So nothing here waits on a
     # longcall task's AsyncResult: every wait is on the ledger or on the pipeline's sink.
     env = {"LONGCALL_REDIS_URL": hot_url, "LONGCALL_BROKER_URL": support.REDIS_URL}
-    bucket = f"{broker_prefix}longcall:bucket:reports:poll"
+    bucket = bucket_key(f"{broker_prefix}longcall:", "reports", "poll")
     try:
         with running_fleet(
             FleetParts(ledger, database_url, broker_prefix, redis_client, tmp_path, log_dir), env=env
@@ -500,7 +501,8 @@ def test_a_restarted_hot_redis_is_reseeded_from_the_ledger(
             fleet.submit_nowait("n/after-restart", "slow_report", {"seconds": 0.3})
             after = fleet.wait_operation("n/after-restart", S.ACCEPTED, timeout=30)
             assert fleet.wait_receipt("n/after-restart")["terminal_state"] == "completed"
-            assert hot.exists(bucket) == 1 or hot.exists(f"{broker_prefix}longcall:bucket:reports:control")
+            control = bucket_key(f"{broker_prefix}longcall:", "reports", "control")
+            assert hot.exists(bucket) == 1 or hot.exists(control)
             assert fleet.ledger.receipt_for(after.id) is not None
             assert [e["method"] for e in fleet.mcp.log()].count("tools/call") == 2
     finally:
