@@ -201,9 +201,9 @@ class McpServer(ScriptedServer):
         if method == "tasks/list":
             return self._ok(rid, {"tasks": [self._task()] if self.state() else []})
         if method == "tools/call":
-            fault = self._create()
-            if fault is not None:
-                return fault
+            faulted = self._create()
+            if faulted is not None:
+                return faulted
             return self._ok(rid, {"task": self._task()})
         task_id = (body.get("params") or {}).get("taskId")
         if method == "tasks/get":
@@ -300,9 +300,9 @@ class AipServer(ScriptedServer):
         path = request.url.path
         if request.method == "POST" and path == "/v1/projects/sim/jobs:run":
             request_id = json.loads(request.content).get(AIP_REQUEST_ID)
-            fault = self._create(lambda: self._create_operation(request_id))
-            if fault is not None:
-                return fault
+            faulted = self._create(lambda: self._create_operation(request_id))
+            if faulted is not None:
+                return faulted
             return httpx.Response(200, json=self._operation())
         if path == f"/v1/{self.name}:cancel" and request.method == "POST":
             if self.state() is None:

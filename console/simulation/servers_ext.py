@@ -80,9 +80,9 @@ class McpExtServer(ScriptedServer):
                 },
             )
         if method == "tools/call":
-            fault = self._create()
-            if fault is not None:
-                return fault
+            faulted = self._create()
+            if faulted is not None:
+                return faulted
             return _ok(rid, {"resultType": "task", **self._task()})
         task_id = (body.get("params") or {}).get("taskId")
         if method == "tasks/get":
