@@ -9,7 +9,6 @@ caller's :class:`~adapters.base.RequestBudget`.
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 import uuid
@@ -19,6 +18,7 @@ from typing import Any
 import httpx
 
 from adapters.base import UNMETERED, Limits, RequestBudget, Timeouts, redact_url
+from adapters.credentials import BearerToken, Credentials
 from adapters.errors import (
     AdapterError,
     AnswerTooLarge,
@@ -85,9 +85,7 @@ def parse_cookies_only_when_set(http: httpx.Client) -> None:
         http._cookies = _CookiesWhenSet(cookies.jar)  # the same jar, not a copy
 
 
-def request_headers(
-    session: Session | None, *, bearer_token: str | None, include_version: bool = True
-) -> dict[str, str]:
+def request_headers(session: Session | None, *, include_version: bool = True) -> dict[str, str]:
     """Headers for a POST: Accept both answer types, the session and negotiated version when known."""
     headers = {"Accept": ACCEPT, "Content-Type": "application/json"}
     if session is not None:
@@ -95,8 +93,6 @@ def request_headers(
             headers["MCP-Protocol-Version"] = session.protocol_version
         if session.session_id is not None:
             headers["Mcp-Session-Id"] = session.session_id
-    if bearer_token is not None:
-        headers["Authorization"] = f"Bearer {bearer_token}"
     return headers
 
 
@@ -140,7 +136,7 @@ class StreamableHttpClient:
         http: httpx.Client,
         url: str,
         *,
-        bearer_token: str | Callable[[], str | None] | None,
+        bearer_token: BearerToken,
         timeouts: Timeouts,
         limits: Limits,
         new_id: Callable[[], str] | None = None,
@@ -149,21 +145,13 @@ class StreamableHttpClient:
         self._url = redact_url(url)
         # Parsed once: httpx would parse the string again for every request.
         self._endpoint: httpx.URL | str
-        self._basic: str | None = None
         try:
             endpoint = httpx.URL(url)
         except httpx.InvalidURL:
             self._endpoint = url  # refused when it is used, as before
+            self._credentials = Credentials(bearer_token)
         else:
-            if endpoint.userinfo:
-                # user:password in the URL is sent as basic auth, never as a part of the URL that httpx
-                # would log (its INFO line names every request's URL) or put into an error.
-                credentials = f"{endpoint.username}:{endpoint.password}".encode()
-                self._basic = "Basic " + base64.b64encode(credentials).decode("ascii")
-                endpoint = endpoint.copy_with(username=None, password=None)
-            self._endpoint = endpoint
-        #: A token, or a provider called before every request: a rotated token is used from then on.
-        self._token = bearer_token
+            self._endpoint, self._credentials = Credentials.of(endpoint, bearer_token)
         self._timeouts = timeouts
         self._limits = limits
         # Built once (httpx would build the same timeouts again for every request); read, never changed.
@@ -184,16 +172,7 @@ class StreamableHttpClient:
         Raises:
             Transient: the token provider failed; nothing was sent.
         """
-        token = self._token
-        if callable(token):
-            try:
-                token = token()
-            except Exception as exc:  # any failure to read the token: the request is not sent
-                raise Transient(f"not sent: the bearer token could not be read: {exc}") from exc
-        headers = request_headers(session, bearer_token=token, include_version=include_version)
-        if token is None and self._basic is not None:
-            headers["Authorization"] = self._basic
-        return headers
+        return request_headers(session, include_version=include_version) | self._credentials.headers()
 
     def _timeout(self, read: float) -> _TimeoutExtension:
         if read == self._timeouts.read:

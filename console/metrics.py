@@ -18,6 +18,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -49,23 +50,16 @@ _PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")
 _BUDGETS: tuple[Budget, ...] = ("poll", "control")
 
 
+@dataclass(frozen=True, eq=False)  # eq=False: a registry keeps its collectors by identity (hashed)
 class LongcallCollector(Collector):
     """Reads the ledger and Redis on every ``collect``; holds only its connection pools."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        fleet: FleetConfig,
-        engine: Engine,
-        client: redis.Redis,
-        *,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.settings = settings
-        self.fleet = fleet
-        self.engine = engine
-        self.client = client
-        self.clock = clock
+    settings: Settings
+    fleet: FleetConfig
+    engine: Engine
+    client: redis.Redis
+    _: KW_ONLY
+    clock: Callable[[], float] = time.time
 
     def describe(self) -> Iterable[Metric]:
         return ()

@@ -21,6 +21,7 @@ cannot send) counts.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import uuid
 from collections.abc import Callable
@@ -81,18 +82,8 @@ class OutboxRow:
     dispatched_at: dt.datetime | None
 
     @classmethod
-    def from_row(cls, row: Any) -> OutboxRow:
-        return cls(
-            id=row.id,
-            kind=row.kind,
-            input_round=row.input_round,
-            status=row.status,
-            attempts=row.attempts,
-            last_error=row.last_error,
-            created_at=row.created_at,
-            next_attempt_at=row.next_attempt_at,
-            dispatched_at=row.dispatched_at,
-        )
+    def from_row(cls, row: Row[Any]) -> OutboxRow:
+        return cls(**{f.name: row._mapping[f.name] for f in dataclasses.fields(cls)})
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,18 +101,9 @@ class OutboxResend:
         return self.found == "dead"
 
 
-#: The outbox columns ``longcall status`` reads (never the payload: a receipt carries its whole result).
-_SHOWN = (
-    OUTBOX.c.id,
-    OUTBOX.c.kind,
-    OUTBOX.c.input_round,
-    OUTBOX.c.status,
-    OUTBOX.c.attempts,
-    OUTBOX.c.last_error,
-    OUTBOX.c.created_at,
-    OUTBOX.c.next_attempt_at,
-    OUTBOX.c.dispatched_at,
-)
+#: The outbox columns ``longcall status`` reads, :class:`OutboxRow`'s fields (never the payload: a receipt
+#: carries its whole result).
+_SHOWN = tuple(OUTBOX.c[f.name] for f in dataclasses.fields(OutboxRow))
 
 
 class OutboxTransactions(GuardedWrites):

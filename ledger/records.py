@@ -318,16 +318,9 @@ class ReconciliationRecord:
 
     @classmethod
     def from_row(cls, row: Row[Any]) -> ReconciliationRecord:
-        return cls(
-            id=row.id,
-            op_id=row.op_id,
-            reason=ReconciliationReason(row.reason),
-            opened_at=row.opened_at,
-            deadline=row.deadline,
-            resolved_at=row.resolved_at,
-            resolution=row.resolution,
-            detail=row.detail,
-        )
+        values = {f.name: row._mapping[f.name] for f in dataclasses.fields(cls)}
+        values["reason"] = ReconciliationReason(values["reason"])
+        return cls(**values)
 
 
 def adapter_key(protocol: str, protocol_version: str) -> str:

@@ -6,7 +6,6 @@ bounded in size and in time; every httpx exception and every error answer is map
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 from collections.abc import Mapping
@@ -17,6 +16,7 @@ import httpx
 
 from adapters.aip151.wire import classify_error
 from adapters.base import AdapterConfig, RequestBudget
+from adapters.credentials import Credentials
 from adapters.errors import OutcomeUnknown, ProtocolViolation, Rejected, Transient
 from adapters.http_answers import Deadline, ReadBudgetExceeded, read_bounded, read_error_body
 from adapters.streamable_http import map_transport_error
@@ -39,30 +39,14 @@ class RestClient:
     def __init__(self, http: httpx.Client, config: AdapterConfig) -> None:
         self._http = http
         self._config = config
-        url = httpx.URL(config.url.rstrip("/"))
-        self._basic: str | None = None
-        if url.userinfo:
-            # user:password in the URL is sent as basic auth, never as part of a URL httpx logs or shows.
-            pair = f"{url.username}:{url.password}".encode()
-            self._basic = "Basic " + base64.b64encode(pair).decode("ascii")
-            url = url.copy_with(username=None, password=None)
+        token = config.token_provider if config.token_provider is not None else config.bearer_token
+        url, self._credentials = Credentials.of(httpx.URL(config.url.rstrip("/")), token)
         self._base = str(url)
         t = config.timeouts
         self._timeout = httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool)
 
     def _headers(self) -> dict[str, str]:
-        headers = {"Accept": "application/json"}
-        token: str | None = self._config.bearer_token
-        if self._config.token_provider is not None:
-            try:
-                token = self._config.token_provider()
-            except Exception as exc:  # any failure to read the token: nothing is sent
-                raise Transient(f"not sent: the bearer token could not be read: {exc}") from exc
-        if token is not None:
-            headers["Authorization"] = f"Bearer {token}"
-        elif self._basic is not None:
-            headers["Authorization"] = self._basic
-        return headers
+        return {"Accept": "application/json", **self._credentials.headers()}
 
     def send(
         self,

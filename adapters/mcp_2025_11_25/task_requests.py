@@ -9,6 +9,7 @@ stream) and lists a session's tasks (``tasks/list``). A 404 for the stored sessi
 
 from __future__ import annotations
 
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from adapters.base import InputRequest, Limits, RemoteRef, RemoteStatus, RequestBudget, Timeouts
@@ -29,23 +30,16 @@ from adapters.streamable_http import StreamableHttpClient
 __all__ = ["TaskRequests"]
 
 
+@dataclass(frozen=True)
 class TaskRequests:
     """The requests about existing tasks on one server; each charged to the caller's ``budget``."""
 
-    def __init__(
-        self,
-        client: StreamableHttpClient,
-        session: ServerSession,
-        *,
-        server: str,
-        timeouts: Timeouts,
-        limits: Limits,
-    ) -> None:
-        self._client = client
-        self._session = session
-        self._server = server
-        self._timeouts = timeouts
-        self._limits = limits
+    client: StreamableHttpClient
+    session: ServerSession
+    _: KW_ONLY
+    server: str
+    timeouts: Timeouts
+    limits: Limits
 
     def send(
         self, method: str, remote: RemoteRef, *, idempotent: bool, budget: RequestBudget, **kwargs: Any
@@ -56,8 +50,8 @@ class TaskRequests:
             NotFound: the stored session is gone. Otherwise as ``StreamableHttpClient.request``.
         """
         session = stored_session(remote)
-        with self._session.ended_is_not_found(session, f"{method} {remote.remote_id}", budget=budget):
-            return self._client.request(
+        with self.session.ended_is_not_found(session, f"{method} {remote.remote_id}", budget=budget):
+            return self.client.request(
                 method,
                 {"taskId": remote.remote_id},
                 session=session,
@@ -95,7 +89,7 @@ class TaskRequests:
             remote,
             idempotent=True,
             budget=budget,
-            read_timeout=self._timeouts.input_wait,
+            read_timeout=self.timeouts.input_wait,
             until=is_input,
             patient=True,
         )
@@ -115,9 +109,9 @@ class TaskRequests:
                 and parse_input_request(message, task_id=task_id) is not None
             )
 
-        with self._session.ended_is_not_found(session, f"GET stream for {task_id}", budget=budget):
-            exchange = self._client.listen(
-                session=session, wait_s=self._timeouts.input_wait, until=is_input, budget=budget
+        with self.session.ended_is_not_found(session, f"GET stream for {task_id}", budget=budget):
+            exchange = self.client.listen(
+                session=session, wait_s=self.timeouts.input_wait, until=is_input, budget=budget
             )
         return first_input_request(exchange.server_requests, task_id)
 
@@ -128,31 +122,31 @@ class TaskRequests:
             Rejected: the server does not declare ``tasks.list``.
             NotFound: the session is gone. Transient, RateLimited, ProtocolViolation.
         """
-        facts = self._session.facts(budget=budget)
+        facts = self.session.facts(budget=budget)
         if not facts.can_list:
-            raise Rejected(f"server {self._server!r} does not declare tasks/list")
+            raise Rejected(f"server {self.server!r} does not declare tasks/list")
         session = (
             Session(session_id=session_ref, protocol_version=facts.protocol_version)
             if session_ref is not None
-            else self._session.current(budget=budget)
+            else self.session.current(budget=budget)
         )
         params: dict[str, Any] = {"cursor": cursor} if cursor else {}
-        with self._session.ended_is_not_found(session, "tasks/list", budget=budget):
-            exchange = self._client.request(
+        with self.session.ended_is_not_found(session, "tasks/list", budget=budget):
+            exchange = self.client.request(
                 "tasks/list", params, session=session, idempotent=True, budget=budget
             )
-        return parse_task_page(result_of("tasks/list", exchange.response, server=self._server))
+        return parse_task_page(result_of("tasks/list", exchange.response, server=self.server))
 
     def list_all(self, *, session_ref: str | None, budget: RequestBudget) -> list[RemoteStatus]:
         """Every ``tasks/list`` page, at most ``limits.max_pages`` of them."""
         tasks: list[RemoteStatus] = []
         cursor: str | None = None
-        for _ in range(self._limits.max_pages):
+        for _ in range(self.limits.max_pages):
             page = self.list_page(cursor, session_ref=session_ref, budget=budget)
             tasks.extend(page.tasks)
             cursor = page.next_cursor
             if cursor is None:
                 return tasks
         raise ProtocolViolation(
-            f"server {self._server!r}: tasks/list has more than {self._limits.max_pages} pages"
+            f"server {self.server!r}: tasks/list has more than {self.limits.max_pages} pages"
         )

@@ -8,15 +8,15 @@ from the body and mapped by method (:func:`adapters.mcp_2026_07_28.wire.error_fo
 
 from __future__ import annotations
 
-import base64
 import json
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
 
 from adapters.base import Limits, RequestBudget, Timeouts, redact_url
+from adapters.credentials import BearerToken, Credentials
 from adapters.errors import AdapterError, OutcomeUnknown, ProtocolViolation, Transient
 from adapters.http_answers import (
     Deadline,
@@ -56,21 +56,14 @@ class ExtHttp:
         url: str,
         *,
         server: str,
-        bearer_token: str | Callable[[], str | None] | None,
+        bearer_token: BearerToken,
         timeouts: Timeouts,
         limits: Limits,
     ) -> None:
         self._http = http
         self._server = server
         self._url = redact_url(url)
-        self._basic: str | None = None
-        endpoint = httpx.URL(url)
-        if endpoint.userinfo:
-            credentials = f"{endpoint.username}:{endpoint.password}".encode()
-            self._basic = "Basic " + base64.b64encode(credentials).decode("ascii")
-            endpoint = endpoint.copy_with(username=None, password=None)
-        self._endpoint = endpoint
-        self._token = bearer_token
+        self._endpoint, self._credentials = Credentials.of(httpx.URL(url), bearer_token)
         self._timeouts = timeouts
         self._limits = limits
 
@@ -93,17 +86,7 @@ class ExtHttp:
         }
         if name is not None:
             headers["Mcp-Name"] = header_value(name)
-        token = self._token
-        if callable(token):
-            try:
-                token = token()
-            except Exception as exc:  # any failure to read the token: the request is not sent
-                raise Transient(f"not sent: the bearer token could not be read: {exc}") from exc
-        if token is not None:
-            headers["Authorization"] = f"Bearer {token}"
-        elif self._basic is not None:
-            headers["Authorization"] = self._basic
-        return headers
+        return headers | self._credentials.headers()
 
     def call(
         self,

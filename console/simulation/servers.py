@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,6 +134,16 @@ class ScriptedServer:
             self.truth.created_at = self.tick
             self.truth.tasks += 1
 
+    def _create(self, make_task: Callable[[], None] | None = None) -> httpx.Response | None:
+        """A create request: counted, the fault scripted before it, the task made (``make_task``, else
+        :meth:`_create_task`), the fault scripted after it. The fault's answer, or None: answer the task."""
+        self.truth.create_requests += 1
+        early = self._create_fault_before()
+        if early is not None:
+            return early
+        (make_task or self._create_task)()
+        return self._create_fault_after()
+
 
 def fault_response(fault: str, server: ScriptedServer) -> httpx.Response:
     if fault in ("429", "429_retry_after", "503", "503_retry_after"):
@@ -190,14 +201,9 @@ class McpServer(ScriptedServer):
         if method == "tasks/list":
             return self._ok(rid, {"tasks": [self._task()] if self.state() else []})
         if method == "tools/call":
-            self.truth.create_requests += 1
-            early = self._create_fault_before()
-            if early is not None:
-                return early
-            self._create_task()
-            late = self._create_fault_after()
-            if late is not None:
-                return late
+            faulted = self._create()
+            if faulted is not None:
+                return faulted
             return self._ok(rid, {"task": self._task()})
         task_id = (body.get("params") or {}).get("taskId")
         if method == "tasks/get":
@@ -293,19 +299,10 @@ class AipServer(ScriptedServer):
     def __call__(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
         if request.method == "POST" and path == "/v1/projects/sim/jobs:run":
-            self.truth.create_requests += 1
-            early = self._create_fault_before()
-            if early is not None:
-                return early
             request_id = json.loads(request.content).get(AIP_REQUEST_ID)
-            if request_id not in self.request_ids:
-                self.request_ids.add(request_id)
-                if self.truth.created_at is not None:
-                    self.truth.tasks += 1  # a second request id: a second operation
-                self._create_task()
-            late = self._create_fault_after()
-            if late is not None:
-                return late
+            faulted = self._create(lambda: self._create_operation(request_id))
+            if faulted is not None:
+                return faulted
             return httpx.Response(200, json=self._operation())
         if path == f"/v1/{self.name}:cancel" and request.method == "POST":
             if self.state() is None:
@@ -332,6 +329,14 @@ class AipServer(ScriptedServer):
                 return _aip_error(404, "NOT_FOUND", "no such operation")
             return httpx.Response(200, json=self._operation())
         return _aip_error(404, "NOT_FOUND", f"no route {request.method} {path}")
+
+    def _create_operation(self, request_id: str) -> None:
+        """The create deduplicated by its AIP-155 request id."""
+        if request_id not in self.request_ids:
+            self.request_ids.add(request_id)
+            if self.truth.created_at is not None:
+                self.truth.tasks += 1  # a second request id: a second operation
+            self._create_task()
 
     def _operation(self) -> dict[str, Any]:
         state = self.state() or "working"

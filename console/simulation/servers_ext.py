@@ -80,14 +80,9 @@ class McpExtServer(ScriptedServer):
                 },
             )
         if method == "tools/call":
-            self.truth.create_requests += 1
-            early = self._create_fault_before()
-            if early is not None:
-                return early
-            self._create_task()
-            late = self._create_fault_after()
-            if late is not None:
-                return late
+            faulted = self._create()
+            if faulted is not None:
+                return faulted
             return _ok(rid, {"resultType": "task", **self._task()})
         task_id = (body.get("params") or {}).get("taskId")
         if method == "tasks/get":

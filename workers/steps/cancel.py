@@ -179,6 +179,11 @@ def send(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
     error)."""
     adapter = ctx.adapter(op)
     budget = ctx.budget.per_request(op.server, "control")
+
+    def after(status: RemoteStatus | None, event: EventKind, detail: Mapping[str, Any]) -> StepOutcome:
+        """Where the task stands after this cancel request (:func:`_after`), on its adapter and budget."""
+        return _after(ctx, op, fence, adapter, status, event=event, detail=detail, budget=budget)
+
     answered = _answer_event(ctx, op)
     if answered is not None and (answered.answer != _UNSENT or _budget_spent(ctx, op)):
         # The server took (or refused) this generation's cancel already: sending it again tells nothing new.
@@ -209,58 +214,21 @@ def send(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
         return too_large(ctx, op, fence, exc)  # the status read first carried a result over the cap
     except Rejected as exc:
         # No cancel on this server: the outcome comes from polling, as for AIP-151.
-        return _after(
-            ctx,
-            op,
-            fence,
-            adapter,
-            None,
-            event=EventKind.CANCEL_REFUSED,
-            detail={"error": describe(exc), _ANSWER: "refused"},
-            budget=budget,
-        )
+        return after(None, EventKind.CANCEL_REFUSED, {"error": describe(exc), _ANSWER: "refused"})
     except TRY_AGAIN as exc:
         ctx.budget.hold(op.server, exc)  # before the status read below: it must meet the server's wait
         if _budget_spent(ctx, op):
             # Past the wait deadline: not retried for ever. The status read decides (a terminal state
             # wins), else an operator, told the cancel could not be sent and why.
-            return _after(
-                ctx,
-                op,
-                fence,
-                adapter,
-                None,
-                event=EventKind.CANCEL_FAILED,
-                detail={_ANSWER: _UNSENT, "error": describe(exc)},
-                budget=budget,
-            )
+            return after(None, EventKind.CANCEL_FAILED, {_ANSWER: _UNSENT, "error": describe(exc)})
         # A lost ACK is resolved by asking again: a second cancel finds the task terminal.
         return ctx.retry_later(op, fence, exc, EventKind.CANCEL_FAILED)
     if outcome.kind == "cancelled":
         return accept(ctx, op, TerminalKind.CANCELLED, None, audit={"server_state": "cancelled"})
-    if outcome.kind == "acknowledged":
-        # Only an acknowledgement (AIP-151, the MCP tasks extension): the end is polled for; done with a
-        # cancelled error accepts the cancel, a completion that won the race is accepted as completed.
-        return _after(
-            ctx,
-            op,
-            fence,
-            adapter,
-            outcome.status,
-            event=EventKind.CANCEL_PENDING,
-            detail={_ANSWER: "acknowledged"},
-            budget=budget,
-        )
-    return _after(
-        ctx,
-        op,
-        fence,
-        adapter,
-        outcome.status,
-        event=EventKind.CANCEL_PENDING,
-        detail={_ANSWER: "already_terminal"},
-        budget=budget,
-    )
+    # "acknowledged", an acknowledgement only (AIP-151, the MCP tasks extension): the end is polled for; done
+    # with a cancelled error accepts the cancel, a completion that won the race is accepted as completed.
+    # "already_terminal": the terminal state the server holds is read, never rewritten to cancelled.
+    return after(outcome.status, EventKind.CANCEL_PENDING, {_ANSWER: outcome.kind})
 
 
 #: The event detail that records the server's answer to this generation's cancel request, when it leaves

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+from collections.abc import Mapping
 from typing import Any
 
 from adapters import (
@@ -102,13 +103,13 @@ def fetch(
     if op.remote_id is None:
         # No remote operation to read from and nothing held: a synchronous answer that could not be stored,
         # whose hand-over to an operator was interrupted. Never a tight loop, never a second call.
-        op = ctx.hand_to_operator(
+        return _to_operator(
+            ctx,
             op,
             fence,
             ReconciliationReason.RESULT_UNSTORABLE,
             {"why": "no result is held and there is no remote operation to read it from"},
         )
-        return StepOutcome(op.id, StepAction.MANUAL_RECONCILIATION, op.state)
     try:
         result = ctx.adapter(op).result(
             remote_ref(op),
@@ -247,13 +248,13 @@ def _contradicted(
         "attempts": attempts + 1,
     }
     if elapsed_s is not None and elapsed_s >= ctx.settings.result_contradiction_s:
-        op = ctx.hand_to_operator(
+        return _to_operator(
+            ctx,
             op,
             fence,
             ReconciliationReason.RESULT_CONTRADICTS_STATUS,
             {**detail, "for_s": round(elapsed_s, 3)},
         )
-        return StepOutcome(op.id, StepAction.MANUAL_RECONCILIATION, op.state)
     delay = max(retry_s(exc), min(CONTRADICTION_PAUSE_MAX_S, 2.0**attempts))
     return ctx.reschedule(op, fence, delay, EventKind.RESULT_CONTRADICTS_STATUS, detail)
 
@@ -271,8 +272,7 @@ def unstorable(
     }
     with contextlib.suppress(NotJson):
         detail["fetched_digest"] = digest(result_json(result))
-    op = ctx.hand_to_operator(op, fence, ReconciliationReason.RESULT_UNSTORABLE, detail)
-    return StepOutcome(op.id, StepAction.MANUAL_RECONCILIATION, op.state)
+    return _to_operator(ctx, op, fence, ReconciliationReason.RESULT_UNSTORABLE, detail)
 
 
 def too_large(ctx: StepContext, op: Operation, fence: Fence, exc: AnswerTooLarge) -> StepOutcome:
@@ -295,7 +295,14 @@ def too_large(ctx: StepContext, op: Operation, fence: Fence, exc: AnswerTooLarge
         "server_state": op.server_state,
         "remote_id": op.remote_id,
     }
-    op = ctx.hand_to_operator(op, fence, ReconciliationReason.RESULT_UNSTORABLE, detail)
+    return _to_operator(ctx, op, fence, ReconciliationReason.RESULT_UNSTORABLE, detail)
+
+
+def _to_operator(
+    ctx: StepContext, op: Operation, fence: Fence, reason: ReconciliationReason, detail: Mapping[str, Any]
+) -> StepOutcome:
+    """MANUAL_RECONCILIATION (:meth:`StepContext.hand_to_operator`), and the step's outcome saying so."""
+    op = ctx.hand_to_operator(op, fence, reason, detail)
     return StepOutcome(op.id, StepAction.MANUAL_RECONCILIATION, op.state)
 
 
@@ -324,7 +331,8 @@ def _read_failed(ctx: StepContext, op: Operation, fence: Fence, exc: AdapterErro
             if definitive
             else f"the result read failed {failures} times in {elapsed_s:.1f} s (result_retry_s {bound_s:g})"
         )
-        op = ctx.hand_to_operator(
+        return _to_operator(
+            ctx,
             op,
             fence,
             ReconciliationReason.RESULT_UNREADABLE,
@@ -339,7 +347,6 @@ def _read_failed(ctx: StepContext, op: Operation, fence: Fence, exc: AdapterErro
                 "remote_id": op.remote_id,
             },
         )
-        return StepOutcome(op.id, StepAction.MANUAL_RECONCILIATION, op.state)
     # Doubling from 1 s, at most RESULT_PAUSE_MAX_S, not past the bound (the read then is the last one
     # before an operator is asked), never sooner than the server's Retry-After.
     pause = min(RESULT_PAUSE_MAX_S, 2.0 ** (failures - 1), bound_s - elapsed_s)
@@ -370,10 +377,10 @@ def _storable_audit(ctx: StepContext, audit: Any) -> Any:
 
 
 def _unknown(ctx: StepContext, op: Operation, fence: Fence, exc: NotFound) -> StepOutcome:
-    op = ctx.hand_to_operator(
+    return _to_operator(
+        ctx,
         op,
         fence,
         ReconciliationReason.UNKNOWN_NOT_FOUND,
         {"error": describe(exc), "session_gone": exc.session_gone, "remote_id": op.remote_id},
     )
-    return StepOutcome(op.id, StepAction.MANUAL_RECONCILIATION, op.state)
