@@ -18,6 +18,7 @@ CLAIM_DELAY = func.greatest(0, func.extract("epoch", OP.c.next_poll_at - func.no
 CLAIM_COLUMNS = (
     OP.c.id,
     OP.c.state,
+    OP.c.server,
     OP.c.poll_cursor,
     OP.c.execution_epoch,
     OP.c.cancel_generation,

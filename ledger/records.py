@@ -177,6 +177,8 @@ class Claim:
     lease_until: dt.datetime
     #: Seconds until the step is due (0 when it is due already).
     delay_s: float = 0.0
+    #: The operation's server (what a dispatcher batches polls by).
+    server: str | None = None
 
     @classmethod
     def from_row(cls, row: Row[Any]) -> Claim:
@@ -188,6 +190,7 @@ class Claim:
             row.cancel_generation,
             row.lease_until,
             float(row.delay_s or 0.0),
+            row.server,
         )
 
     @property
