@@ -39,7 +39,16 @@ from ledger.results import ResultStorage
 from ledger.retention import HistoryRetention
 from ledger.shadow import ShadowComparisons
 from ledger.side_rows import append_event, open_reconciliation
-from ledger.statements import EVENT, OP, RECEIPT, RECON, STATEMENTS, literal_json, select_operation_by_id
+from ledger.statements import (
+    EVENT,
+    OP,
+    RECEIPT,
+    RECON,
+    STATEMENTS,
+    literal_json,
+    select_operation_by_id,
+    select_operations_by_ids,
+)
 from ledger.states import FINAL_STATES, OpState
 from ledger.submissions import Submissions
 
@@ -111,6 +120,17 @@ class Ledger(
         # The control row's epoch and owner came with it: what owns_epoch(max_age_s=...) answers from.
         self._saw_ownership(row.control_epoch, row.control_epoch_owner)
         return Operation.from_row(row, with_body=with_body)
+
+    def get_many(self, op_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Operation]:
+        """The rows of ``op_ids`` that exist, read without the arguments, by id, in one statement (a batch of
+        polls' read: one per batch, not one per member)."""
+        if not op_ids:
+            return {}
+        with self._one_statement() as conn:
+            rows = conn.execute(STATEMENTS.get(select_operations_by_ids), {"op_ids": list(op_ids)}).all()
+        if rows:
+            self._saw_ownership(rows[0].control_epoch, rows[0].control_epoch_owner)
+        return {row.id: Operation.from_row(row, with_body=False) for row in rows}
 
     def find_by_call_node(self, call_node_id: str) -> Operation | None:
         with self._tx() as conn:

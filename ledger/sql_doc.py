@@ -37,6 +37,7 @@ from ledger.statements import (
     select_disabled_adapters,
     select_operation_by_call_node,
     select_operation_by_id,
+    select_operations_by_ids,
     select_ready_outbox,
     update_outbox_dispatched,
     update_outbox_failed,
@@ -296,6 +297,11 @@ HOT = (
         "The same read with the arguments: a step that sends them.",
         select_operation_by_id,
         (True,),
+    ),
+    Hot(
+        "select_operations_by_ids()",
+        "A batch of polls' read of its members' rows (without the arguments), in one statement.",
+        select_operations_by_ids,
     ),
     Hot(
         "select_operation_by_call_node()",

@@ -97,6 +97,11 @@ class PollMember:
     wait_s: float = 0.0
 
 
+def _deferred(op_id: uuid.UUID, fault: BaseException) -> StepOutcome:
+    """A batch member's step that failed: its row stays claimed until the lease runs out."""
+    return StepOutcome(op_id, StepAction.DEFERRED, None, detail={"fault": describe_fault(fault)})
+
+
 def _own_log_context(entry: Callable[P, R]) -> Callable[P, R]:
     """An entry point whose steps note the operation they work on (their log lines name it) and leave the
     caller's log context as they found it: run in process (a simulation, a test, an application embedding
@@ -227,14 +232,22 @@ class Executor:
 
     def advance_batch(self, members: Sequence[PollMember]) -> list[StepOutcome]:
         """``longcall.poll`` with ``ops``: the polls of one server, side by side (``workers/members.py``),
-        each as a one-operation poll would run (:meth:`advance`: its own read, its own log context, its own
-        cursor fencing its writes), after its own wait (at most one dispatch tick), and the answers once all
-        are done. A member whose claim is done already (a copy of this message ran it: its lease let go)
-        does nothing. A member's failure is its own: logged, answered DEFERRED, never failing the others or
-        the message; a fault of the ledger or of Redis leaves its row claimed, and the dispatcher claims it
-        again when the lease runs out, as after a one-operation poll that failed."""
+        each as a one-operation poll would run (its own log context, its own cursor fencing its writes),
+        after its own wait (at most one dispatch tick), and the answers once all are done. The members' rows
+        are read in one statement for the batch (``Ledger.get_many``), not one each. A member whose claim is
+        done already (a copy of this message ran it: its lease let go) does nothing. A member's failure is
+        its own: logged, answered DEFERRED, never failing the others or the message; a fault of the ledger
+        or of Redis leaves its row claimed, and the dispatcher claims it again when the lease runs out, as
+        after a one-operation poll that failed."""
         started = time.monotonic()
         tick = self.rt.settings.dispatch_interval_s
+        try:
+            rows = self.ledger.get_many([member.op_id for member in members])
+        except INFRASTRUCTURE as exc:
+            log.warning(
+                "reading a batch of %d polls met %s; %s", len(members), describe_fault(exc), AGAIN_AFTER_LEASE
+            )
+            return [_deferred(member.op_id, exc) for member in members]
 
         def one(member: PollMember) -> StepOutcome:
             # The dispatcher's delays are within one tick; a wait past it is not one of its own.
@@ -243,26 +256,25 @@ class Executor:
                 time.sleep(wait)  # never before its due time (rule 3), bounded by one dispatch tick
             try:
                 with logs.bind(member.op_id):  # the member's lines name its operation, this thread's only
-                    return self._advance_member(member)
+                    return self._advance_member(member, rows.get(member.op_id))
             except INFRASTRUCTURE as exc:
                 log.warning("the poll of %s met %s; %s", member.op_id, describe_fault(exc), AGAIN_AFTER_LEASE)
-                fault = exc
+                return _deferred(member.op_id, exc)
             except Exception as exc:
                 log.exception("the poll of %s failed; %s", member.op_id, AGAIN_AFTER_LEASE)
-                fault = exc
-            return StepOutcome(
-                member.op_id, StepAction.DEFERRED, None, detail={"fault": describe_fault(fault)}
-            )
+                return _deferred(member.op_id, exc)
 
         return run_side_by_side(one, members, threads=self.rt.settings.poll_batch)
 
-    def _advance_member(self, member: PollMember) -> StepOutcome:
-        op = self.ledger.get(member.op_id, with_body=False)
+    def _advance_member(self, member: PollMember, op: Operation | None) -> StepOutcome:
+        """One member of a batch, from the batch's read of its row (``op``; None: there is none)."""
+        if op is None:
+            return StepOutcome(member.op_id, StepAction.NOTHING_TO_DO, None, detail={"row": "none"})
         if op.poll_cursor == member.cursor and op.lease_until is None:
             # The claim was let go by the step it was for: this is a copy of a message that ran already.
             return StepOutcome(op.id, StepAction.NOTHING_TO_DO, op.state, detail={"claim": "done"})
         if op.state is not S.WORKING:
-            return self.advance(member.op_id, member.cursor)
+            return self.advance(member.op_id, member.cursor)  # a phase of its own reads its row itself
         return self._guard(op, member.cursor, poll.poll)
 
     @_own_log_context
