@@ -367,6 +367,14 @@ class DueIn:
         return dt.timedelta(seconds=max(0.0, self.seconds))
 
 
+#: The poll schedule (rule 3), one home for the step that writes it (``workers/steps/context.py``) and the
+#: claim that sets it ahead (``ledger/claim_statements.py``): a poll interval is at least ``MIN_POLL_S``, and
+#: its jitter up to ``POLL_JITTER_SHARE`` of it, at most ``POLL_JITTER_MAX_S``.
+MIN_POLL_S = 0.1
+POLL_JITTER_SHARE = 0.05
+POLL_JITTER_MAX_S = 0.25
+
+
 def due_in(seconds: float) -> DueIn:
     """A ``next_poll_at`` value: ``seconds`` from the database's now, never past the wait budget or expiry
     still ahead (a deadline already past never makes the row due sooner)."""

@@ -202,6 +202,7 @@ class Ledger(
         lease_s: float,
         epoch: int | Literal["current"] | None = None,
         horizon_s: float = 0.0,
+        default_poll_ms: Mapping[str, int] | None = None,
     ) -> list[Claim]:
         """:meth:`claim_due` for many servers in one statement and one transaction: each ``(server, room)``
         claims at most ``room`` of that server's due rows, in due order, and all of them together at most
@@ -210,14 +211,18 @@ class Ledger(
         rooms, servers level on that taken in a rotation that moves on by ``limit`` every tick
         (``ledger.claim_statements.update_claim_due_by_server``). ``epoch="current"`` takes the claimed rows
         over into the control row's epoch as the statement reads it (the dispatcher's tick: no control read
-        of its own)."""
+        of its own). With ``default_poll_ms`` (each server's default poll interval), the claim also sets each
+        WORKING row's next poll ahead (``ledger.claim_statements.next_poll_ahead``): a poll that changes
+        nothing then writes only its count (:meth:`record_unchanged_polls`)."""
         rooms = [(server, room) for server, room in rooms if room > 0]
         if limit <= 0 or not rooms:
             return []
         with self._one_statement() as conn:
             rows = conn.execute(
                 STATEMENTS.get(
-                    update_claim_due_by_server, "current" if epoch == "current" else epoch is not None
+                    update_claim_due_by_server,
+                    "current" if epoch == "current" else epoch is not None,
+                    default_poll_ms is not None,
                 ),
                 {
                     "claim_servers": [server for server, _ in rooms],
@@ -227,6 +232,7 @@ class Ledger(
                     "claim_lease": dt.timedelta(seconds=lease_s),
                     "claim_epoch": None if epoch == "current" else epoch,
                     "claim_executor": self.executor_id,
+                    "claim_default_poll_ms": [(default_poll_ms or {}).get(server, 0) for server, _ in rooms],
                 },
             ).all()
         return [Claim.from_row(r) for r in rows]

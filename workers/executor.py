@@ -264,7 +264,39 @@ class Executor:
                 log.exception("the poll of %s failed; %s", member.op_id, AGAIN_AFTER_LEASE)
                 return _deferred(member.op_id, exc)
 
-        return run_side_by_side(one, members, threads=self.rt.settings.poll_batch)
+        steps = run_side_by_side(one, members, threads=self.rt.settings.poll_batch)
+        return self._record_unchanged(members, rows, steps)
+
+    def _record_unchanged(
+        self, members: Sequence[PollMember], rows: Mapping[uuid.UUID, Operation], steps: list[StepOutcome]
+    ) -> list[StepOutcome]:
+        """The batch's polls that changed nothing, recorded in one statement
+        (``Ledger.record_unchanged_polls``: counted, their claims let go); a member whose fence moved
+        meanwhile is answered STALE. Through a fault, they stay claimed until their leases run out, and are
+        due when their claims said."""
+        unchanged = [
+            (member.op_id, Fence(row.execution_epoch, row.cancel_generation, member.cursor))
+            for member, step in zip(members, steps, strict=True)
+            if step.unchanged and (row := rows.get(member.op_id)) is not None
+        ]
+        if not unchanged:
+            return steps
+        try:
+            written = self.ledger.record_unchanged_polls(unchanged)
+        except INFRASTRUCTURE as exc:
+            log.warning(
+                "recording %d unchanged polls met %s; %s",
+                len(unchanged),
+                describe_fault(exc),
+                AGAIN_AFTER_LEASE,
+            )
+            return steps
+        return [
+            StepOutcome(step.op_id, StepAction.STALE, None, detail={"unchanged": "not recorded"})
+            if step.unchanged and step.op_id not in written
+            else step
+            for step in steps
+        ]
 
     def _advance_member(self, member: PollMember, op: Operation | None) -> StepOutcome:
         """One member of a batch, from the batch's read of its row (``op``; None: there is none)."""
@@ -275,7 +307,7 @@ class Executor:
             return StepOutcome(op.id, StepAction.NOTHING_TO_DO, op.state, detail={"claim": "done"})
         if op.state is not S.WORKING:
             return self.advance(member.op_id, member.cursor)  # a phase of its own reads its row itself
-        return self._guard(op, member.cursor, poll.poll)
+        return self._guard(op, member.cursor, poll.poll_scheduled)
 
     @_own_log_context
     def fetch_result(self, op_id: uuid.UUID, cursor: int) -> StepOutcome:

@@ -131,9 +131,10 @@ def dispatch_due(ctx: StepContext, limit: int | None = None) -> list[Dispatch]:
     the number of configured servers), and takes the rows over into the current epoch as it reads it (rule
     13): a tick is one transaction."""
     settings = ctx.settings
+    servers = sorted(ctx.runtime.fleet.servers.items())
     rooms = [
         (name, max(1, math.ceil((server.poll_qps + server.control_qps) * settings.dispatch_interval_s * 2)))
-        for name, server in sorted(ctx.runtime.fleet.servers.items())
+        for name, server in servers
     ]
     claims = ctx.ledger.claim_due_by_server(
         rooms,
@@ -141,6 +142,8 @@ def dispatch_due(ctx: StepContext, limit: int | None = None) -> list[Dispatch]:
         lease_s=settings.lease_s,
         epoch="current",
         horizon_s=settings.dispatch_interval_s,
+        # The claim sets each WORKING row's next poll (rule 3), so an unchanged poll writes only its count.
+        default_poll_ms={name: server.default_poll_interval_ms for name, server in servers},
     )
     return [
         Dispatch(TASK_FOR_STATE[c.state], c.op_id, c.poll_cursor, c.delay_s, c.server, c.state)

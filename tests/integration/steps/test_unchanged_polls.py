@@ -1,5 +1,6 @@
-"""An unchanged poll reads (and writes) (nearly) nothing (issue 21): a batch reads its members' rows in one
-statement, not one each.
+"""An unchanged poll writes (nearly) nothing (issue 21): a batch reads its members' rows in one statement,
+the dispatcher's claim sets each WORKING row's next poll as the poll step would, and the polls that changed
+nothing are recorded in one statement for the batch (``Ledger.record_unchanged_polls``).
 
 Real Postgres and Redis, longcall's MCP server (its tasks poll every 200 ms) and an in-process executor;
 the ledger's statements are counted on its engine.
@@ -15,6 +16,8 @@ from typing import Any
 
 from sqlalchemy import event, text
 
+from ledger.events import EventKind
+from ledger.records import POLL_JITTER_MAX_S, POLL_JITTER_SHARE
 from ledger.states import OpState
 from tests import support
 from tests.support.fleet import McpServer
@@ -81,7 +84,7 @@ def _writes(sent: list[str]) -> list[str]:
     return [s for s in sent if not s.lstrip().upper().startswith("SELECT")]
 
 
-def test_a_batch_reads_its_members_rows_in_one_statement(
+def test_a_batch_of_unchanged_polls_reads_once_and_writes_once(
     mcp_executor: tuple[McpServer, Executor],
 ) -> None:
     mcp, executor = mcp_executor
@@ -96,7 +99,8 @@ def test_a_batch_reads_its_members_rows_in_one_statement(
         steps = executor.advance_batch(members)
 
     assert [s.action for s in steps] == [StepAction.STILL_WORKING] * 6
-    assert len(sent) - len(_writes(sent)) == 1, sent  # one read of the batch's rows, none per member
+    assert len(sent) == 2, sent  # the batch's read of its rows, and its one write
+    assert len(_writes(sent)) == 1
     assert sum(1 for e in mcp.log() if e["method"] == "tasks/get") == reads_before + 6
     for claim in claims:
         op = executor.ledger.get(claim.op_id)
@@ -105,7 +109,7 @@ def test_a_batch_reads_its_members_rows_in_one_statement(
         assert op.lease_until is None  # the claim let go: a copy of the message does nothing
         assert op.last_polled_at is not None
         assert op.next_poll_at is not None
-        assert op.next_poll_at > dt.datetime.now(dt.UTC)
+        assert op.next_poll_at > dt.datetime.now(dt.UTC)  # as the claim set it
 
     # The same batch again (a redelivered message): its members find their claims done, nothing is sent.
     with _statements(executor) as again:
@@ -113,6 +117,24 @@ def test_a_batch_reads_its_members_rows_in_one_statement(
     assert [s.action for s in repeated] == [StepAction.NOTHING_TO_DO] * 6
     assert _writes(again) == []
     assert sum(1 for e in mcp.log() if e["method"] == "tasks/get") == reads_before + 6
+
+
+def test_a_poll_whose_answer_changed_writes_its_event(mcp_executor: tuple[McpServer, Executor]) -> None:
+    _mcp, executor = mcp_executor
+    [changed, same] = _submit(executor, 2)
+    _due_now(executor, [changed], status_message="an older message")
+    _due_now(executor, [same])
+    claims = _claim(executor, 2)
+    seq = executor.ledger.get(changed).event_seq
+
+    with _statements(executor) as sent:
+        executor.advance_batch([PollMember(d.op_id, d.cursor) for d in claims])
+
+    assert len(_writes(sent)) == 2  # the changed one's record_poll, and the unchanged one's count
+    op = executor.ledger.get(changed)
+    assert op.status_message is None
+    assert op.event_seq == seq + 1
+    assert executor.ledger.events(changed)[-1]["kind"] == EventKind.POLLED.value
 
 
 def test_a_late_member_writes_nothing(mcp_executor: tuple[McpServer, Executor]) -> None:
@@ -134,3 +156,46 @@ def test_a_late_member_writes_nothing(mcp_executor: tuple[McpServer, Executor]) 
     assert _writes(sent) == []
     assert executor.ledger.get(late) == before
     assert sum(1 for e in mcp.log() if e["method"] == "tasks/get") == reads_before
+
+
+def test_the_claim_sets_the_next_poll_as_the_poll_step_would(
+    mcp_executor: tuple[McpServer, Executor],
+) -> None:
+    """``next_poll_ahead`` (SQL) against the poll step's rule (``StepContext.interval_s`` + ``spread``, never
+    past a deadline still ahead): the row's kept interval, at least 0.1 s; the server's default without one;
+    capped by a wait deadline ahead; a deadline already past caps nothing."""
+    _mcp, executor = mcp_executor
+    kept, floor, default, capped, past = _submit(executor, 5)
+    _due_now(executor, [kept], poll_interval_ms=2000)
+    _due_now(executor, [floor], poll_interval_ms=20)
+    _due_now(executor, [default], poll_interval_ms=None)
+    _due_now(executor, [capped], poll_interval_ms=60_000)
+    _due_now(executor, [past], poll_interval_ms=3000)
+    with executor.ledger.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE tool_operation SET wait_deadline = now() + interval '5 seconds' WHERE id = :id"),
+            {"id": capped},
+        )
+        conn.execute(
+            text("UPDATE tool_operation SET wait_deadline = now() - interval '5 seconds' WHERE id = :id"),
+            {"id": past},
+        )
+    snapshots = {op_id: executor.ledger.get(op_id) for op_id in (kept, floor, default, capped, past)}
+    start = dt.datetime.now(dt.UTC)
+    _claim(executor, 5)
+    end = dt.datetime.now(dt.UTC)
+
+    for op_id, snapshot in snapshots.items():
+        interval = executor.ctx.interval_s(snapshot, None)  # the poll step's rule
+        jitter = min(POLL_JITTER_SHARE * interval, POLL_JITTER_MAX_S)
+        due = executor.ledger.get(op_id).next_poll_at
+        assert due is not None
+        low = start + dt.timedelta(seconds=interval) - dt.timedelta(milliseconds=50)
+        high = end + dt.timedelta(seconds=interval + jitter) + dt.timedelta(milliseconds=50)
+        if op_id == capped:
+            assert snapshot.wait_deadline is not None
+            assert due == snapshot.wait_deadline
+        else:
+            assert low <= due <= high, (op_id == floor, op_id == default, interval, due - start)
+    assert executor.ctx.interval_s(snapshots[floor], None) == 0.1
+    assert executor.ctx.interval_s(snapshots[default], None) == 1.0
