@@ -5,19 +5,43 @@ statement, SKIP LOCKED where it takes many rows. Rendered for PostgreSQL in docs
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any, Literal
 
-from sqlalchemy import ARRAY, Float, Integer, Interval, Text, and_, bindparam, func, or_, select, true, update
+from sqlalchemy import (
+    ARRAY,
+    Float,
+    Integer,
+    Interval,
+    Text,
+    and_,
+    bindparam,
+    case,
+    func,
+    literal,
+    or_,
+    select,
+    true,
+    update,
+)
 from sqlalchemy import cast as sql_cast
 
 from ledger.models import DISPATCH_TICK
+from ledger.records import MIN_POLL_S, POLL_JITTER_MAX_S, POLL_JITTER_SHARE
 from ledger.statements import OP, current_epoch, owner_allows
 from ledger.states import OpState
 
-CLAIM_DELAY = func.greatest(0, func.extract("epoch", OP.c.next_poll_at - func.now())).label("delay_s")
+
+def _delay(due_at: Any) -> Any:
+    """Seconds until ``due_at`` (0 when it is past): what a claimed step waits before it runs."""
+    return func.greatest(0, func.extract("epoch", due_at - func.now())).label("delay_s")
+
+
+CLAIM_DELAY = _delay(OP.c.next_poll_at)
 CLAIM_COLUMNS = (
     OP.c.id,
     OP.c.state,
+    OP.c.server,
     OP.c.poll_cursor,
     OP.c.execution_epoch,
     OP.c.cancel_generation,
@@ -62,7 +86,36 @@ def update_claim_due(with_server: bool, with_epoch: bool) -> Any:
     return update(OP).where(OP.c.id == due.c.id).values(_claim_values(with_epoch)).returning(*CLAIM_COLUMNS)
 
 
-def update_claim_due_by_server(with_epoch: bool | Literal["current"]) -> Any:
+def next_poll_ahead(servers: Any) -> Any:
+    """A WORKING row's next poll, set by the claim that sends its poll (rule 3, as the poll step would set
+    it were the answer unchanged: ``workers/steps/poll.py``): from its due time (now, when overdue), its kept
+    poll interval (at least ``MIN_POLL_S``) or its server's default (``:claim_default_poll_ms``, by the
+    server's place in ``:claim_servers``), plus a jitter of up to ``POLL_JITTER_SHARE`` of it (at most
+    ``POLL_JITTER_MAX_S``), never past the wait deadline or the expiry while they are ahead. Any other
+    state's due time is left as it is."""
+    defaults = (
+        func.unnest(servers, bindparam("claim_default_poll_ms", type_=ARRAY(Integer())))
+        .table_valued("server", "ms")
+        .render_derived(name="defaults")
+    )
+    default_ms = select(defaults.c.ms).where(defaults.c.server == OP.c.server).scalar_subquery()
+    default_s = sql_cast(default_ms, Float()) / 1000.0
+    kept_s = func.greatest(literal(MIN_POLL_S, Float()), sql_cast(OP.c.poll_interval_ms, Float()) / 1000.0)
+    interval_s = case((OP.c.poll_interval_ms.is_not(None), kept_s), else_=default_s)
+    jitter_s = func.random() * func.least(
+        literal(POLL_JITTER_SHARE, Float()) * interval_s, literal(POLL_JITTER_MAX_S, Float())
+    )
+    second = literal(dt.timedelta(seconds=1), Interval())
+    due = func.greatest(func.now(), OP.c.next_poll_at) + (interval_s + jitter_s) * second
+
+    def ahead(deadline: Any) -> Any:
+        return case((deadline > func.now(), deadline), else_=None)  # LEAST skips NULLs
+
+    scheduled = func.least(due, ahead(OP.c.wait_deadline), ahead(OP.c.expires_at))
+    return case((OP.c.state == OpState.WORKING.value, scheduled), else_=OP.c.next_poll_at)
+
+
+def update_claim_due_by_server(with_epoch: bool | Literal["current"], schedule: bool = False) -> Any:
     """``update_claim_due`` for many servers in one statement: for each ``claim_servers[i]``, at most
     ``claim_rooms[i]`` (and ``claim_limit``) of its due rows (in due order, SKIP LOCKED, an index scan on
     ``ix_tool_operation_server_due`` each), and at most ``claim_limit`` over all of them, shared by the
@@ -84,6 +137,9 @@ def update_claim_due_by_server(with_epoch: bool | Literal["current"]) -> Any:
     enough whenever most servers are; a server whose count reached that bound while it could matter (it
     took all of it, or the limit was not filled) is counted again up to its room, and the quotas follow
     those counts. Every value a quota depends on is thus exact.
+
+    ``schedule``: the claim also sets each WORKING row's next poll (:func:`next_poll_ahead`), so that a poll
+    that changes nothing needs no write of its schedule (``Ledger.record_unchanged_polls``).
     """
     servers = bindparam("claim_servers", type_=ARRAY(Text()))
     room_list = bindparam("claim_rooms", type_=ARRAY(Integer()))
@@ -171,7 +227,7 @@ def update_claim_due_by_server(with_epoch: bool | Literal["current"]) -> Any:
     )
     final_quotas = quotas(waiting, "quotas")
     per_server = (
-        select(OP.c.id)
+        select(OP.c.id, OP.c.next_poll_at)
         .where(*due_and_free())
         .order_by(OP.c.next_poll_at)
         .limit(final_quotas.c.quota)
@@ -179,12 +235,17 @@ def update_claim_due_by_server(with_epoch: bool | Literal["current"]) -> Any:
         .lateral("per_server")
     )
     due = (
-        select(per_server.c.id)
+        select(per_server.c.id, per_server.c.next_poll_at)
         .select_from(rooms.join(final_quotas, final_quotas.c.ord == rooms.c.ord).join(per_server, true()))
         .limit(limit)  # no more than the quotas make: it tells the planner how few rows the update joins
         .cte("due")
     )
-    return update(OP).where(OP.c.id == due.c.id).values(_claim_values(with_epoch)).returning(*CLAIM_COLUMNS)
+    values = _claim_values(with_epoch)
+    if schedule:
+        values["next_poll_at"] = next_poll_ahead(servers)
+    # The delay is the row's due time as the claim found it (RETURNING reads the new values otherwise).
+    columns = (*CLAIM_COLUMNS[:-1], _delay(due.c.next_poll_at)) if schedule else CLAIM_COLUMNS
+    return update(OP).where(OP.c.id == due.c.id).values(values).returning(*columns)
 
 
 def update_claim_one(with_epoch: bool, cancel_before_create: bool = False) -> Any:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import func, text, update
@@ -28,8 +28,9 @@ from ledger.events import EventKind
 from ledger.guarded import GuardedWrite, GuardedWrites
 from ledger.records import Fence, Operation, ServerStatus, due_after, due_in
 from ledger.side_rows import append_event
-from ledger.statements import OP
+from ledger.statements import OP, STATEMENTS
 from ledger.states import IllegalTransition, OpState, TerminalKind
+from ledger.write_statements import update_unchanged_polls
 
 S = OpState
 
@@ -274,6 +275,29 @@ class OperationMoves(GuardedWrites):
             returns_body=False,  # its callers go on without the arguments (BODY_NOT_READ)
         )
         return self._write(op_id, fence, write)
+
+    def record_unchanged_polls(self, members: Sequence[tuple[uuid.UUID, Fence]]) -> set[uuid.UUID]:
+        """Polls that changed nothing (the server's state, message and interval as the row keeps them),
+        each under its claim ``fence``, in one statement for all of them (a batch's): counted on the row
+        (``unchanged_polls``, ``last_polled_at``), the claim let go, no event (DESIGN §3); the next poll is
+        due when the claim that sent the poll set it (``Ledger.claim_due_by_server`` with its default
+        intervals). A member whose fence moved, or whose claim was let go already (a copy of its message ran
+        it), is not written: it is left out of the ids returned, and nothing is recorded for it."""
+        if not members:
+            return set()
+        for _, fence in members:
+            if fence.poll_cursor is None:
+                raise ValueError("an unchanged poll is recorded under its claim's cursor")
+        params = {
+            "op_ids": [op_id for op_id, _ in members],
+            "epochs": [fence.execution_epoch for _, fence in members],
+            "generations": [fence.cancel_generation for _, fence in members],
+            "cursors": [fence.poll_cursor for _, fence in members],
+            "fence_executor": self.executor_id,
+        }
+        with self._one_statement() as conn:
+            rows = conn.execute(STATEMENTS.get(update_unchanged_polls), params).all()
+        return {row.id for row in rows}
 
     def reschedule(
         self,

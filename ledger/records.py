@@ -177,6 +177,8 @@ class Claim:
     lease_until: dt.datetime
     #: Seconds until the step is due (0 when it is due already).
     delay_s: float = 0.0
+    #: The operation's server (what a dispatcher batches polls by).
+    server: str | None = None
 
     @classmethod
     def from_row(cls, row: Row[Any]) -> Claim:
@@ -188,6 +190,7 @@ class Claim:
             row.cancel_generation,
             row.lease_until,
             float(row.delay_s or 0.0),
+            row.server,
         )
 
     @property
@@ -355,6 +358,14 @@ class DueIn:
 
     def interval(self) -> dt.timedelta:
         return dt.timedelta(seconds=max(0.0, self.seconds))
+
+
+#: The poll schedule (rule 3), one home for the step that writes it (``workers/steps/context.py``) and the
+#: claim that sets it ahead (``ledger/claim_statements.py``): a poll interval is at least ``MIN_POLL_S``, and
+#: its jitter up to ``POLL_JITTER_SHARE`` of it, at most ``POLL_JITTER_MAX_S``.
+MIN_POLL_S = 0.1
+POLL_JITTER_SHARE = 0.05
+POLL_JITTER_MAX_S = 0.25
 
 
 def due_in(seconds: float) -> DueIn:

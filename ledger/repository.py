@@ -39,7 +39,16 @@ from ledger.results import ResultStorage
 from ledger.retention import HistoryRetention
 from ledger.shadow import ShadowComparisons
 from ledger.side_rows import append_event, open_reconciliation
-from ledger.statements import EVENT, OP, RECEIPT, RECON, STATEMENTS, literal_json, select_operation_by_id
+from ledger.statements import (
+    EVENT,
+    OP,
+    RECEIPT,
+    RECON,
+    STATEMENTS,
+    literal_json,
+    select_operation_by_id,
+    select_operations_by_ids,
+)
 from ledger.states import FINAL_STATES, OpState
 from ledger.submissions import Submissions
 
@@ -112,6 +121,17 @@ class Ledger(
         self._saw_ownership(row.control_epoch, row.control_epoch_owner)
         return Operation.from_row(row, with_body=with_body)
 
+    def get_many(self, op_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Operation]:
+        """The rows of ``op_ids`` that exist, read without the arguments, by id, in one statement (a batch of
+        polls' read: one per batch, not one per member)."""
+        if not op_ids:
+            return {}
+        with self._one_statement() as conn:
+            rows = conn.execute(STATEMENTS.get(select_operations_by_ids), {"op_ids": list(op_ids)}).all()
+        if rows:
+            self._saw_ownership(rows[0].control_epoch, rows[0].control_epoch_owner)
+        return {row.id: Operation.from_row(row, with_body=False) for row in rows}
+
     def find_by_call_node(self, call_node_id: str) -> Operation | None:
         with self._tx() as conn:
             return self._find_by_call_node(conn, call_node_id)
@@ -182,6 +202,7 @@ class Ledger(
         lease_s: float,
         epoch: int | Literal["current"] | None = None,
         horizon_s: float = 0.0,
+        default_poll_ms: Mapping[str, int] | None = None,
     ) -> list[Claim]:
         """:meth:`claim_due` for many servers in one statement and one transaction: each ``(server, room)``
         claims at most ``room`` of that server's due rows, in due order, and all of them together at most
@@ -190,14 +211,18 @@ class Ledger(
         rooms, servers level on that taken in a rotation that moves on by ``limit`` every tick
         (``ledger.claim_statements.update_claim_due_by_server``). ``epoch="current"`` takes the claimed rows
         over into the control row's epoch as the statement reads it (the dispatcher's tick: no control read
-        of its own)."""
+        of its own). With ``default_poll_ms`` (each server's default poll interval), the claim also sets each
+        WORKING row's next poll ahead (``ledger.claim_statements.next_poll_ahead``): a poll that changes
+        nothing then writes only its count (:meth:`record_unchanged_polls`)."""
         rooms = [(server, room) for server, room in rooms if room > 0]
         if limit <= 0 or not rooms:
             return []
         with self._one_statement() as conn:
             rows = conn.execute(
                 STATEMENTS.get(
-                    update_claim_due_by_server, "current" if epoch == "current" else epoch is not None
+                    update_claim_due_by_server,
+                    "current" if epoch == "current" else epoch is not None,
+                    default_poll_ms is not None,
                 ),
                 {
                     "claim_servers": [server for server, _ in rooms],
@@ -207,6 +232,7 @@ class Ledger(
                     "claim_lease": dt.timedelta(seconds=lease_s),
                     "claim_epoch": None if epoch == "current" else epoch,
                     "claim_executor": self.executor_id,
+                    "claim_default_poll_ms": [(default_poll_ms or {}).get(server, 0) for server, _ in rooms],
                 },
             ).all()
         return [Claim.from_row(r) for r in rows]

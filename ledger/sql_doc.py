@@ -37,12 +37,13 @@ from ledger.statements import (
     select_disabled_adapters,
     select_operation_by_call_node,
     select_operation_by_id,
+    select_operations_by_ids,
     select_ready_outbox,
     update_outbox_dispatched,
     update_outbox_failed,
 )
 from ledger.states import OpState, TerminalKind
-from ledger.write_statements import insert_operation
+from ledger.write_statements import insert_operation, update_unchanged_polls
 
 #: The driver the engine pins (``ledger/engine.py``: psycopg 3), with ``:name`` placeholders for reading.
 DIALECT = psycopg.dialect(paramstyle="named")  # type: ignore[no-untyped-call]  # its __init__ is untyped
@@ -298,6 +299,11 @@ HOT = (
         (True,),
     ),
     Hot(
+        "select_operations_by_ids()",
+        "A batch of polls' read of its members' rows (without the arguments), in one statement.",
+        select_operations_by_ids,
+    ),
+    Hot(
         "select_operation_by_call_node()",
         "A submission's read of the call node's existing operation.",
         select_operation_by_call_node,
@@ -308,6 +314,21 @@ HOT = (
         "control row's epoch.",
         update_claim_due_by_server,
         ("current",),
+    ),
+    Hot(
+        "update_claim_due_by_server(with_epoch='current', schedule=True)",
+        "The dispatcher's tick as it runs (`Ledger.claim_due_by_server` with the servers' default poll "
+        "intervals): the same claim, each WORKING row's next poll set ahead by it (rule 3: its interval "
+        "plus jitter, never past its wait deadline or expiry), so that a poll that changes nothing needs "
+        "no write of its schedule.",
+        update_claim_due_by_server,
+        ("current", True),
+    ),
+    Hot(
+        "update_unchanged_polls()",
+        "`Ledger.record_unchanged_polls`: the polls of a batch that changed nothing, one statement for "
+        "all of them, each under its own fence and still claimed: counted, the claim let go, no event.",
+        update_unchanged_polls,
     ),
     Hot(
         "update_claim_due_by_server(with_epoch=True)",

@@ -14,6 +14,7 @@ from collections.abc import Callable, Hashable, Mapping
 from typing import Any, TypeVar, cast
 
 from sqlalchemy import (
+    ARRAY,
     Boolean,
     Integer,
     Interval,
@@ -164,6 +165,16 @@ def select_operation_by_id(with_body: bool = True) -> Any:
         current_epoch().label("control_epoch"),
         current_owner().label("control_epoch_owner"),
     ).where(OP.c.id == bindparam("op_id"))
+
+
+def select_operations_by_ids() -> Any:
+    """``select_operation_by_id`` (without the arguments) for the operations ``:op_ids``: a batch of polls'
+    rows in one statement."""
+    return select(
+        *operation_columns(False),
+        current_epoch().label("control_epoch"),
+        current_owner().label("control_epoch_owner"),
+    ).where(OP.c.id == func.any(bindparam("op_ids", type_=ARRAY(OP.c.id.type))))
 
 
 def select_operation_by_call_node() -> Any:

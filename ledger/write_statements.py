@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
+    ARRAY,
+    BigInteger,
     Interval,
     Text,
     and_,
@@ -220,3 +222,41 @@ def insert_operation() -> Any:
     )
     appended = insert(EVENT).from_select(EVENT_COLUMNS, event).returning(EVENT.c.seq).cte("appended")
     return select(inserted).add_cte(appended)
+
+
+def update_unchanged_polls() -> Any:
+    """The polls of a batch that changed nothing, in one statement (DESIGN §3: counted on the row, no
+    event): for each ``(:op_ids[i], :epochs[i], :generations[i], :cursors[i])`` still WORKING under that
+    fence and still claimed (a copy of the batch that ran already let the claim go), ``unchanged_polls`` + 1,
+    ``last_polled_at`` now, the lease let go; the next poll's due time is the one its claim set. Only the
+    epoch's owner writes (rule 13). Returns the ids written."""
+    members = (
+        func.unnest(
+            bindparam("op_ids", type_=ARRAY(OP.c.id.type)),
+            bindparam("epochs", type_=ARRAY(BigInteger())),
+            bindparam("generations", type_=ARRAY(BigInteger())),
+            bindparam("cursors", type_=ARRAY(BigInteger())),
+        )
+        .table_valued("id", "epoch", "generation", "cursor")
+        .render_derived(name="members")
+    )
+    return (
+        update(OP)
+        .where(
+            OP.c.id == members.c.id,
+            OP.c.state == OpState.WORKING.value,
+            OP.c.execution_epoch == members.c.epoch,
+            OP.c.execution_epoch == current_epoch(),
+            OP.c.cancel_generation == members.c.generation,
+            OP.c.poll_cursor == members.c.cursor,
+            OP.c.lease_until.is_not(None),
+            owner_allows("fence_executor"),
+        )
+        .values(
+            unchanged_polls=OP.c.unchanged_polls + 1,
+            last_polled_at=func.now(),
+            lease_until=None,
+            updated_at=func.now(),
+        )
+        .returning(OP.c.id)
+    )

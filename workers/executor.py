@@ -15,8 +15,10 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import logging
+import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ParamSpec, Protocol, TypeVar
 
 import redis
@@ -31,6 +33,7 @@ from workers.budget import REDIS_PAUSE_S
 from workers.errors import NoToken, UnknownServer
 from workers.faults import INFRASTRUCTURE, describe_fault
 from workers.lease import keep_lease
+from workers.members import run_side_by_side
 from workers.runtime import OWNER_SEEN_S, Runtime
 from workers.steps import cancel, dispatch, input_rounds, poll, reconciliation, result, submit
 from workers.steps.context import StepAction, StepContext, StepOutcome, spread, utc_now
@@ -38,13 +41,25 @@ from workers.steps.dispatch import Dispatch
 from workers.steps.reconciliation import Resolution
 from workers.submission import canary_admission, operation_summary, parse_legacy_outcome, validate_submission
 
-__all__ = ["Dispatch", "Executor", "Resolution", "StepOutcome", "Tries", "once", "submit_answer"]
+__all__ = [
+    "Dispatch",
+    "Executor",
+    "PollMember",
+    "Resolution",
+    "StepOutcome",
+    "Tries",
+    "once",
+    "submit_answer",
+]
 
 log = logging.getLogger("longcall.executor")
 
 S = OpState
 
 Step = Callable[[StepContext, Operation, Fence], StepOutcome]
+
+#: What becomes of a batch member whose step failed.
+AGAIN_AFTER_LEASE = "it is claimed again when its lease runs out"
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -70,6 +85,21 @@ def submit_answer(submission: Submission, step: StepOutcome | None) -> dict[str,
         summary["step"] = step.action.value
         summary["state"] = step.state.value if step.state is not None else summary["state"]
     return summary
+
+
+@dataclass(frozen=True, slots=True)
+class PollMember:
+    """One member of a batched ``longcall.poll``: the operation, its claim's cursor, and how long after the
+    message's start its poll is due (``workers.steps.dispatch.messages``)."""
+
+    op_id: uuid.UUID
+    cursor: int
+    wait_s: float = 0.0
+
+
+def _deferred(op_id: uuid.UUID, fault: BaseException) -> StepOutcome:
+    """A batch member's step that failed: its row stays claimed until the lease runs out."""
+    return StepOutcome(op_id, StepAction.DEFERRED, None, detail={"fault": describe_fault(fault)})
 
 
 def _own_log_context(entry: Callable[P, R]) -> Callable[P, R]:
@@ -199,6 +229,85 @@ class Executor:
         if op.state is S.WORKING:
             return self._guard(op, cursor, poll.poll)
         return StepOutcome(op.id, StepAction.NOTHING_TO_DO, op.state)
+
+    def advance_batch(self, members: Sequence[PollMember]) -> list[StepOutcome]:
+        """``longcall.poll`` with ``ops``: the polls of one server, side by side (``workers/members.py``),
+        each as a one-operation poll would run (its own log context, its own cursor fencing its writes),
+        after its own wait (at most one dispatch tick), and the answers once all are done. The members' rows
+        are read in one statement for the batch (``Ledger.get_many``), not one each. A member whose claim is
+        done already (a copy of this message ran it: its lease let go) does nothing. A member's failure is
+        its own: logged, answered DEFERRED, never failing the others or the message; a fault of the ledger
+        or of Redis leaves its row claimed, and the dispatcher claims it again when the lease runs out, as
+        after a one-operation poll that failed."""
+        started = time.monotonic()
+        tick = self.rt.settings.dispatch_interval_s
+        try:
+            rows = self.ledger.get_many([member.op_id for member in members])
+        except INFRASTRUCTURE as exc:
+            log.warning(
+                "reading a batch of %d polls met %s; %s", len(members), describe_fault(exc), AGAIN_AFTER_LEASE
+            )
+            return [_deferred(member.op_id, exc) for member in members]
+
+        def one(member: PollMember) -> StepOutcome:
+            # The dispatcher's delays are within one tick; a wait past it is not one of its own.
+            wait = min(member.wait_s, tick) - (time.monotonic() - started)
+            if wait > 0:
+                time.sleep(wait)  # never before its due time (rule 3), bounded by one dispatch tick
+            try:
+                with logs.bind(member.op_id):  # the member's lines name its operation, this thread's only
+                    return self._advance_member(member, rows.get(member.op_id))
+            except INFRASTRUCTURE as exc:
+                log.warning("the poll of %s met %s; %s", member.op_id, describe_fault(exc), AGAIN_AFTER_LEASE)
+                return _deferred(member.op_id, exc)
+            except Exception as exc:
+                log.exception("the poll of %s failed; %s", member.op_id, AGAIN_AFTER_LEASE)
+                return _deferred(member.op_id, exc)
+
+        steps = run_side_by_side(one, members, threads=self.rt.settings.poll_batch)
+        return self._record_unchanged(members, rows, steps)
+
+    def _record_unchanged(
+        self, members: Sequence[PollMember], rows: Mapping[uuid.UUID, Operation], steps: list[StepOutcome]
+    ) -> list[StepOutcome]:
+        """The batch's polls that changed nothing, recorded in one statement
+        (``Ledger.record_unchanged_polls``: counted, their claims let go); a member whose fence moved
+        meanwhile is answered STALE. Through a fault, they stay claimed until their leases run out, and are
+        due when their claims said."""
+        unchanged = [
+            (member.op_id, Fence(row.execution_epoch, row.cancel_generation, member.cursor))
+            for member, step in zip(members, steps, strict=True)
+            if step.unchanged and (row := rows.get(member.op_id)) is not None
+        ]
+        if not unchanged:
+            return steps
+        try:
+            written = self.ledger.record_unchanged_polls(unchanged)
+        except INFRASTRUCTURE as exc:
+            log.warning(
+                "recording %d unchanged polls met %s; %s",
+                len(unchanged),
+                describe_fault(exc),
+                AGAIN_AFTER_LEASE,
+            )
+            return steps
+        return [
+            StepOutcome(step.op_id, StepAction.STALE, None, detail={"unchanged": "not recorded"})
+            if step.unchanged and step.op_id not in written
+            else step
+            for step in steps
+        ]
+
+    def _advance_member(self, member: PollMember, op: Operation | None) -> StepOutcome:
+        """One member of a batch, from the batch's read of its row (``op``; None: there is none)."""
+        if op is None:
+            return StepOutcome(member.op_id, StepAction.NOTHING_TO_DO, None, detail={"row": "none"})
+        if op.poll_cursor == member.cursor and op.lease_until is None:
+            # The claim was let go by the step it was for: this is a copy of a message that ran already.
+            return StepOutcome(op.id, StepAction.NOTHING_TO_DO, op.state, detail={"claim": "done"})
+        if op.state is not S.WORKING:
+            return self.advance(member.op_id, member.cursor)  # a phase of its own reads its row itself
+        return self._guard(op, member.cursor, poll.poll_scheduled)
 
     @_own_log_context
     def fetch_result(self, op_id: uuid.UUID, cursor: int) -> StepOutcome:

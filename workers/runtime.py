@@ -70,6 +70,7 @@ class Runtime:
         if self._ledger is None:
             self._ledger = Ledger.from_url(
                 self.settings.database_url,
+                pool_size=ledger_pool_size(self.settings),
                 reconcile_deadline_s=self.settings.reconcile_deadline_s,
                 executor_id=self.settings.executor_id,
             )
@@ -155,6 +156,13 @@ class Runtime:
             if self._remote is not None:
                 self._remote.close()
         self._ledger = self._hot = self._remote = None
+
+
+def ledger_pool_size(settings: Settings) -> int:
+    """The ledger connections a worker process keeps: one per member of a poll batch (they run side by
+    side, ``workers/members.py``: fewer would have members wait on the pool), one for the task's own thread
+    (its drain) and one for the lease keeper; at least the engine's default of five."""
+    return max(5, settings.poll_batch + 2)
 
 
 class RuntimeHolder:

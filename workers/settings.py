@@ -205,6 +205,9 @@ class Settings(BaseSettings):
     outbox_retention_s: PositiveFloat = 7 * 86_400.0
     #: How many due operations one dispatch_due tick claims at most.
     dispatch_batch: PositiveInt = 500
+    #: How many claimed polls of one server travel in one ``longcall.poll`` message, run side by side by the
+    #: worker that takes it (rule 3); 1: one operation per message.
+    poll_batch: PositiveInt = 32
     #: How long a result that contradicts the observed terminal state (an error for a completed task) is
     #: read again before an operator gets the operation (reason RESULT_CONTRADICTS_STATUS).
     result_contradiction_s: PositiveFloat = 300.0

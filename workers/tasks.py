@@ -30,9 +30,10 @@ from workers.errors import (
     RequestRefused,
     SubmissionRefused,
 )
-from workers.executor import Dispatch, Executor, submit_answer
+from workers.executor import Dispatch, Executor, PollMember, submit_answer
 from workers.replies import check_reply
 from workers.runtime import RuntimeHolder
+from workers.steps.dispatch import messages
 from workers.submission import NotRouted
 from workers.task_faults import intent_tries
 
@@ -40,33 +41,34 @@ __all__ = ["RequestRefused", "SubmissionRefused", "publish_dispatches", "registe
 
 log = logging.getLogger("longcall")
 
-#: A dispatch due sooner than this is sent without a countdown.
-COUNTDOWN_FLOOR_S = 0.005
 #: The most outbox rows one ``longcall.drain_outbox`` run publishes.
 OUTBOX_DRAIN_LIMIT = 200
 #: What ``longcall.submit`` answers with :class:`SubmissionRefused`: the check or the ledger refused it.
 SUBMISSION_REFUSALS = (InvalidSubmission, CallNodeConflict, AdmissionClosed, AdapterDisabled)
 
 
-def publish_dispatches(app: Celery, dispatches: Sequence[Dispatch]) -> int:
-    """Publish the claimed steps, one message each, over one producer; returns how many were sent.
+def publish_dispatches(app: Celery, dispatches: Sequence[Dispatch], *, poll_batch: int = 1) -> int:
+    """Publish the claimed steps over one producer, the polls of WORKING operations up to ``poll_batch`` of
+    one server to a message (``workers.steps.dispatch.messages``); returns how many steps were sent.
 
-    The task id names the claim (task, operation, cursor), so a message sent twice runs once: the second
-    finds its cursor superseded. A dispatch due within the tick gets a short countdown, never a long ETA.
-    Nobody waits on a step's result (the ledger is the record): the send says so, or Celery's Redis result
-    backend subscribes to the task's result channel on every send and unsubscribes when the AsyncResult is
-    collected (two Redis commands and about a third of the send's CPU; issue 13).
+    The task id names the claim (task, operation, cursor; a batch: its members), so a message sent twice
+    runs once: the second finds its cursor superseded, or its claim done. A dispatch due within the tick
+    gets a short countdown, never a long ETA. Nobody waits on a step's result (the ledger is the record): the
+    send says so, or Celery's Redis result backend subscribes to the task's result channel on every send and
+    unsubscribes when the AsyncResult is collected (two Redis commands and about a third of the send's CPU;
+    issue 13).
     """
     if not dispatches:
         return 0
+    sent = 0
     with app.producer_or_acquire() as producer:
-        for dispatch in dispatches:
-            kwargs = {"op_id": str(dispatch.op_id), "cursor": dispatch.cursor}
+        for message in messages(dispatches, poll_batch):
+            kwargs = message.kwargs
             app.send_task(
-                dispatch.task,
+                message.task,
                 kwargs=kwargs,
-                task_id=dispatch.task_id,
-                countdown=dispatch.delay_s if dispatch.delay_s >= COUNTDOWN_FLOOR_S else None,
+                task_id=message.task_id,
+                countdown=message.countdown,
                 producer=producer,
                 ignore_result=True,
                 # What Flower and the task events show, as Celery's saferepr would write it for these
@@ -74,7 +76,8 @@ def publish_dispatches(app: Celery, dispatches: Sequence[Dispatch]) -> int:
                 argsrepr="()",
                 kwargsrepr=repr(kwargs),
             )
-    return len(dispatches)
+            sent += message.size
+    return sent
 
 
 def _op_id(value: Any) -> uuid.UUID:
@@ -82,6 +85,38 @@ def _op_id(value: Any) -> uuid.UUID:
         return uuid.UUID(str(value))
     except ValueError:
         raise RequestRefused(f"op_id {value!r} is not an operation id (a UUID)") from None
+
+
+def _members(ops: Any) -> list[PollMember]:
+    """A batch's members, ``[op_id, cursor]`` or ``[op_id, cursor, wait_s]`` each (a dispatcher's
+    ``workers.steps.dispatch.messages``)."""
+    if not isinstance(ops, list) or not ops:
+        raise RequestRefused("ops must be a non-empty list of [op_id, cursor] or [op_id, cursor, wait_s]")
+    members = []
+    for op in ops:
+        if not isinstance(op, list) or len(op) not in (2, 3):
+            raise RequestRefused(
+                f"a member of ops must be [op_id, cursor] or [op_id, cursor, wait_s]: {op!r}"
+            )
+        try:
+            cursor, wait_s = int(op[1]), float(op[2]) if len(op) == 3 else 0.0
+        except (TypeError, ValueError):
+            raise RequestRefused(f"a member of ops has no integer cursor or numeric wait: {op!r}") from None
+        members.append(PollMember(_op_id(op[0]), cursor, wait_s))
+    return members
+
+
+def _poll_batch(
+    app: Celery, holder: RuntimeHolder, executor: Executor, members: list[PollMember]
+) -> dict[str, Any]:
+    """A batch's steps, then each one's drain (in this thread, one after the other: the broker's producer
+    pool is this task's); the answer counts the members' actions."""
+    steps = executor.advance_batch(members)
+    actions: dict[str, int] = {}
+    for step in steps:
+        follow(app, holder, step)
+        actions[step.action.value] = actions.get(step.action.value, 0) + 1
+    return {"ops": len(steps), "actions": actions}
 
 
 # Internal steps keep no result in the backend (the ledger is the record; nobody waits on them); the tasks
@@ -106,10 +141,16 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:
         return submit_answer(submission, step)
 
     @app.task(name="longcall.poll", shared=False, ignore_result=True)
-    def poll(op_id: str, cursor: int) -> dict[str, Any]:
-        step = executor().advance(_op_id(op_id), int(cursor))
-        follow(app, holder, step)
-        return step.as_dict()
+    def poll(op_id: str | None = None, cursor: int | None = None, ops: Any = None) -> dict[str, Any]:
+        """One operation's step (``op_id``, ``cursor``: every phase's, and every dispatcher's of old), or a
+        batch of polls of one server (``ops``), run side by side, each under its own cursor."""
+        if ops is None:
+            if op_id is None or cursor is None:
+                raise RequestRefused("longcall.poll needs op_id and cursor, or ops")
+            step = executor().advance(_op_id(op_id), int(cursor))
+            follow(app, holder, step)
+            return step.as_dict()
+        return _poll_batch(app, holder, executor(), _members(ops))
 
     @app.task(name="longcall.fetch_result", shared=False, ignore_result=True)
     def fetch_result(op_id: str, cursor: int) -> dict[str, Any]:
@@ -157,7 +198,8 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:
 
     @app.task(name="longcall.dispatch_due", shared=False, ignore_result=True)
     def dispatch_due() -> dict[str, int]:
-        return {"dispatched": publish_dispatches(app, executor().dispatch_due())}
+        poll_batch = holder.get().settings.poll_batch
+        return {"dispatched": publish_dispatches(app, executor().dispatch_due(), poll_batch=poll_batch)}
 
     @app.task(name="longcall.drain_outbox", shared=False, ignore_result=True)
     def drain_outbox(limit: int = OUTBOX_DRAIN_LIMIT) -> dict[str, int]:

@@ -28,7 +28,7 @@ from adapters import (
 )
 from ledger.events import EventKind
 from ledger.reasons import ReconciliationReason
-from ledger.records import Fence, Operation, ServerStatus
+from ledger.records import MIN_POLL_S, POLL_JITTER_MAX_S, POLL_JITTER_SHARE, Fence, Operation, ServerStatus
 from ledger.repository import Ledger
 from ledger.states import OpState
 from workers import logs
@@ -48,8 +48,6 @@ T = TypeVar("T")
 #: no other claim can have taken the row, whatever the keeper managed during the fault.
 DURABLE_SHARE = 0.6
 
-#: The shortest poll interval a server's hint may set.
-MIN_POLL_S = 0.1
 #: The shortest pause after a server's Retry-After.
 RETRY_FLOOR_S = 0.5
 #: How long after an operation's wait deadline a step rescheduled to it comes due: the deadline is then
@@ -110,6 +108,9 @@ class StepOutcome:
     state: OpState | None = None
     drain_now: bool = False
     detail: Mapping[str, Any] = field(default_factory=dict)
+    #: A poll that changed nothing and wrote nothing (its next poll is the one its claim set): its count is
+    #: the caller's to record, with its batch's (``Ledger.record_unchanged_polls``).
+    unchanged: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         """The task's return value (JSON)."""
@@ -134,8 +135,9 @@ def utc_now() -> dt.datetime:
 
 
 def spread(interval: float) -> float:
-    """The default jitter: up to 5 % of the interval, at most a quarter second."""
-    return random.uniform(0.0, min(0.05 * interval, 0.25))  # noqa: S311 - spreading load, not a secret
+    """The default jitter: up to 5 % of the interval, at most a quarter second (``ledger.records``: the claim
+    that sets the next poll ahead draws it the same way)."""
+    return random.uniform(0.0, min(POLL_JITTER_SHARE * interval, POLL_JITTER_MAX_S))  # noqa: S311 - spreading load, not a secret
 
 
 @dataclass(frozen=True, slots=True)

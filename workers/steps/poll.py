@@ -20,7 +20,7 @@ from adapters import (
 )
 from ledger.events import EventKind
 from ledger.reasons import ReconciliationReason
-from ledger.records import Fence, Operation
+from ledger.records import Fence, Operation, ServerStatus
 from ledger.states import OpState, TerminalKind
 from workers.errors import NoToken
 from workers.steps.context import (
@@ -56,7 +56,14 @@ MAX_POLL_REJECTIONS = 5
 REJECTION_PAUSE_MAX_S = 30.0
 
 
-def poll(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
+def poll_scheduled(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
+    """:func:`poll` under a claim that set the next poll itself (a batch member: the dispatcher's claim,
+    ``Ledger.claim_due_by_server`` with the servers' default intervals): an answer that changes nothing
+    writes nothing (:func:`observed`)."""
+    return poll(ctx, op, fence, scheduled=True)
+
+
+def poll(ctx: StepContext, op: Operation, fence: Fence, *, scheduled: bool = False) -> StepOutcome:
     """WORKING: one status read on the poll budget, unless the wait budget ran out; first, the stored reply
     of the current input round, when the server has not taken it yet (rule 10: :func:`send_reply`)."""
     if pending_reply(op) is not None:
@@ -87,7 +94,7 @@ def poll(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
     except TRY_AGAIN as exc:
         ctx.budget.hold(op.server, exc)
         return ctx.retry_later(op, fence, exc, EventKind.POLL_FAILED)
-    return observed(ctx, op, fence, status)
+    return observed(ctx, op, fence, status, scheduled=scheduled)
 
 
 def rejected_read(
@@ -179,8 +186,12 @@ def _in_a_row(ctx: StepContext, op: Operation, kind: EventKind, key: str, *, err
     return 0
 
 
-def observed(ctx: StepContext, op: Operation, fence: Fence, status: RemoteStatus) -> StepOutcome:
-    """Act on one status read: fetch the result, open an input round, or poll again later."""
+def observed(
+    ctx: StepContext, op: Operation, fence: Fence, status: RemoteStatus, *, scheduled: bool = False
+) -> StepOutcome:
+    """Act on one status read: fetch the result, open an input round, or poll again later. ``scheduled``:
+    the claim set the next poll (:func:`poll_scheduled`), so an answer that changes nothing writes nothing
+    here (:func:`_unchanged`): its count is recorded with its batch's."""
     if status.terminal is not None:
         return _terminal(ctx, op, fence, status, TerminalKind(status.terminal))
     interval = ctx.interval_s(op, status)
@@ -201,10 +212,27 @@ def observed(ctx: StepContext, op: Operation, fence: Fence, status: RemoteStatus
             op.id, fence, status=server_status(status), read_by=None, next_poll_in_s=ctx.jittered(interval)
         )
         return StepOutcome(op.id, StepAction.STILL_WORKING, op.state)
+    if scheduled and _unchanged(ctx, op, status):
+        return StepOutcome(op.id, StepAction.STILL_WORKING, op.state, unchanged=True)
     op = ctx.ledger.record_poll(
         op.id, fence, state=op.state, status=server_status(status), next_poll_in_s=ctx.jittered(interval)
     )
     return StepOutcome(op.id, StepAction.STILL_WORKING, op.state)
+
+
+def _unchanged(ctx: StepContext, op: Operation, status: RemoteStatus) -> bool:
+    """The answer is the row's (DESIGN §3: same server state, message and poll interval, so ``record_poll``
+    would only count it), it asks nothing, and the next poll its claim set is still ahead (a member that
+    ran later than that is rescheduled by its write, as a one-operation poll is)."""
+    kept = ServerStatus(op.server_state, op.status_message, op.poll_interval_ms)
+    return (
+        server_status(status) == kept
+        and status.input_request is None
+        and not status.awaiting_input
+        and op.lease_until is not None
+        and op.next_poll_at is not None
+        and op.next_poll_at > ctx.now()
+    )
 
 
 def _terminal(

@@ -1,0 +1,201 @@
+"""An unchanged poll writes (nearly) nothing (issue 21): a batch reads its members' rows in one statement,
+the dispatcher's claim sets each WORKING row's next poll as the poll step would, and the polls that changed
+nothing are recorded in one statement for the batch (``Ledger.record_unchanged_polls``).
+
+Real Postgres and Redis, longcall's MCP server (its tasks poll every 200 ms) and an in-process executor;
+the ledger's statements are counted on its engine.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import event, text
+
+from ledger.events import EventKind
+from ledger.records import POLL_JITTER_MAX_S, POLL_JITTER_SHARE
+from ledger.states import OpState
+from tests import support
+from tests.support.fleet import McpServer
+from workers.executor import Dispatch, Executor, PollMember
+from workers.steps.context import StepAction
+from workers.submission import validate_submission
+
+
+def _submit(executor: Executor, count: int) -> list[uuid.UUID]:
+    ids = []
+    for _ in range(count):
+        new = validate_submission(
+            {
+                "call_node_id": f"node-{uuid.uuid4()}",
+                "server": "reports",
+                "tool": "slow_report",
+                "arguments": {"seconds": 3600},
+            },
+            executor.rt.fleet,
+            max_body_bytes=executor.rt.settings.max_body_bytes,
+        )
+        submission, _ = executor.submit(new)
+        assert submission.operation.id is not None
+        ids.append(submission.operation.id)
+    for op_id in ids:
+        assert executor.ledger.get(op_id).state is OpState.WORKING
+    return ids
+
+
+def _due_now(executor: Executor, ids: list[uuid.UUID], **columns: Any) -> None:
+    """Make the rows due now (and set ``columns``), as a test's shortcut past their poll interval."""
+    sets = ", ".join(["next_poll_at = now()", *(f"{name} = :{name}" for name in columns)])
+    with executor.ledger.engine.begin() as conn:
+        conn.execute(text(f"UPDATE tool_operation SET {sets} WHERE id = ANY(:ids)"), {"ids": ids, **columns})
+
+
+def _claim(executor: Executor, count: int) -> list[Dispatch]:
+    claimed: list[Dispatch] = []
+
+    def all_claimed() -> bool:
+        claimed.extend(executor.dispatch_due())
+        return len(claimed) >= count
+
+    support.wait_for(f"{count} claims", all_claimed, timeout=10)
+    return claimed
+
+
+@contextmanager
+def _statements(executor: Executor) -> Iterator[list[str]]:
+    """The SQL statements the executor's ledger sends inside the block."""
+    sent: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        sent.append(statement)
+
+    event.listen(executor.ledger.engine, "before_cursor_execute", seen)
+    try:
+        yield sent
+    finally:
+        event.remove(executor.ledger.engine, "before_cursor_execute", seen)
+
+
+def _writes(sent: list[str]) -> list[str]:
+    return [s for s in sent if not s.lstrip().upper().startswith("SELECT")]
+
+
+def test_a_batch_of_unchanged_polls_reads_once_and_writes_once(
+    mcp_executor: tuple[McpServer, Executor],
+) -> None:
+    mcp, executor = mcp_executor
+    ids = _submit(executor, 6)
+    before = {op_id: executor.ledger.get(op_id) for op_id in ids}
+    _due_now(executor, ids)
+    claims = _claim(executor, 6)
+    members = [PollMember(d.op_id, d.cursor) for d in claims]
+    reads_before = sum(1 for e in mcp.log() if e["method"] == "tasks/get")
+
+    with _statements(executor) as sent:
+        steps = executor.advance_batch(members)
+
+    assert [s.action for s in steps] == [StepAction.STILL_WORKING] * 6
+    assert len(sent) == 2, sent  # the batch's read of its rows, and its one write
+    assert len(_writes(sent)) == 1
+    assert sum(1 for e in mcp.log() if e["method"] == "tasks/get") == reads_before + 6
+    for claim in claims:
+        op = executor.ledger.get(claim.op_id)
+        assert op.unchanged_polls == before[claim.op_id].unchanged_polls + 1
+        assert op.event_seq == before[claim.op_id].event_seq  # no event
+        assert op.lease_until is None  # the claim let go: a copy of the message does nothing
+        assert op.last_polled_at is not None
+        assert op.next_poll_at is not None
+        assert op.next_poll_at > dt.datetime.now(dt.UTC)  # as the claim set it
+
+    # The same batch again (a redelivered message): its members find their claims done, nothing is sent.
+    with _statements(executor) as again:
+        repeated = executor.advance_batch(members)
+    assert [s.action for s in repeated] == [StepAction.NOTHING_TO_DO] * 6
+    assert _writes(again) == []
+    assert sum(1 for e in mcp.log() if e["method"] == "tasks/get") == reads_before + 6
+
+
+def test_a_poll_whose_answer_changed_writes_its_event(mcp_executor: tuple[McpServer, Executor]) -> None:
+    _mcp, executor = mcp_executor
+    [changed, same] = _submit(executor, 2)
+    _due_now(executor, [changed], status_message="an older message")
+    _due_now(executor, [same])
+    claims = _claim(executor, 2)
+    seq = executor.ledger.get(changed).event_seq
+
+    with _statements(executor) as sent:
+        executor.advance_batch([PollMember(d.op_id, d.cursor) for d in claims])
+
+    assert len(_writes(sent)) == 2  # the changed one's record_poll, and the unchanged one's count
+    op = executor.ledger.get(changed)
+    assert op.status_message is None
+    assert op.event_seq == seq + 1
+    assert executor.ledger.events(changed)[-1]["kind"] == EventKind.POLLED.value
+
+
+def test_a_late_member_writes_nothing(mcp_executor: tuple[McpServer, Executor]) -> None:
+    mcp, executor = mcp_executor
+    [late] = _submit(executor, 1)
+    _due_now(executor, [late])
+    [claim] = _claim(executor, 1)
+    with executor.ledger.engine.begin() as conn:  # claimed again meanwhile (its lease ran out)
+        conn.execute(
+            text("UPDATE tool_operation SET poll_cursor = poll_cursor + 1 WHERE id = :id"), {"id": late}
+        )
+    before = executor.ledger.get(late)
+    reads_before = sum(1 for e in mcp.log() if e["method"] == "tasks/get")
+
+    with _statements(executor) as sent:
+        [step] = executor.advance_batch([PollMember(claim.op_id, claim.cursor)])
+
+    assert step.action is StepAction.SUPERSEDED
+    assert _writes(sent) == []
+    assert executor.ledger.get(late) == before
+    assert sum(1 for e in mcp.log() if e["method"] == "tasks/get") == reads_before
+
+
+def test_the_claim_sets_the_next_poll_as_the_poll_step_would(
+    mcp_executor: tuple[McpServer, Executor],
+) -> None:
+    """``next_poll_ahead`` (SQL) against the poll step's rule (``StepContext.interval_s`` + ``spread``, never
+    past a deadline still ahead): the row's kept interval, at least 0.1 s; the server's default without one;
+    capped by a wait deadline ahead; a deadline already past caps nothing."""
+    _mcp, executor = mcp_executor
+    kept, floor, default, capped, past = _submit(executor, 5)
+    _due_now(executor, [kept], poll_interval_ms=2000)
+    _due_now(executor, [floor], poll_interval_ms=20)
+    _due_now(executor, [default], poll_interval_ms=None)
+    _due_now(executor, [capped], poll_interval_ms=60_000)
+    _due_now(executor, [past], poll_interval_ms=3000)
+    with executor.ledger.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE tool_operation SET wait_deadline = now() + interval '5 seconds' WHERE id = :id"),
+            {"id": capped},
+        )
+        conn.execute(
+            text("UPDATE tool_operation SET wait_deadline = now() - interval '5 seconds' WHERE id = :id"),
+            {"id": past},
+        )
+    snapshots = {op_id: executor.ledger.get(op_id) for op_id in (kept, floor, default, capped, past)}
+    start = dt.datetime.now(dt.UTC)
+    _claim(executor, 5)
+    end = dt.datetime.now(dt.UTC)
+
+    for op_id, snapshot in snapshots.items():
+        interval = executor.ctx.interval_s(snapshot, None)  # the poll step's rule
+        jitter = min(POLL_JITTER_SHARE * interval, POLL_JITTER_MAX_S)
+        due = executor.ledger.get(op_id).next_poll_at
+        assert due is not None
+        low = start + dt.timedelta(seconds=interval) - dt.timedelta(milliseconds=50)
+        high = end + dt.timedelta(seconds=interval + jitter) + dt.timedelta(milliseconds=50)
+        if op_id == capped:
+            assert snapshot.wait_deadline is not None
+            assert due == snapshot.wait_deadline
+        else:
+            assert low <= due <= high, (op_id == floor, op_id == default, interval, due - start)
+    assert executor.ctx.interval_s(snapshots[floor], None) == 0.1
+    assert executor.ctx.interval_s(snapshots[default], None) == 1.0
