@@ -159,10 +159,17 @@ class Runtime:
 
 
 def ledger_pool_size(settings: Settings) -> int:
-    """The ledger connections a worker process keeps: one per member of a poll batch (they run side by
-    side, ``workers/members.py``: fewer would have members wait on the pool), one for the task's own thread
-    (its drain) and one for the lease keeper; at least the engine's default of five."""
-    return max(5, settings.poll_batch + 2)
+    """The ledger connections a worker process keeps (and as many more at a peak: the engine's overflow):
+    enough for the members of a poll batch that write at once (they run side by side,
+    ``workers/members.py``; a member's statement takes milliseconds, so a member that finds the pool busy
+    waits that long, not a status read's time), the task's own thread (its drain) and the lease keeper, and
+    at most :data:`MAX_LEDGER_POOL`: a fleet's processes share one Postgres's ``max_connections`` (100 by
+    default), so a batch size of 32 must not mean 68 connections a process."""
+    return max(5, min(settings.poll_batch + 2, MAX_LEDGER_POOL))
+
+
+#: The most ledger connections a worker process keeps (twice that at a peak).
+MAX_LEDGER_POOL = 10
 
 
 class RuntimeHolder:
