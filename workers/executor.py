@@ -230,6 +230,7 @@ class Executor:
             return self._guard(op, cursor, poll.poll)
         return StepOutcome(op.id, StepAction.NOTHING_TO_DO, op.state)
 
+    @_own_log_context
     def advance_batch(self, members: Sequence[PollMember]) -> list[StepOutcome]:
         """``longcall.poll`` with ``ops``: the polls of one server, side by side (``workers/members.py``),
         each as a one-operation poll would run (its own log context, its own cursor fencing its writes),

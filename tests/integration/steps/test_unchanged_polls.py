@@ -17,10 +17,11 @@ from typing import Any
 from sqlalchemy import event, text
 
 from ledger.events import EventKind
-from ledger.records import POLL_JITTER_MAX_S, POLL_JITTER_SHARE
+from ledger.records import POLL_JITTER_MAX_S, POLL_JITTER_SHARE, Operation
 from ledger.states import OpState
 from tests import support
 from tests.support.fleet import McpServer
+from workers import logs
 from workers.executor import Dispatch, Executor, PollMember
 from workers.steps.context import StepAction
 from workers.submission import validate_submission
@@ -185,8 +186,14 @@ def test_the_claim_sets_the_next_poll_as_the_poll_step_would(
     _claim(executor, 5)
     end = dt.datetime.now(dt.UTC)
 
+    def rule_s(snapshot: Operation) -> float:
+        # The poll step's rule, asked as a step asks it: inside a log context of its own (the step context
+        # notes the operation it reads about; called bare, that would stay bound for the next test).
+        with logs.bind():
+            return executor.ctx.interval_s(snapshot, None)
+
     for op_id, snapshot in snapshots.items():
-        interval = executor.ctx.interval_s(snapshot, None)  # the poll step's rule
+        interval = rule_s(snapshot)
         jitter = min(POLL_JITTER_SHARE * interval, POLL_JITTER_MAX_S)
         due = executor.ledger.get(op_id).next_poll_at
         assert due is not None
@@ -197,5 +204,5 @@ def test_the_claim_sets_the_next_poll_as_the_poll_step_would(
             assert due == snapshot.wait_deadline
         else:
             assert low <= due <= high, (op_id == floor, op_id == default, interval, due - start)
-    assert executor.ctx.interval_s(snapshots[floor], None) == 0.1
-    assert executor.ctx.interval_s(snapshots[default], None) == 1.0
+    assert rule_s(snapshots[floor]) == 0.1
+    assert rule_s(snapshots[default]) == 1.0
