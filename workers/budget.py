@@ -3,8 +3,8 @@
 :class:`ServerBudgets` is what a step holds of it (``ctx.budget``):
 
 - ``take`` books a slot on a server's bucket, or raises :class:`~workers.errors.NoToken` (a Redis failure
-  too: no token can be had, so the request is not sent); ``take_many`` books up to k of them in one script
-  call (for a batch of requests to one server);
+  too: no token can be had, so the request is not sent); ``book_slots`` books a batch's requests to one
+  server in one script call, each no earlier than its own time (:class:`BookedSlots`);
 - ``hold`` records the wait a server asked for in a refusal (:func:`server_wait_s`) as its fleet-wide hold,
   called by each step first thing where it catches an adapter call's error;
 - ``per_request`` is the :class:`TokenBudget` an adapter call charges, once per HTTP request.
@@ -37,8 +37,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +56,8 @@ from workers.hot import (
     HotState,
     MeterCount,
     RedisClient,
-    Tokens,
+    SlotMeter,
+    burst_for,
     server_tag,
 )
 from workers.settings import ServerConfig
@@ -63,10 +65,12 @@ from workers.settings import ServerConfig
 __all__ = [
     "BUDGET_HEADER",
     "FOLLOW_UP_SLOTS",
+    "HOLD_RECHECK_S",
     "PEAK_BUCKET_S",
     "PEAK_KEEP_S",
     "RATE_KEEP_S",
     "REDIS_PAUSE_S",
+    "BookedSlots",
     "RequestMeter",
     "ServerBudgets",
     "TokenBudget",
@@ -74,6 +78,7 @@ __all__ = [
     "peak_key",
     "rate_key",
     "server_wait_s",
+    "slot_meter",
 ]
 
 log = logging.getLogger(__name__)
@@ -92,8 +97,19 @@ FOLLOW_UP_SLOTS = 2
 #: How soon a request refused for a Redis failure (no token could be asked for) may be tried again.
 REDIS_PAUSE_S = 1.0
 
+#: How old a batch's reading of its server's hold may be when a member that waited for its booked slot
+#: asks it (:meth:`BookedSlots.first_charge`): the members of one batch share one reading per this long,
+#: not one Redis call each. A hold recorded by this process (:meth:`ServerBudgets.hold`) is seen at once.
+HOLD_RECHECK_S = 0.1
+
+#: The holds this process recorded: server -> when its hold ends (``time.monotonic``).
+_held_here: dict[str, float] = {}
+
 #: The header naming the bucket a request was charged to (``poll`` or ``control``).
 BUDGET_HEADER = "Longcall-Budget"
+
+#: Set while a request woken too long after its slot asks for a token again (:meth:`ServerBudgets.take`).
+_late_again: ContextVar[bool] = ContextVar("longcall_late_again", default=False)
 
 #: The bucket of the last charge, until the request it paid for is sent (charge and send run in one thread,
 #: the send immediately after the charge).
@@ -140,7 +156,16 @@ class ServerBudgets:
         if not token.granted:
             raise NoToken(token.wait_s)
         if token.wait_s > 0:
+            slot = time.monotonic() + token.wait_s
             time.sleep(token.wait_s)  # bounded by the horizon
+            if time.monotonic() - slot > late_slot_s(rate):
+                # Woken too long after the slot (a loaded process): sent now, the request would crowd the
+                # slots after it into one second; it asks again, now, as a caller that just came would.
+                # It was not counted yet (a slot booked ahead is counted when its request is sent).
+                if _late_again.get():
+                    raise NoToken(0.0)
+                self._take_again(server, bucket, meter)
+                return
             # A server that asked for a wait meanwhile is not sent this request (the slot is given up).
             try:
                 held = self.hot.held_s(server)
@@ -150,24 +175,47 @@ class ServerBudgets:
             if held > 0:
                 raise NoToken(held)
 
-    def take_many(self, server: str, bucket: Budget, k: int, *, meter: MeterCount | None = None) -> Tokens:
-        """Book up to ``k`` slots on the server's bucket in one script call, each within one dispatch tick
-        (:meth:`~workers.hot.HotState.take_many`: spaced as ``k`` takes would be, so rule 4's per-second cap
-        holds for each). Nothing is waited for here: the caller sends each request at its slot's delay, and
-        one that waited asks :meth:`~workers.hot.HotState.held_s` first, as :meth:`take` does. None
-        granted (a hold, a full bucket) raises :class:`NoToken` with the wait, a Redis failure too.
-        ``meter``: the second's keys; the slots granted for now count their requests
-        (``Tokens.counted``)."""
+    def _take_again(self, server: str, bucket: Budget, meter: MeterCount | None) -> None:
+        """:meth:`take` once more, for a request woken too long after its slot (once: a second late wake
+        gives up, and the step is due again at once)."""
+        again = _late_again.set(True)
+        try:
+            self.take(server, bucket, follow_up=True, meter=meter)
+        finally:
+            _late_again.reset(again)
+
+    def book_slots(self, server: str, bucket: Budget, offsets_s: Sequence[float]) -> BookedSlots:
+        """Book a batch's requests to one server in one script call (``HotState.take_slots``): one slot
+        for each of ``offsets_s`` (ascending: each request's earliest time, seconds from now), each within
+        one dispatch tick of its time, every one counted for the meter in the second it will leave. What
+        each request does with its slot is :meth:`BookedSlots.budget`'s. A Redis failure books none (each
+        request is then refused a token, as :meth:`take` would refuse it)."""
         config = self.server(server)
         rate = config.poll_qps if bucket == "poll" else config.control_qps
+        meter = slot_meter(self.hot.prefix, server, bucket)
+        booked_at = time.monotonic()
         try:
-            tokens = self.hot.take_many(server, bucket, rate, k, horizon_s=self.tick_s, meter=meter)
+            tokens = self.hot.take_slots(server, bucket, rate, offsets_s, horizon_s=self.tick_s, meter=meter)
         except redis.RedisError as exc:
             log.warning("no %s tokens for %s: Redis failed (%s)", bucket, server, exc)
-            raise NoToken(REDIS_PAUSE_S) from exc
-        if not tokens.granted:
-            raise NoToken(tokens.wait_s)
-        return tokens
+            return BookedSlots(
+                self, server, bucket, booked_at, (), refused=NoToken(REDIS_PAUSE_S), counted=False
+            )
+        refused = NoToken(tokens.wait_s) if tokens.granted < len(offsets_s) else None
+        counted = tokens.counted == tokens.granted
+        return BookedSlots(self, server, bucket, booked_at, tokens.delays_s, refused=refused, counted=counted)
+
+    def rate(self, server: str, bucket: Budget) -> float:
+        """The server's requests per second on ``bucket`` (its ``poll_qps`` or ``control_qps``)."""
+        config = self.server(server)
+        return config.poll_qps if bucket == "poll" else config.control_qps
+
+    def held_s(self, server: str) -> float:
+        """The seconds ``server``'s hold has left: this process's own record of one first, else Redis's."""
+        here = _held_here.get(server, 0.0) - time.monotonic()
+        if here > 0:
+            return here
+        return self.hot.held_s(server)
 
     def per_request(self, server: str, bucket: Budget, *, prepaid: int = 0) -> TokenBudget:
         """What the adapter call a step makes charges per HTTP request it sends (DESIGN rule 4 as amended):
@@ -187,12 +235,101 @@ class ServerBudgets:
         wait = server_wait_s(exc)
         if wait is None:
             return
+        _held_here[server] = max(_held_here.get(server, 0.0), time.monotonic() + wait)
         try:
             left = self.hot.hold(server, wait)
         except redis.RedisError:
             log.warning("the %.3f s wait %s asked for is not held fleet-wide", wait, server, exc_info=True)
             return
         log.info("%s asked for a %.3f s wait: no request to it for %.3f s", server, wait, left)
+
+
+class BookedSlots:
+    """A batch's slots on one server's bucket (:meth:`ServerBudgets.book_slots`): slot ``i`` is
+    ``delays_s[i]`` after ``booked_at`` (``time.monotonic``); a request past the last one granted is
+    refused with ``refused`` (the wait until one comes within reach). ``counted``: the script counted every
+    granted slot's request for the meter. The members share one reading of the server's hold per
+    :data:`HOLD_RECHECK_S`."""
+
+    def __init__(
+        self,
+        budgets: ServerBudgets,
+        server: str,
+        bucket: Budget,
+        booked_at: float,
+        delays_s: tuple[float, ...],
+        *,
+        refused: NoToken | None,
+        counted: bool,
+    ) -> None:
+        self.budgets = budgets
+        self.server = server
+        self.bucket = bucket
+        self.booked_at = booked_at
+        self.delays_s = delays_s
+        self.refused = refused
+        self.counted = counted
+        self._lock = threading.Lock()
+        self._held_at = -HOLD_RECHECK_S
+        self._held_s = 0.0
+
+    def budget(self, index: int) -> TokenBudget:
+        """The :class:`TokenBudget` of the batch's ``index``-th request (in the order the offsets were
+        booked): its first charge is its slot (:meth:`first_charge`), any later one a token of its own (a
+        follow-up, as :meth:`ServerBudgets.per_request`'s)."""
+        budgets = self.budgets
+        meter = RequestMeter(budgets.hot.client, budgets.hot.prefix, self.server, self.bucket)
+        return TokenBudget(
+            self.bucket,
+            functools.partial(budgets.take, self.server, self.bucket),
+            meter=meter,
+            first=functools.partial(self.first_charge, index),
+        )
+
+    def first_charge(self, index: int) -> bool:
+        """Wait for slot ``index`` and answer whether its request is counted for the meter already; a slot
+        that was not granted raises :class:`NoToken` (the step is rescheduled), as does a hold the server
+        asked for while the request waited for its slot (the slot is given up)."""
+        if index >= len(self.delays_s):
+            raise self.refused or NoToken(REDIS_PAUSE_S)
+        slot = self.booked_at + self.delays_s[index]
+        wait = slot - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)  # within one dispatch tick of the request's due time
+        if time.monotonic() - slot > late_slot_s(self.budgets.rate(self.server, self.bucket)):
+            # The member came to its request too long after its slot (a loaded process): sent now, it
+            # would crowd the slots after it into one second. It takes a token of its own instead, as a
+            # one-operation poll does (the slot stays unused; its count stays, an overcount of one).
+            self.budgets.take(self.server, self.bucket, follow_up=True)
+            return self.counted
+        if self.delays_s[index] > 0:
+            held = self._held()
+            if held > 0:
+                raise NoToken(held)
+        return self.counted
+
+    def _held(self) -> float:
+        """The server's hold as this batch last read it, at most :data:`HOLD_RECHECK_S` ago."""
+        with self._lock:
+            now = time.monotonic()
+            if now - self._held_at >= HOLD_RECHECK_S:
+                try:
+                    self._held_s = self.budgets.held_s(self.server)
+                except redis.RedisError as exc:
+                    log.warning("no %s token for %s: Redis failed (%s)", self.bucket, self.server, exc)
+                    raise NoToken(REDIS_PAUSE_S) from exc
+                self._held_at = now
+                return self._held_s
+            return max(self._held_s - (now - self._held_at), _held_here.get(self.server, 0.0) - now)
+
+
+def late_slot_s(rate_per_s: float) -> float:
+    """How late after its slot a request may still be sent on it: half the lateness the bucket's bound
+    absorbs (at ``rate`` with its burst, the slots of any one second plus those up to ``D`` before it stay
+    within ``rate`` while ``D < (rate - burst) / (RATE_HEADROOM * rate) - 1``: 111 ms at 10/s, 58 ms at
+    500/s); the other half is left to the network's jitter between worker and server."""
+    absorbed = (rate_per_s - burst_for(rate_per_s)) / (RATE_HEADROOM * rate_per_s) - 1
+    return max(0.0, absorbed / 2)
 
 
 def server_wait_s(exc: BaseException) -> float | None:
@@ -213,7 +350,9 @@ class TokenBudget:
     ``take(follow_up=...)`` is told whether the request follows one this budget paid for already (it may
     wait longer: the step is under way). ``prepaid`` tokens were taken by the step before it committed to
     sending (an input reply: the token is taken before the reply is recorded, so a reply recorded is a
-    reply sent); the first ``prepaid`` charges use them instead of taking new ones.
+    reply sent); the first ``prepaid`` charges use them instead of taking new ones. ``first``: what pays the
+    first charge instead (a slot its batch booked: :meth:`BookedSlots.first_charge`), answering whether it
+    counted the request for the meter already.
     """
 
     def __init__(
@@ -223,16 +362,21 @@ class TokenBudget:
         *,
         prepaid: int = 0,
         meter: Callable[[], None] | None = None,
+        first: Callable[[], bool] | None = None,
     ) -> None:
         self.bucket = bucket
         self._take = take
+        self._first = first
         self._prepaid = prepaid
         self._paid = 0
         self._meter = meter
 
     def charge(self) -> None:
         counted = False
-        if self._prepaid > 0:
+        if self._first is not None:
+            first, self._first = self._first, None
+            counted = first()
+        elif self._prepaid > 0:
             self._prepaid -= 1
         else:
             counted = self._take_and_count(follow_up=self._paid > 0)
@@ -252,6 +396,20 @@ class TokenBudget:
 
     def __repr__(self) -> str:
         return f"TokenBudget({self.bucket!r})"
+
+
+def slot_meter(prefix: str, server: str, bucket: Budget, *, now: float | None = None) -> SlotMeter:
+    """The request meter's keys for a batch's slots booked at ``now`` (the worker's clock): each slot counts
+    its request in the second it will leave (``HotState.take_slots``), this one or one of the next two."""
+    now = time.time() if now is None else now
+    second = int(now)
+    keys: list[str] = []
+    for ahead in range(3):
+        keys += [
+            rate_key(prefix, server, bucket, second + ahead),
+            peak_key(prefix, server, bucket, second + ahead),
+        ]
+    return SlotMeter(tuple(keys), (RATE_KEEP_S, PEAK_KEEP_S), int((now - second) * 1_000_000))
 
 
 def rate_key(prefix: str, server: str, bucket: Budget, second: int) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Literal, TypeAlias
@@ -54,8 +55,9 @@ class Token:
 
 @dataclass(frozen=True, slots=True)
 class Tokens:
-    """What :meth:`HotState.take_many` booked: one delay per slot granted (make that call after it: the
-    slots are spaced by the bucket's interval, those within its burst at 0), in order. ``wait_s``: when
+    """What :meth:`HotState.take_slots` booked: one delay per slot granted (make that call after it: the
+    slots are spaced by the bucket's interval, those within its burst at 0, none before its own time), in
+    order. ``wait_s``: when
     fewer slots were granted than asked for (none, under a hold), how soon the next one comes within reach
     (ask again then); 0 when all were granted. ``counted``: how many of the slots granted for now counted
     their request for the meter (the first ``counted`` of them; the caller meters the others when it sends
@@ -68,6 +70,17 @@ class Tokens:
     @property
     def granted(self) -> int:
         return len(self.delays_s)
+
+
+@dataclass(frozen=True, slots=True)
+class SlotMeter:
+    """The request meter's keys for a batch of slots (:meth:`HotState.take_slots`): the counter and the
+    hour's highest of each of the worker's seconds ``s``, ``s + 1`` and ``s + 2`` (six keys, in that order),
+    how long each kind is kept, and how far into second ``s`` the worker is (microseconds)."""
+
+    keys: tuple[str, ...]
+    keep_s: tuple[int, int]
+    into_second_us: int
 
 
 @dataclass(slots=True)
@@ -112,6 +125,7 @@ class HotState:
         self._hold = client.register_script(_lua("server_hold.lua"))
         self._held = client.register_script(_lua("server_held.lua"))
         self._cas = client.register_script(_lua("cancel_cas.lua"))
+        self._slots = client.register_script(_lua("token_slots.lua"))
 
     @classmethod
     def from_url(cls, url: str, *, prefix: str = "longcall:", cluster: bool = False) -> HotState:
@@ -148,27 +162,6 @@ class HotState:
             return Token(True, tokens.delays_s[0])
         return Token(False, tokens.wait_s)
 
-    def take_many(
-        self,
-        server: str,
-        budget: Budget,
-        rate_per_s: float,
-        k: int,
-        *,
-        horizon_s: float = 0.0,
-        meter: MeterCount | None = None,
-    ) -> Tokens:
-        """Book up to ``k`` calls to ``server`` on the ``budget`` bucket in one script call: the slots
-        :meth:`take` would hand out to ``k`` callers asking at this instant (the first ones within the
-        burst, the next ones spaced by the interval), each at most ``horizon_s`` ahead, so the one-second
-        bound of :meth:`take` holds for every slot granted. Fewer than ``k`` when the horizon reaches only
-        some (``wait_s``: when the next comes within reach); none under the server's hold. With ``meter``
-        (its keys; its ``counted`` flag is neither read nor set), the slots granted for now count their
-        requests in the same script call (``Tokens.counted``)."""
-        if k < 1:
-            raise ValueError(f"take_many books at least one slot, not {k}")
-        return self._book(server, budget, rate_per_s, k, horizon_s=horizon_s, meter=meter)
-
     def _book(
         self,
         server: str,
@@ -193,6 +186,46 @@ class HotState:
             args.extend(meter.keep_s)
         granted, first_us, wait_us, counted = (int(v) for v in self._call(self._bucket, keys, args))
         delays = tuple(max(0, first_us + i * interval_us) / 1_000_000 for i in range(granted))
+        return Tokens(delays, wait_us / 1_000_000, counted)
+
+    def take_slots(
+        self,
+        server: str,
+        budget: Budget,
+        rate_per_s: float,
+        offsets_s: Sequence[float],
+        *,
+        horizon_s: float = 0.0,
+        meter: SlotMeter | None = None,
+    ) -> Tokens:
+        """Book one call to ``server`` on the ``budget`` bucket for each of ``offsets_s`` (ascending: each
+        call's earliest time, in seconds from now), in one script call (``token_slots.lua``): slot i is what
+        :meth:`take` would give a caller asking at ``now + offsets_s[i]`` after the slots before it, so the
+        bound of :meth:`take` holds for every slot and no call goes before its time. A slot more than
+        ``horizon_s`` past its time is not booked, nor any after it (``Tokens.wait_s``: when it comes within
+        reach); none under the server's hold. ``Tokens.delays_s``: each slot granted, from now. With
+        ``meter``, every slot granted counts its request in the second it will leave
+        (``Tokens.counted``)."""
+        if not offsets_s:
+            raise ValueError("take_slots books at least one slot")
+        interval_us = max(1, math.ceil(1_000_000 / (rate_per_s * RATE_HEADROOM)))
+        keys = [bucket_key(self.prefix, server, budget), self.hold_key(server)]
+        args = [
+            interval_us,
+            burst_for(rate_per_s) * interval_us,
+            math.floor(max(0.0, horizon_s) * 1_000_000),
+            math.ceil(MAX_SERVER_WAIT_S * 1_000_000),
+            0,
+            0,
+            0,
+            0,
+        ]
+        if meter is not None:
+            keys.extend(meter.keys)
+            args[4:8] = [*meter.keep_s, 0, meter.into_second_us]
+        args.extend(max(0, round(offset * 1_000_000)) for offset in offsets_s)
+        granted, wait_us, counted, *delays_us = (int(v) for v in self._call(self._slots, keys, args))
+        delays = tuple(max(0, delay) / 1_000_000 for delay in delays_us[:granted])
         return Tokens(delays, wait_us / 1_000_000, counted)
 
     def hold(self, server: str, delay_s: float) -> float:

@@ -311,14 +311,16 @@ def running_fleet(
     poll_interval_ms: int = 200,
     server: dict[str, Any] | None = None,
     workers: int = 2,
+    concurrency: int = 2,
     env: dict[str, str] | None = None,
     pipeline: bool = True,
     url_userinfo: str | None = None,
     route: Callable[[McpServer], str] | None = None,
 ) -> Iterator[Fleet]:
-    """Starts the MCP server, ``workers`` longcall workers, beat and (unless ``pipeline`` is False: then
-    ``Fleet.start_pipeline`` does, later) the pipeline worker; stops them all. ``route``: the URL longcall
-    is configured with for the server (e.g. through a path the test can cut), by default its own."""
+    """Starts the MCP server, ``workers`` longcall workers (of ``concurrency`` processes each), beat and
+    (unless ``pipeline`` is False: then ``Fleet.start_pipeline`` does, later) the pipeline worker; stops
+    them all. ``route``: the URL longcall is configured with for the server (e.g. through a path the test
+    can cut), by default its own."""
     broker_prefix, tmp_path, log_dir = parts.broker_prefix, parts.tmp_path, parts.log_dir
     mcp = start_mcp_server(log_dir, *mcp_flags, poll_interval_ms=poll_interval_ms)
     config = tmp_path / "longcall.toml"
@@ -358,7 +360,7 @@ def running_fleet(
     )
     try:
         for index in range(workers):
-            fleet.start_worker(f"longcall{index}")
+            fleet.start_worker(f"longcall{index}", concurrency=concurrency)
         fleet.start_beat()
         if pipeline:
             fleet.start_pipeline()

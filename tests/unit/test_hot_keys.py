@@ -11,12 +11,13 @@ from typing import Any, cast
 import redis
 from redis.crc import key_slot
 
-from workers.budget import PEAK_BUCKET_S, RequestMeter, peak_key, rate_key
+from workers.budget import PEAK_BUCKET_S, RequestMeter, peak_key, rate_key, slot_meter
 from workers.hot import HotState, bucket_key, hold_key, server_tag
 
 #: A script's answer, by its first line (the scripts' own header comments).
 ANSWERS = {
     "-- A rate limit per": [1, 0, 0, 1],
+    "-- A batch's slots": [1, 0, 1, 0],
     '-- A server\'s "wait until"': 5_000_000,
     "-- How long a server's hold": [0],
     "-- Compare-and-set": [1, 1],
@@ -55,7 +56,7 @@ def test_every_script_call_keeps_its_keys_in_one_slot() -> None:
     for server in ("reports", "billing", "a:b", "with space"):
         meter = RequestMeter(client, prefix, server, "poll")
         hot.take(server, "poll", 10.0, meter=meter.count())
-        hot.take_many(server, "control", 10.0, 4, meter=meter.count())
+        hot.take_slots(server, "control", 10.0, [0.0] * 4, meter=slot_meter(prefix, server, "control"))
         hot.hold(server, 2.0)
         hot.held_s(server)
         meter()
@@ -65,6 +66,9 @@ def test_every_script_call_keeps_its_keys_in_one_slot() -> None:
         assert len({slot(key) for key in keys}) == 1, f"{script}: {keys} in {[slot(k) for k in keys]}"
     bucket_calls = [keys for script, keys in recorder.calls if script.startswith("-- A rate limit")]
     assert all(len(keys) == 4 for keys in bucket_calls)  # bucket, hold and the meter's two keys
+    slot_calls = [keys for script, keys in recorder.calls if script.startswith("-- A batch's slots")]
+    assert len(slot_calls) == 4
+    assert all(len(keys) == 8 for keys in slot_calls)  # bucket, hold, and three seconds' counter and peak
 
 
 def test_a_servers_keys_share_its_tag_and_servers_spread() -> None:

@@ -1,7 +1,7 @@
 """Issue 21: the hot state on a real 3-node Redis Cluster (redis-server in cluster mode, redis-py's cluster
 client). Every key of one script call carries its server's hash tag, so each call runs on one node, and
 different servers' keys land on different nodes: the buckets, the holds, the request meter counted in the
-take's own call, ``take_many`` and the cancel CAS all work there, as they do on a standalone Redis
+take's own call, ``take_slots`` and the cancel CAS all work there, as they do on a standalone Redis
 (test_hot.py, test_take_many.py, test_request_meter.py)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 import redis.cluster
 
 from tests import support
-from workers.budget import RequestMeter, peak_key, rate_key
+from workers.budget import RequestMeter, peak_key, rate_key, slot_meter
 from workers.hot import HotState, bucket_key
 
 SERVERS = ("reports", "billing", "search", "mail", "maps", "chat")
@@ -77,7 +77,7 @@ def test_a_hold_refuses_every_take_on_its_server_only(hot: HotState) -> None:
         refused = hot.take(held, budget, 100.0, horizon_s=1.0)
         assert not refused.granted
         assert 4.5 < refused.wait_s <= 5.0
-    none = hot.take_many(held, "poll", 100.0, 5, horizon_s=1.0)
+    none = hot.take_slots(held, "poll", 100.0, [0.0] * 5, horizon_s=1.0)
     assert (none.granted, none.counted) == (0, 0)
     assert 4.5 < none.wait_s <= 5.0
     # A server on another node is not held.
@@ -92,7 +92,9 @@ def test_the_request_is_counted_in_the_takes_own_call_and_the_readers_read_one_s
     assert len(nodes) == 1
     assert hot.take("reports", "poll", 1000.0, meter=count).granted
     assert count.counted
-    many = hot.take_many("reports", "poll", 1000.0, 3, meter=meter.count())
+    many = hot.take_slots(
+        "reports", "poll", 1000.0, [0.0] * 3, meter=slot_meter(hot.prefix, "reports", "poll")
+    )
     assert (many.granted, many.counted) == (3, 3)
     meter()  # request_meter.lua: a request whose token was paid before
     second = int(time.time())
@@ -104,8 +106,8 @@ def test_the_request_is_counted_in_the_takes_own_call_and_the_readers_read_one_s
     assert max(int(v) for v in peaks if v is not None) >= 4
 
 
-def test_take_many_books_what_the_horizon_reaches_on_a_cluster(hot: HotState) -> None:
-    tokens = hot.take_many("billing", "control", 2.0, 5, horizon_s=1.0)
+def test_take_slots_books_what_the_horizon_reaches_on_a_cluster(hot: HotState) -> None:
+    tokens = hot.take_slots("billing", "control", 2.0, [0.0] * 5, horizon_s=1.0)
     interval = 1 / (2.0 * 0.9)
     assert tokens.granted == 2
     assert tokens.delays_s[0] == 0.0
