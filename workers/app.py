@@ -6,13 +6,14 @@ import; tests and embedders build their own with ``create_app(settings)``.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import Celery, signals
 from kombu import Queue
 
 from beat_schedule import beat_schedule
-from workers import celery_logs
+from workers import celery_logs, members
 from workers.broker import CONSUMER as REDIS_CONSUMER
 from workers.broker import TRANSPORT as REDIS_TRANSPORT
 from workers.delivery import CELERY_DELIVERY
@@ -21,6 +22,11 @@ from workers.fencing import ConsumptionFence
 from workers.runtime import RuntimeHolder
 from workers.settings import Settings
 from workers.tasks import register_tasks
+
+log = logging.getLogger("longcall")
+
+#: How long a worker process that stops waits for the polls on its member threads (``workers/members.py``).
+MEMBERS_SHUTDOWN_S = 10.0
 
 QUEUES = ("longcall.control", "longcall.poll", "longcall.outbox")
 
@@ -182,6 +188,16 @@ def create_app(settings: Settings | None = None) -> Celery:
             celery_logs.request_format(options.get("log_format"))
 
     signals.user_preload_options.connect(take_log_format, weak=False)
+
+    def let_members_finish(**_: Any) -> None:
+        # The polls this process started run on its member threads after their messages were answered: a
+        # process that stops lets them finish (bounded), so their rows are free at once, not when their
+        # leases run out.
+        if not members.wait_for_members(MEMBERS_SHUTDOWN_S):
+            log.warning("a worker process stopped with %d polls still on their way", members.in_flight())
+
+    signals.worker_process_shutdown.connect(let_members_finish, weak=False)
+    signals.worker_shutdown.connect(let_members_finish, weak=False)
     celery_logs.connect_signals()
     return app
 

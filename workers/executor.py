@@ -29,11 +29,12 @@ from ledger.repository import Ledger
 from ledger.shadow import LegacyRecording, ShadowComparison
 from ledger.states import OpState
 from workers import logs
-from workers.budget import REDIS_PAUSE_S
+from workers import members as member_threads
+from workers.budget import REDIS_PAUSE_S, TokenBudget
 from workers.errors import NoToken, UnknownServer
 from workers.faults import INFRASTRUCTURE, describe_fault
 from workers.lease import keep_lease
-from workers.members import run_side_by_side
+from workers.poll_batch import STRAGGLER_BOUND_TICKS, PollBatch
 from workers.runtime import OWNER_SEEN_S, Runtime
 from workers.steps import cancel, dispatch, input_rounds, poll, reconciliation, result, submit
 from workers.steps.context import StepAction, StepContext, StepOutcome, spread, utc_now
@@ -232,75 +233,136 @@ class Executor:
 
     @_own_log_context
     def advance_batch(self, members: Sequence[PollMember]) -> list[StepOutcome]:
-        """``longcall.poll`` with ``ops``: the polls of one server, side by side (``workers/members.py``),
-        each as a one-operation poll would run (its own log context, its own cursor fencing its writes),
-        after its own wait (at most one dispatch tick), and the answers once all are done. The members' rows
-        are read in one statement for the batch (``Ledger.get_many``), not one each. A member whose claim is
-        done already (a copy of this message ran it: its lease let go) does nothing. A member's failure is
-        its own: logged, answered DEFERRED, never failing the others or the message; a fault of the ledger
-        or of Redis leaves its row claimed, and the dispatcher claims it again when the lease runs out, as
-        after a one-operation poll that failed."""
+        """``longcall.poll`` with ``ops``, run to its end here: :meth:`start_batch`, then every member's
+        answer in order, once all are done."""
+        return self.start_batch(members).wait()
+
+    @_own_log_context
+    def start_batch(
+        self,
+        members: Sequence[PollMember],
+        *,
+        on_step: Callable[[StepOutcome], None] | None = None,
+        on_finish: Callable[[list[StepOutcome]], None] | None = None,
+    ) -> PollBatch:
+        """``longcall.poll`` with ``ops``: the polls of one server, started on its member threads in this
+        process (``workers/members.py``), each as a one-operation poll would run (its own log context, its
+        own cursor fencing its writes) no earlier than its own due time (at most one dispatch tick on), and
+        the batch on its way returned at once (``on_step``: called with each member's answer as it comes;
+        ``on_finish``: with all of them, in order, once all are done and recorded).
+
+        The members' rows are read in one statement (``Ledger.get_many``), and the status reads they make
+        are booked on their server's poll bucket in one script call (``ServerBudgets.book_slots``), not one
+        each. A member whose claim is done already (a copy of this message ran it: its lease let go), or
+        runs in this process now (a copy on its way), does nothing. A member's failure is its own: logged,
+        answered DEFERRED, never failing the others or the message; a fault of the ledger or of Redis leaves
+        its row claimed, and the dispatcher claims it again when the lease runs out, as after a
+        one-operation poll that failed. The polls that changed nothing are recorded together
+        (:class:`~workers.poll_batch.PollBatch`)."""
         started = time.monotonic()
         tick = self.rt.settings.dispatch_interval_s
+        batch = PollBatch(
+            len(members),
+            self.ledger.record_unchanged_polls,
+            bound_s=STRAGGLER_BOUND_TICKS * tick,
+            on_step=on_step,
+            on_finish=on_finish,
+        )
         try:
             rows = self.ledger.get_many([member.op_id for member in members])
         except INFRASTRUCTURE as exc:
             log.warning(
                 "reading a batch of %d polls met %s; %s", len(members), describe_fault(exc), AGAIN_AFTER_LEASE
             )
-            return [_deferred(member.op_id, exc) for member in members]
-
-        def one(member: PollMember) -> StepOutcome:
-            # The dispatcher's delays are within one tick; a wait past it is not one of its own.
-            wait = min(member.wait_s, tick) - (time.monotonic() - started)
-            if wait > 0:
-                time.sleep(wait)  # never before its due time (rule 3), bounded by one dispatch tick
-            try:
-                with logs.bind(member.op_id):  # the member's lines name its operation, this thread's only
-                    return self._advance_member(member, rows.get(member.op_id))
-            except INFRASTRUCTURE as exc:
-                log.warning("the poll of %s met %s; %s", member.op_id, describe_fault(exc), AGAIN_AFTER_LEASE)
-                return _deferred(member.op_id, exc)
-            except Exception as exc:
-                log.exception("the poll of %s failed; %s", member.op_id, AGAIN_AFTER_LEASE)
-                return _deferred(member.op_id, exc)
-
-        steps = run_side_by_side(one, members, threads=self.rt.settings.poll_batch)
-        return self._record_unchanged(members, rows, steps)
-
-    def _record_unchanged(
-        self, members: Sequence[PollMember], rows: Mapping[uuid.UUID, Operation], steps: list[StepOutcome]
-    ) -> list[StepOutcome]:
-        """The batch's polls that changed nothing, recorded in one statement
-        (``Ledger.record_unchanged_polls``: counted, their claims let go); a member whose fence moved
-        meanwhile is answered STALE. Through a fault, they stay claimed until their leases run out, and are
-        due when their claims said."""
-        unchanged = [
-            (member.op_id, Fence(row.execution_epoch, row.cancel_generation, member.cursor))
-            for member, step in zip(members, steps, strict=True)
-            if step.unchanged and (row := rows.get(member.op_id)) is not None
-        ]
-        if not unchanged:
-            return steps
-        try:
-            written = self.ledger.record_unchanged_polls(unchanged)
-        except INFRASTRUCTURE as exc:
-            log.warning(
-                "recording %d unchanged polls met %s; %s",
-                len(unchanged),
-                describe_fault(exc),
-                AGAIN_AFTER_LEASE,
+            for index, member in enumerate(members):
+                batch.done(index, _deferred(member.op_id, exc))
+            return batch
+        slots = self._book_status_reads(members, rows, started)
+        threads = member_threads.server_threads(self.rt.settings.poll_batch)
+        for index, member in enumerate(members):
+            row = rows.get(member.op_id)
+            budget = slots.get(member.op_id)
+            run = functools.partial(
+                self._run_member, batch, index, member, row=row, budget=budget, started=started
             )
-            return steps
-        return [
-            StepOutcome(step.op_id, StepAction.STALE, None, detail={"unchanged": "not recorded"})
-            if step.unchanged and step.op_id not in written
-            else step
-            for step in steps
-        ]
+            member_threads.submit(row.server if row is not None else "", threads, run)
+        return batch
 
-    def _advance_member(self, member: PollMember, op: Operation | None) -> StepOutcome:
-        """One member of a batch, from the batch's read of its row (``op``; None: there is none)."""
+    def _book_status_reads(
+        self, members: Sequence[PollMember], rows: Mapping[uuid.UUID, Operation], started: float
+    ) -> dict[uuid.UUID, TokenBudget]:
+        """The poll budgets of the members whose step begins with a status read (``poll.reads_status``),
+        booked per server in one script call, each slot no earlier than its member is due."""
+        tick = self.rt.settings.dispatch_interval_s
+        now = self.ctx.now()
+        elapsed = time.monotonic() - started
+        by_server: dict[str, list[tuple[float, uuid.UUID]]] = {}
+        for member in members:
+            row = rows.get(member.op_id)
+            if row is not None and poll.reads_status(row, member.cursor, now):
+                offset = max(0.0, min(member.wait_s, tick) - elapsed)
+                by_server.setdefault(row.server, []).append((offset, member.op_id))
+        budgets: dict[uuid.UUID, TokenBudget] = {}
+        for server, asked in by_server.items():
+            asked.sort()
+            try:
+                booked = self.ctx.budget.book_slots(server, "poll", [offset for offset, _ in asked])
+            except UnknownServer:
+                continue  # each member meets it in its own step (rule 14)
+            for index, (_, op_id) in enumerate(asked):
+                budgets[op_id] = booked.budget(index)
+        return budgets
+
+    def _run_member(
+        self,
+        batch: PollBatch,
+        index: int,
+        member: PollMember,
+        *,
+        row: Operation | None,
+        budget: TokenBudget | None,
+        started: float,
+    ) -> None:
+        """One member, on a member thread: its answer goes to ``batch``."""
+        if not member_threads.hold_claim(member.op_id, member.cursor):
+            running = StepOutcome(member.op_id, StepAction.NOTHING_TO_DO, None, detail={"claim": "running"})
+            batch.done(index, running)
+            return
+        fence = None
+        try:
+            if budget is None:
+                # The dispatcher's delays are within one tick; a wait past it is not one of its own.
+                wait = min(member.wait_s, self.rt.settings.dispatch_interval_s) - (time.monotonic() - started)
+                if wait > 0:
+                    time.sleep(wait)  # never before its due time (rule 3), bounded by one dispatch tick
+            step = self._member_step(member, row, budget)
+            if step.unchanged and row is not None:
+                fence = Fence(row.execution_epoch, row.cancel_generation, member.cursor)
+        except Exception as exc:  # the member's own answer, never the batch's failure
+            log.exception("the poll of %s failed; %s", member.op_id, AGAIN_AFTER_LEASE)
+            step = _deferred(member.op_id, exc)
+        batch.done(
+            index, step, fence, let_go=functools.partial(member_threads.let_go, member.op_id, member.cursor)
+        )
+
+    def _member_step(
+        self, member: PollMember, row: Operation | None, budget: TokenBudget | None
+    ) -> StepOutcome:
+        try:
+            with logs.bind(member.op_id):  # the member's lines name its operation, this thread's only
+                return self._advance_member(member, row, budget)
+        except INFRASTRUCTURE as exc:
+            log.warning("the poll of %s met %s; %s", member.op_id, describe_fault(exc), AGAIN_AFTER_LEASE)
+            return _deferred(member.op_id, exc)
+        except Exception as exc:
+            log.exception("the poll of %s failed; %s", member.op_id, AGAIN_AFTER_LEASE)
+            return _deferred(member.op_id, exc)
+
+    def _advance_member(
+        self, member: PollMember, op: Operation | None, budget: TokenBudget | None = None
+    ) -> StepOutcome:
+        """One member of a batch, from the batch's read of its row (``op``; None: there is none), its status
+        read paid by ``budget`` when the batch booked it."""
         if op is None:
             return StepOutcome(member.op_id, StepAction.NOTHING_TO_DO, None, detail={"row": "none"})
         if op.poll_cursor == member.cursor and op.lease_until is None:
@@ -308,7 +370,7 @@ class Executor:
             return StepOutcome(op.id, StepAction.NOTHING_TO_DO, op.state, detail={"claim": "done"})
         if op.state is not S.WORKING:
             return self.advance(member.op_id, member.cursor)  # a phase of its own reads its row itself
-        return self._guard(op, member.cursor, poll.poll_scheduled)
+        return self._guard(op, member.cursor, functools.partial(poll.poll_scheduled, budget=budget))
 
     @_own_log_context
     def fetch_result(self, op_id: uuid.UUID, cursor: int) -> StepOutcome:

@@ -1,64 +1,178 @@
-"""Rule 3: the members of a batched ``longcall.poll`` run side by side, on the process's member threads.
+"""Rule 3: the members of batched ``longcall.poll`` messages run side by side, on member threads of their
+server's, in the background of the worker process that took the message.
 
-One pool of threads per worker process, made on first use (Celery prefork forks its children after import:
-a child forgets its parent's pool, whose threads do not run there, and makes its own), as large as the
-largest batch it was asked to run (``poll_batch``), so every member of a batch has its thread and a slow
-member holds up no other. What a member touches is thread-safe: the ledger's engine (its pool is sized from
-``poll_batch``: ``workers/runtime.py``), the Redis client (redis-py's connection pool), the adapters (their
-httpx clients, and the MCP 2025-11-25 session under its lock), the lease keeper (one thread, a lock) and the
-log context (context variables: each thread has its own).
+Each server has its own pool of threads in each worker process (:func:`submit`), made on first use and as
+large as :func:`server_threads` says, so a server whose status reads are slow fills its own threads only:
+the next message, of any server, is taken at once, and another server's polls never wait behind it. A
+Celery prefork child forgets its parent's pools (their threads do not run there, and a lock may be held) and
+makes its own.
+
+Which (operation, cursor) claims are running in this process is kept here too (:func:`running`): a copy of a
+message whose members are still on their way here does nothing. And a batch whose members are done but for
+a straggler does not wait for it (:class:`Stragglers`: a batch asks to be finished after a bound, on one
+thread of the process that wakes when a batch's bound comes).
+
+What a member touches is thread-safe: the ledger's engine (its pool is sized from ``poll_batch``:
+``workers/runtime.py``), the Redis client (redis-py's connection pool), the adapters (their httpx clients,
+and the MCP 2025-11-25 session under its lock), the lease keeper (one thread, a lock) and the log context
+(context variables: each thread has its own).
 """
 
 from __future__ import annotations
 
+import functools
+import heapq
+import itertools
+import logging
 import os
 import threading
+import time
+import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TypeVar
 
-__all__ = ["run_side_by_side"]
+__all__ = [
+    "Stragglers",
+    "hold_claim",
+    "in_flight",
+    "let_go",
+    "run_side_by_side",
+    "server_threads",
+    "submit",
+    "wait_for_members",
+]
+
+log = logging.getLogger(__name__)
 
 M = TypeVar("M")
 R = TypeVar("R")
 
-#: The member threads' names (``longcall-member_0``, ...).
+#: The member threads' names (``longcall-member-<server>_0``, ...).
 THREAD_PREFIX = "longcall-member"
 
 
-class _MemberThreads:
-    """The process's pool, under a lock; grown (a new pool) when a larger batch comes."""
+def server_threads(poll_batch: int) -> int:
+    """How many status reads of one server a worker process runs at once: four batches' worth. More members
+    of that server wait for a thread in its own queue (the others' polls do not)."""
+    return 4 * max(1, poll_batch)
+
+
+class _Process:
+    """This process's member pools (one per server), its running claims and its straggler thread."""
 
     def __init__(self) -> None:
         self.forget()
 
     def forget(self) -> None:
-        """No pool (a forked child's: its parent's threads do not run there, and the lock may be held)."""
-        self._lock = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None
-        self._size = 0
+        """Nothing (a forked child's start: its parent's threads do not run here, and a lock may be held)."""
+        self.lock = threading.Lock()
+        self.pools: dict[str, ThreadPoolExecutor] = {}
+        self.claims: dict[tuple[uuid.UUID, int], int] = {}
+        self.stragglers: Stragglers | None = None
 
-    def pool(self, size: int) -> ThreadPoolExecutor:
-        with self._lock:
-            if self._pool is None or self._size < size:
-                old = self._pool
-                self._pool, self._size = ThreadPoolExecutor(size, thread_name_prefix=THREAD_PREFIX), size
-                if old is not None:
-                    old.shutdown(wait=False)  # its members finish; it takes no more
-            return self._pool
-
-
-_threads = _MemberThreads()
-os.register_at_fork(after_in_child=_threads.forget)
+    def pool(self, server: str, size: int) -> ThreadPoolExecutor:
+        with self.lock:
+            pool = self.pools.get(server)
+            if pool is None:
+                pool = ThreadPoolExecutor(size, thread_name_prefix=f"{THREAD_PREFIX}-{server}")
+                self.pools[server] = pool
+            return pool
 
 
-def run_side_by_side(run: Callable[[M], R], members: Sequence[M], *, threads: int) -> list[R]:
-    """``run(member)`` for every member at once (at most ``threads`` at a time), their answers in the
-    members' order, once all are done. ``run`` answers for its member's failures: an exception it lets
-    through is raised here, after every member is done."""
+_process = _Process()
+os.register_at_fork(after_in_child=_process.forget)
+
+
+def submit(server: str, size: int, run: Callable[[], R]) -> Future[R]:
+    """Run ``run`` on one of ``server``'s member threads in this process (at most ``size`` of them, made
+    as needed; a member past them waits in the server's own queue)."""
+    return _process.pool(server, size).submit(run)
+
+
+def hold_claim(op_id: uuid.UUID, cursor: int) -> bool:
+    """Hold the claim ``(op_id, cursor)`` as running in this process: True when it was not held already (a
+    copy of the same message, taken while the first is on its way, gets False and must do nothing). The
+    holder lets go with :func:`let_go` once the claim's step is recorded."""
+    with _process.lock:
+        if (op_id, cursor) in _process.claims:
+            return False
+        _process.claims[(op_id, cursor)] = 1
+        return True
+
+
+def let_go(op_id: uuid.UUID, cursor: int) -> None:
+    """The claim's step is recorded (or failed): a copy of its message may run it from now on."""
+    with _process.lock:
+        _process.claims.pop((op_id, cursor), None)
+
+
+def in_flight() -> int:
+    """How many claims run in this process now (a worker's shutdown waits for them)."""
+    with _process.lock:
+        return len(_process.claims)
+
+
+def wait_for_members(timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` for this process's members to be done (a worker that stops lets the polls it
+    took finish, so their rows are free at once rather than when their leases run out); False if some were
+    still running."""
+    deadline = time.monotonic() + timeout_s
+    while in_flight():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+class Stragglers:
+    """One thread of the process that calls each registered ``finish`` at its time (a batch's bound past
+    its first done member), unless the batch finished first. ``finish`` must be cheap to call twice."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._due: list[tuple[float, int, Callable[[], None]]] = []
+        self._order = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def of_process(cls) -> Stragglers:
+        with _process.lock:
+            if _process.stragglers is None:
+                _process.stragglers = cls()
+            return _process.stragglers
+
+    def at(self, when: float, finish: Callable[[], None]) -> None:
+        """Call ``finish`` at ``when`` (``time.monotonic``)."""
+        with self._cond:
+            heapq.heappush(self._due, (when, next(self._order), finish))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name=f"{THREAD_PREFIX}-stragglers", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._due or self._due[0][0] > time.monotonic():
+                    self._cond.wait(None if not self._due else self._due[0][0] - time.monotonic())
+                _, _, finish = heapq.heappop(self._due)
+            try:
+                finish()
+            except Exception:
+                log.exception("finishing a batch past its bound failed")
+
+
+def run_side_by_side(
+    run: Callable[[M], R], members: Sequence[M], *, threads: int, server: str = ""
+) -> list[R]:
+    """``run(member)`` for every member at once on ``server``'s member threads (at most ``threads`` at a
+    time), their answers in the members' order, once all are done. ``run`` answers for its member's
+    failures: an exception it lets through is raised here, after every member is done."""
     if len(members) <= 1:
         return [run(member) for member in members]
-    pool = _threads.pool(max(threads, 1))
-    futures = [pool.submit(run, member) for member in members]
+    futures = [submit(server, max(threads, 1), functools.partial(run, member)) for member in members]
     wait(futures)
     return [future.result() for future in futures]

@@ -33,6 +33,7 @@ from workers.errors import (
 from workers.executor import Dispatch, Executor, PollMember, submit_answer
 from workers.replies import check_reply
 from workers.runtime import RuntimeHolder
+from workers.steps.context import StepOutcome
 from workers.steps.dispatch import messages
 from workers.submission import NotRouted
 from workers.task_faults import intent_tries
@@ -109,14 +110,19 @@ def _members(ops: Any) -> list[PollMember]:
 def _poll_batch(
     app: Celery, holder: RuntimeHolder, executor: Executor, members: list[PollMember]
 ) -> dict[str, Any]:
-    """A batch's steps, then each one's drain (in this thread, one after the other: the broker's producer
-    pool is this task's); the answer counts the members' actions."""
-    steps = executor.advance_batch(members)
-    actions: dict[str, int] = {}
-    for step in steps:
-        follow(app, holder, step)
-        actions[step.action.value] = actions.get(step.action.value, 0) + 1
-    return {"ops": len(steps), "actions": actions}
+    """Start a batch's members on their server's threads in this process and answer at once: the worker
+    takes its next message while they run (a slow server's batch holds up no other message). Each member's
+    step is followed by its drain, on its own thread, as it comes; the batch's answer is logged once every
+    member is done."""
+
+    def finished(steps: list[StepOutcome]) -> None:
+        actions: dict[str, int] = {}
+        for step in steps:
+            actions[step.action.value] = actions.get(step.action.value, 0) + 1
+        log.info("a batch of %d polls is done: %s", len(steps), actions)
+
+    executor.start_batch(members, on_step=lambda step: follow(app, holder, step), on_finish=finished)
+    return {"ops": len(members), "started": len(members)}
 
 
 # Internal steps keep no result in the backend (the ledger is the record; nobody waits on them); the tasks

@@ -340,7 +340,9 @@ def test_delay_ms(peer: McpPeer, client: Client) -> None:
 
 
 def test_reorder_delivers_the_older_answer_last(peer: McpPeer, client: Client) -> None:
-    task_id = client.create("slow_report", {"seconds": 0.3})
+    # Long enough that the first read arrives while the task works, on a loaded machine too (at 0.3 s, a
+    # read that took longer to arrive saw it completed).
+    task_id = client.create("slow_report", {"seconds": 1.5})
     control(peer, "faults", {"reorder": 1})
     first: list[str] = []
     twin = client.same_session()

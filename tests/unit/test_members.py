@@ -1,12 +1,22 @@
-"""A batch's members run side by side (``workers/members.py``), each with its own log context."""
+"""A batch's members run side by side (``workers/members.py``), each with its own log context, on member
+threads of their server's; a batch records its unchanged polls together, a straggler holding up that
+record for a bound only (``workers/poll_batch.py``)."""
 
 from __future__ import annotations
 
+import functools
 import threading
+import time
 import uuid
 
-from workers import logs
+import pytest
+from sqlalchemy.exc import OperationalError
+
+from ledger.records import Fence
+from workers import logs, members
 from workers.members import run_side_by_side
+from workers.poll_batch import PollBatch
+from workers.steps.context import StepAction, StepOutcome
 
 
 def test_members_run_at_once_each_in_its_own_log_context_answers_in_order() -> None:
@@ -30,3 +40,96 @@ def test_a_single_member_runs_in_the_callers_thread() -> None:
     caller = threading.get_ident()
 
     assert run_side_by_side(lambda _: threading.get_ident(), [1], threads=4) == [caller]
+
+
+def test_a_slow_servers_members_fill_its_own_threads_not_anothers() -> None:
+    """Each server has its own member threads in the process: a server whose every member blocks leaves
+    another server's members free to run at once."""
+    release = threading.Event()
+    blocked = [members.submit("slow-server", 2, functools.partial(release.wait, 10)) for _ in range(4)]
+    fast = members.submit("fast-server", 2, threading.get_ident)
+    try:
+        assert fast.result(timeout=5) != threading.get_ident()
+        assert not any(future.done() for future in blocked)
+    finally:
+        release.set()
+    assert all(future.result(timeout=10) for future in blocked)
+
+
+def test_a_claim_held_in_the_process_is_refused_to_a_copy_until_let_go() -> None:
+    op_id = uuid.uuid4()
+    assert members.hold_claim(op_id, 3)
+    assert not members.hold_claim(op_id, 3)  # a copy of the same message, while the first is on its way
+    assert members.hold_claim(op_id, 4)  # another claim of the same operation is another step
+    assert members.in_flight() >= 2
+    members.let_go(op_id, 3)
+    members.let_go(op_id, 4)
+    assert members.hold_claim(op_id, 3)
+    members.let_go(op_id, 3)
+
+
+def _step(op_id: uuid.UUID, *, unchanged: bool = True) -> StepOutcome:
+    return StepOutcome(op_id, StepAction.STILL_WORKING, None, unchanged=unchanged)
+
+
+def test_a_batch_records_its_unchanged_polls_in_one_call_when_the_last_member_is_done() -> None:
+    ids = [uuid.uuid4() for _ in range(3)]
+    recorded: list[list[uuid.UUID]] = []
+    let_go: list[uuid.UUID] = []
+
+    def record(polls: list[tuple[uuid.UUID, Fence]]) -> set[uuid.UUID]:
+        recorded.append([op_id for op_id, _ in polls])
+        return {op_id for op_id, _ in polls if op_id != ids[1]}  # the second one's fence moved
+
+    batch = PollBatch(3, record, bound_s=10.0)
+    for index, op_id in enumerate(ids):
+        batch.done(index, _step(op_id), Fence(1, 0, index), let_go=functools.partial(let_go.append, op_id))
+
+    steps = batch.wait(timeout_s=5)
+    assert recorded == [ids]
+    assert [s.action for s in steps] == [StepAction.STILL_WORKING, StepAction.STALE, StepAction.STILL_WORKING]
+    assert let_go == ids  # each claim let go once its poll was recorded
+
+
+def test_a_straggler_holds_up_its_batchs_record_for_the_bound_only() -> None:
+    """Two members answered, the third is slow: the two are recorded when the bound passes, the
+    straggler alone when it answers, and the batch finishes then."""
+    ids = [uuid.uuid4() for _ in range(3)]
+    recorded: list[tuple[float, list[uuid.UUID]]] = []
+    first_recorded = threading.Event()
+
+    def record(polls: list[tuple[uuid.UUID, Fence]]) -> set[uuid.UUID]:
+        recorded.append((time.monotonic(), [op_id for op_id, _ in polls]))
+        first_recorded.set()
+        return {op_id for op_id, _ in polls}
+
+    finished: list[list[StepOutcome]] = []
+    batch = PollBatch(3, record, bound_s=0.2, on_finish=finished.append)
+    started = time.monotonic()
+    batch.done(0, _step(ids[0]), Fence(1, 0, 1))
+    batch.done(1, _step(ids[1]), Fence(1, 0, 1))
+    assert first_recorded.wait(5)
+    assert recorded[0][1] == ids[:2]
+    assert 0.15 <= recorded[0][0] - started < 2.0  # at the bound, not at the straggler's answer
+    assert not finished
+    with pytest.raises(TimeoutError):
+        batch.wait(timeout_s=0.05)
+
+    batch.done(2, _step(ids[2]), Fence(1, 0, 1))
+    assert [ids for _, ids in recorded] == [ids[:2], ids[2:]]
+    assert len(finished) == 1
+    assert [s.op_id for s in finished[0]] == ids
+
+
+def test_a_batch_whose_record_fails_leaves_its_answers_and_lets_its_claims_go() -> None:
+    op_id = uuid.uuid4()
+    let_go: list[uuid.UUID] = []
+
+    def record(_polls: list[tuple[uuid.UUID, Fence]]) -> set[uuid.UUID]:
+        raise OperationalError("UPDATE", {}, ConnectionError("the ledger went away"))
+
+    batch = PollBatch(1, record, bound_s=1.0)
+    batch.done(0, _step(op_id), Fence(1, 0, 1), let_go=functools.partial(let_go.append, op_id))
+    [step] = batch.wait(timeout_s=5)
+    assert step.action is StepAction.STILL_WORKING  # due again when its lease runs out
+    assert let_go == [op_id]

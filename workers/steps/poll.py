@@ -7,6 +7,7 @@ anything else schedules the next poll from the server's hint plus jitter.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +23,7 @@ from ledger.events import EventKind
 from ledger.reasons import ReconciliationReason
 from ledger.records import Fence, Operation, ServerStatus
 from ledger.states import OpState, TerminalKind
+from workers.budget import TokenBudget
 from workers.errors import NoToken
 from workers.steps.context import (
     TRY_AGAIN,
@@ -56,16 +58,40 @@ MAX_POLL_REJECTIONS = 5
 REJECTION_PAUSE_MAX_S = 30.0
 
 
-def poll_scheduled(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
+def reads_status(op: Operation, cursor: int, now: dt.datetime) -> bool:
+    """The poll step of ``op`` under the claim ``cursor`` begins with a status read (:func:`poll`): the row
+    is WORKING under that claim, with no stored input reply to send first and its wait budget not spent. A
+    batch books the slots of those reads together (``ServerBudgets.book_slots``)."""
+    return (
+        op.state is OpState.WORKING
+        and op.poll_cursor == cursor
+        and op.lease_until is not None
+        and pending_reply(op) is None
+        and (op.wait_deadline is None or op.wait_deadline > now)
+    )
+
+
+def poll_scheduled(
+    ctx: StepContext, op: Operation, fence: Fence, *, budget: TokenBudget | None = None
+) -> StepOutcome:
     """:func:`poll` under a claim that set the next poll itself (a batch member: the dispatcher's claim,
     ``Ledger.claim_due_by_server`` with the servers' default intervals): an answer that changes nothing
-    writes nothing (:func:`observed`)."""
-    return poll(ctx, op, fence, scheduled=True)
+    writes nothing (:func:`observed`). ``budget``: what pays the status read, when its batch booked its
+    slot (``BookedSlots.budget``)."""
+    return poll(ctx, op, fence, scheduled=True, budget=budget)
 
 
-def poll(ctx: StepContext, op: Operation, fence: Fence, *, scheduled: bool = False) -> StepOutcome:
-    """WORKING: one status read on the poll budget, unless the wait budget ran out; first, the stored reply
-    of the current input round, when the server has not taken it yet (rule 10: :func:`send_reply`)."""
+def poll(
+    ctx: StepContext,
+    op: Operation,
+    fence: Fence,
+    *,
+    scheduled: bool = False,
+    budget: TokenBudget | None = None,
+) -> StepOutcome:
+    """WORKING: one status read on the poll budget (``budget``, else a token of its own per request),
+    unless the wait budget ran out; first, the stored reply of the current input round, when the server
+    has not taken it yet (rule 10: :func:`send_reply`)."""
     if pending_reply(op) is not None:
         return send_reply(ctx, op, fence)
     if op.wait_deadline is not None and op.wait_deadline <= ctx.now():
@@ -77,7 +103,9 @@ def poll(ctx: StepContext, op: Operation, fence: Fence, *, scheduled: bool = Fal
         )
         return StepOutcome(op.id, StepAction.WAIT_BUDGET_EXHAUSTED, op.state)
     try:
-        status = ctx.adapter(op).get(remote_ref(op), budget=ctx.budget.per_request(op.server, "poll"))
+        if budget is None:
+            budget = ctx.budget.per_request(op.server, "poll")
+        status = ctx.adapter(op).get(remote_ref(op), budget=budget)
     except RateLimited as exc:
         ctx.budget.hold(op.server, exc)
         return ctx.retry_later(op, fence, exc, EventKind.RATE_LIMITED)

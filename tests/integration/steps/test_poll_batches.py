@@ -167,8 +167,11 @@ def test_a_batch_published_twice_polls_each_member_once(setup: Setup) -> None:
 
     worker = setup.start_worker("twice", concurrency=1)
     support.wait_for(
-        "both copies to run",
-        lambda: worker.log().count(f"[{task_id}] succeeded") == 2,
+        "both copies to run to their end",
+        lambda: (
+            worker.log().count(f"[{task_id}] succeeded") == 2
+            and worker.log().count("a batch of 4 polls is done") == 2
+        ),
         timeout=30,
     )
 
@@ -179,7 +182,8 @@ def test_a_batch_published_twice_polls_each_member_once(setup: Setup) -> None:
         assert op.event_seq == before[op_id]  # an unchanged poll is counted on the row, not an event
         kinds = [e["kind"] for e in setup.executor.ledger.events(op_id)]
         assert EventKind.STALE_WRITE_REJECTED.value not in kinds
-    assert "'nothing_to_do': 4" in worker.log()
+    # The second copy's members found their claims running here, or done: each did nothing.
+    assert "a batch of 4 polls is done: {'nothing_to_do': 4}" in worker.log()
 
 
 def test_a_slow_server_holds_up_neither_another_servers_batch_nor_its_own_members(setup: Setup) -> None:
@@ -209,6 +213,32 @@ def test_a_slow_server_holds_up_neither_another_servers_batch_nor_its_own_member
     polled_at = [setup.executor.ledger.get(op_id).last_polled_at for op_id in slow_ids]
     stamps = sorted(p.timestamp() for p in polled_at if p is not None)
     assert stamps[-1] - stamps[0] < 2.0  # all four answered together, not 3 s apart
+
+
+def test_one_worker_process_polls_a_fast_server_while_a_slow_servers_reads_are_on_their_way(
+    setup: Setup,
+) -> None:
+    """A batch's members run on their server's threads after its message is answered: one worker process,
+    which takes the slow server's batch first (every status read takes 4 s), takes the fast server's next
+    and polls it at once, not after the slow reads."""
+    slow_ids = setup.submit("slow", 4)
+    fast_ids = setup.submit("reports", 4)
+    setup.slow.faults(delay_ms={"tasks/get": 4000})
+    dispatches = setup.claim(8)
+    app = create_app(setup.executor.rt.settings)
+    publish_dispatches(app, [d for d in dispatches if d.server == "slow"], poll_batch=32)
+    publish_dispatches(app, [d for d in dispatches if d.server == "reports"], poll_batch=32)
+
+    worker = setup.start_worker("one-process", concurrency=1)
+    support.wait_for("the fast server's batch to be polled", lambda: _polled(setup, fast_ids), timeout=30)
+    assert setup.status_reads(setup.slow) < 4 or not _polled(setup, slow_ids)  # still on their way
+    slow_started = [e["t"] for e in setup.slow.log() if e["method"] == "tasks/get"]
+    fast_polled = [e["t"] for e in setup.fast.log() if e["method"] == "tasks/get"]
+    assert slow_started, "the slow batch was taken first"
+    # The fast reads went while the slow ones were waited for (each 4 s), not after them.
+    assert max(fast_polled) < min(slow_started) + 3.0
+    support.wait_for("the slow server's batch to be polled", lambda: _polled(setup, slow_ids), timeout=30)
+    assert "a batch of 4 polls is done" in worker.log()
 
 
 def test_with_a_poll_batch_of_one_every_poll_is_a_message_of_its_own(setup: Setup) -> None:
