@@ -10,6 +10,7 @@ ledger's statements are counted on its engine.
 from __future__ import annotations
 
 import datetime as dt
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from sqlalchemy import event, text
 
 from ledger.events import EventKind
@@ -25,6 +27,7 @@ from ledger.states import OpState
 from tests import support
 from tests.support.fleet import McpServer, fleet_config, in_process_runtime, start_mcp_server
 from workers import logs
+from workers.budget import rate_key
 from workers.executor import Dispatch, Executor, PollMember
 from workers.steps.context import StepAction
 from workers.submission import validate_submission
@@ -227,3 +230,35 @@ def test_the_claim_sets_the_next_poll_as_the_poll_step_would(
             assert low <= due <= high, (op_id == floor, op_id == default, interval, due - start)
     assert rule_s(snapshots[floor]) == 0.1
     assert rule_s(snapshots[default]) == 1.0
+
+
+def test_a_batch_books_its_status_reads_in_one_redis_call(
+    private_redis_executor: tuple[McpServer, Executor, support.PrivateRedis],
+) -> None:
+    """One bucket call per batch (rule 4, issue 21): six members' status reads are booked by one script
+    call on the hot state's Redis, which also counts them for the request meter; nothing else is asked of
+    it (the session is set up by a first batch, whose control requests take their own tokens)."""
+    mcp, executor, hot = private_redis_executor
+    ids = _submit(executor, 6)
+    _due_now(executor, ids)
+    executor.advance_batch([PollMember(d.op_id, d.cursor) for d in _claim(executor, 6)])
+    _due_now(executor, ids)
+    claims = _claim(executor, 6)
+    client = redis.Redis.from_url(hot.url)
+    client.config_resetstat()
+    reads_before = sum(1 for e in mcp.log() if e["method"] == "tasks/get")
+
+    steps = executor.advance_batch([PollMember(d.op_id, d.cursor) for d in claims])
+
+    assert len(steps) == 6
+    assert sum(1 for e in mcp.log() if e["method"] == "tasks/get") == reads_before + 6
+    stats = client.info("commandstats")
+    scripts = stats.get("cmdstat_evalsha", {}).get("calls", 0) + stats.get("cmdstat_eval", {}).get("calls", 0)
+    assert scripts == 1, stats
+    second = int(time.time())
+    counted = sum(
+        int(client.get(rate_key(executor.rt.hot.prefix, "reports", "poll", s)) or 0)
+        for s in range(second - 5, second + 3)
+    )
+    assert counted == 12  # both batches' reads, each counted once
+    client.close()
