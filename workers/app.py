@@ -95,7 +95,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     return {
         **extra,
         "broker_url": settings.broker,
-        "result_backend": settings.redis_url,
+        # LONGCALL_REDIS_URL, unless it is a Redis Cluster (LONGCALL_REDIS_CLUSTER): then the broker's Redis,
+        # or rpc:// on RabbitMQ (workers/settings.py).
+        "result_backend": settings.result_backend,
         "result_expires": 24 * 3600,
         "result_backend_transport_options": (
             {"global_keyprefix": settings.broker_keyprefix} if settings.broker_keyprefix else {}
@@ -138,7 +140,16 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 def create_app(settings: Settings | None = None) -> Celery:
     holder = RuntimeHolder(settings, delivery=CELERY_DELIVERY)
     app = Celery("longcall", set_as_current=False)
-    app.add_defaults(lambda: celery_config(holder.settings))
+
+    def defaults() -> dict[str, Any]:
+        # Celery reads its configuration before a worker or beat sends its first signal: a bad environment
+        # (LONGCALL_*) stops the process here, with the message alone.
+        try:
+            return celery_config(holder.settings)
+        except ConfigError as exc:
+            raise SystemExit(f"longcall: {exc}") from None
+
+    app.add_defaults(defaults)
     app.longcall_runtime = holder  # type: ignore[attr-defined]
 
     register_tasks(app, holder)
