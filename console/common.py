@@ -97,6 +97,11 @@ def as_unreachable(exc: BaseException, settings: Settings | None = None) -> Unre
         elif isinstance(current, _REDIS_ERRORS):
             what = "Redis (broker and result backend)" if shared else "Redis (result backend, hot state)"
             url = settings.redis_url
+            if settings.redis_cluster:
+                # The results are on the broker's Redis, if it is one (Settings.result_backend).
+                what = "the hot state's Redis Cluster"
+                if is_redis(settings.broker):
+                    what = "Redis (the hot state's cluster, or the broker's Redis and its results)"
         elif isinstance(current, _DATABASE_ERRORS) and getattr(current, "sqlstate", None) is None:
             what, url = "the database", settings.database_url
         if what is not None:

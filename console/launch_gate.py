@@ -21,7 +21,7 @@ import redis
 from ledger.gate_reads import Behind, GateFigures, LagFigures, read_gate
 from ledger.repository import Ledger
 from workers.budget import PEAK_BUCKET_S, PEAK_KEEP_S, peak_key
-from workers.hot import Budget
+from workers.hot import Budget, RedisClient, connect
 from workers.settings import FleetConfig, Settings
 
 __all__ = [
@@ -73,9 +73,9 @@ class GateReport:
         return {"passed": self.passed, "criteria": [c.to_json() for c in self.criteria]}
 
 
-def evaluate_gate(ledger: Ledger, settings: Settings, redis: redis.Redis | None = None) -> GateReport:
+def evaluate_gate(ledger: Ledger, settings: Settings, redis: RedisClient | None = None) -> GateReport:
     """The gate over ``ledger`` and Redis (``redis``, else one opened from ``settings.redis_url`` for this
-    call), against the servers of ``settings.fleet()``."""
+    call, a cluster client with ``settings.redis_cluster``), against the servers of ``settings.fleet()``."""
     fleet = settings.fleet()
     figures = read_gate(
         ledger.engine,
@@ -86,7 +86,7 @@ def evaluate_gate(ledger: Ledger, settings: Settings, redis: redis.Redis | None 
     )
     client = redis
     if client is None:
-        client = _redis_client(settings.redis_url)
+        client = connect(settings.redis_url, cluster=settings.redis_cluster)
     try:
         amplification = poll_amplification(client, settings, fleet)
     finally:
@@ -104,11 +104,6 @@ def evaluate_gate(ledger: Ledger, settings: Settings, redis: redis.Redis | None 
             _advances(figures),
         ]
     )
-
-
-def _redis_client(url: str) -> redis.Redis:
-    """(Here ``redis`` is the module: :func:`evaluate_gate`'s parameter of that name shadows it there.)"""
-    return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
 
 
 def behind_list(names: Sequence[str], total: int) -> list[str]:
@@ -163,7 +158,7 @@ def _second_operations(f: GateFigures) -> Criterion:
 
 
 def poll_amplification(
-    client: redis.Redis,
+    client: RedisClient,
     settings: Settings,
     fleet: FleetConfig,
     *,

@@ -36,7 +36,7 @@ from ledger.states import FINAL_STATES, OpState
 from workers.app import QUEUES, is_redis
 from workers.budget import rate_key
 from workers.errors import ConfigError
-from workers.hot import Budget
+from workers.hot import Budget, RedisClient, connect
 from workers.settings import FleetConfig, Settings, load_settings
 
 __all__ = ["RATE_WINDOW_S", "LongcallCollector", "metrics", "registry_for"]
@@ -57,8 +57,11 @@ class LongcallCollector(Collector):
     settings: Settings
     fleet: FleetConfig
     engine: Engine
-    client: redis.Redis
+    #: longcall's Redis (``LONGCALL_REDIS_URL``; a cluster client with ``LONGCALL_REDIS_CLUSTER``).
+    client: RedisClient
     _: KW_ONLY
+    #: The Redis broker, when it is another Redis than ``client``'s (its queue lengths are read there).
+    broker: redis.Redis | None = None
     clock: Callable[[], float] = time.time
 
     def describe(self) -> Iterable[Metric]:
@@ -136,8 +139,9 @@ class LongcallCollector(Collector):
                 "Messages waiting in the longcall queue on the Redis broker",
                 labels=["queue_name"],
             )
+            broker = self.broker or self.client
             for queue in QUEUES:
-                pipe = self.client.pipeline(transaction=False)
+                pipe = broker.pipeline(transaction=False)
                 for suffix in _PRIORITY_SUFFIXES:
                     pipe.llen(f"{self.settings.broker_keyprefix}{queue}{suffix}")
                 queues.add_metric([queue], sum(int(n) for n in pipe.execute()))
@@ -307,8 +311,11 @@ def metrics(host: str, port: int, once: bool, as_json_flag: bool) -> None:
         engine = make_engine(settings.database_url, pool_size=1, connect_timeout_s=5)
     except (ConfigError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
-    registry = registry_for(LongcallCollector(settings, fleet, engine, client))
+    client = connect(settings.redis_url, cluster=settings.redis_cluster)
+    broker = None
+    if is_redis(settings.broker) and settings.broker != settings.redis_url:
+        broker = redis.Redis.from_url(settings.broker, socket_timeout=5, socket_connect_timeout=5)
+    registry = registry_for(LongcallCollector(settings, fleet, engine, client, broker=broker))
     try:
         if once:
             if as_json_flag:
@@ -320,6 +327,8 @@ def metrics(host: str, port: int, once: bool, as_json_flag: bool) -> None:
     finally:
         engine.dispose()
         client.close()
+        if broker is not None:
+            broker.close()
 
 
 def _serve(registry: CollectorRegistry, host: str, port: int) -> None:

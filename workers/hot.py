@@ -282,9 +282,19 @@ class HotState:
 
 def connect(url: str, *, cluster: bool = False) -> RedisClient:
     """A client of the hot state's Redis at ``url``; ``cluster``: a Redis Cluster, ``url`` one of its nodes
-    (the client finds the others from it and sends each script call to the node of its keys' slot)."""
+    (the client finds the others from it and sends each script call to the node of its keys' slot).
+
+    Raises:
+        redis.ConnectionError: ``cluster``, and no node answers: a cluster client asks for the cluster's
+            slots as it is made, and redis-py's refusal then is no ``RedisError``; raised as one, it is
+            met where a standalone Redis's first failed command is (no token: the step is due again).
+    """
     if cluster:
-        return redis.cluster.RedisCluster.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+        try:
+            return redis.cluster.RedisCluster.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+        except redis.exceptions.RedisClusterException as exc:
+            where = url.partition("://")[2].rpartition("@")[2].partition("/")[0]  # no user, no password
+            raise redis.ConnectionError(f"the Redis Cluster at {where} cannot be reached: {exc}") from exc
     return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5, retry_on_timeout=True)
 
 

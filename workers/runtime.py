@@ -81,7 +81,9 @@ class Runtime:
         self._forked()
         if self._hot is None:
             self._hot = HotState.from_url(
-                self.settings.redis_url, prefix=f"{self.settings.broker_keyprefix}longcall:"
+                self.settings.redis_url,
+                prefix=f"{self.settings.broker_keyprefix}longcall:",
+                cluster=self.settings.redis_cluster,
             )
         return self._hot
 

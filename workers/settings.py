@@ -12,7 +12,15 @@ import tomllib
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -35,6 +43,9 @@ REDIS_VISIBILITY_TIMEOUT_S = 3600
 #: most a quarter of a shorter visibility timeout).
 CALLBACK_DELAY_MARGIN_S = 300
 REDIS_BROKERS = frozenset({"redis", "rediss", "sentinel"})
+#: The Redis broker URLs Celery takes as a result backend as they are (beside a Redis Cluster, the results go
+#: to the broker's Redis).
+REDIS_RESULT_BACKENDS = frozenset({"redis", "rediss", "redis+socket"})
 #: RabbitMQ's default ``consumer_timeout``: a delivery a consumer holds unacknowledged longer than this closes
 #: the worker's channel (PRECONDITION_FAILED), the Celery worker exits ("Unrecoverable error") and the
 #: message is delivered again. A held countdown/ETA message and a long synchronous call both hold theirs.
@@ -176,9 +187,17 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LONGCALL_", extra="ignore", frozen=True)
 
     database_url: str = "postgresql://postgres@127.0.0.1:5432/longcall"
+    #: longcall's own Redis: the hot state (buckets, holds, the cancel CAS, the request meter) and, unless
+    #: ``redis_cluster``, the Celery result backend and the default broker.
     redis_url: str = "redis://127.0.0.1:6379/0"
-    #: Defaults to ``redis_url``.
-    broker_url: str | None = None
+    #: ``redis_url`` names one node of a Redis Cluster: every Redis client longcall owns (the hot state in
+    #: the workers, ``longcall metrics``, ``longcall gate``, ``longcall gate simulate``) connects in cluster
+    #: mode, and finds the other nodes from that one. A cluster is neither a Celery broker nor a result
+    #: backend: ``broker_url`` is then required (a standalone Redis or a RabbitMQ), and the results go where
+    #: :attr:`result_backend` says.
+    redis_cluster: bool = False
+    #: Defaults to ``redis_url`` (required with ``redis_cluster``).
+    broker_url: Annotated[str | None, Field(validate_default=True)] = None
     #: The TOML file of servers (DESIGN §7).
     config: Path | None = None
     #: A prefix for every broker key, to share one Redis between fleets (or test runs).
@@ -238,9 +257,38 @@ class Settings(BaseSettings):
     #: countdown a message carries (a downstream signature's: ``max_callback_delay_s``).
     redis_visibility_timeout_s: Annotated[int, Field(ge=10)] = REDIS_VISIBILITY_TIMEOUT_S
 
+    @field_validator("broker_url")
+    @classmethod
+    def _broker_beside_a_cluster(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if info.data.get("redis_cluster"):
+            if value is None:
+                raise ValueError(
+                    "required with LONGCALL_REDIS_CLUSTER on: a Redis Cluster cannot be the Celery broker "
+                    "nor its result backend; name a standalone Redis or a RabbitMQ"
+                )
+            if value == info.data.get("redis_url"):
+                raise ValueError(
+                    "names the Redis Cluster of LONGCALL_REDIS_URL, which cannot be the Celery broker; "
+                    "name a standalone Redis or a RabbitMQ"
+                )
+        return value
+
     @property
     def broker(self) -> str:
         return self.broker_url or self.redis_url
+
+    @property
+    def result_backend(self) -> str:
+        """Where the workers keep the results of the tasks a caller may wait on (``longcall.submit``,
+        ``longcall.cancel``, ``longcall.provide_input``; every other task keeps none): ``redis_url``; with
+        ``redis_cluster``, the broker's Redis when the broker is a standalone Redis, else ``rpc://`` (each
+        result sent back as a message on the broker, to the caller that sent the task: for RabbitMQ). A
+        caller waiting on a result reads it from the same place (its Celery app's ``result_backend``)."""
+        if not self.redis_cluster:
+            return self.redis_url
+        if self.broker.partition("://")[0].lower() in REDIS_RESULT_BACKENDS:
+            return self.broker
+        return "rpc://"
 
     @property
     def max_callback_delay_s(self) -> float | None:

@@ -78,7 +78,9 @@ def simulation_for(
     if prepare:
         prepare_database(database_url)
     ledger = Ledger.from_url(database_url, reconcile_deadline_s=settings.reconcile_deadline_s, pool_size=2)
-    hot = HotState.from_url(settings.redis_url, prefix=prefix or run_prefix(settings))
+    hot = HotState.from_url(
+        settings.redis_url, prefix=prefix or run_prefix(settings), cluster=settings.redis_cluster
+    )
     try:
         yield Simulation(settings, ledger, hot)
     finally:
@@ -141,7 +143,7 @@ def run_many(
                     if progress is not None:
                         progress(result)
     finally:
-        hot = HotState.from_url(settings.redis_url, prefix=prefix)
+        hot = HotState.from_url(settings.redis_url, prefix=prefix, cluster=settings.redis_cluster)
         try:
             clear_prefix(hot, prefix)
         finally:

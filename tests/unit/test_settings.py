@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from workers.app import celery_config
 from workers.errors import ConfigError
-from workers.settings import FleetConfig, Settings
+from workers.settings import FleetConfig, Settings, load_settings
 
 GOOD = """
 [servers.reports]
@@ -96,6 +97,47 @@ def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
     settings = Settings()
     assert settings.database_url == "postgresql://db/longcall"
     assert settings.broker == "redis://cache:6379/1"
+
+
+CLUSTER_NODE = "redis://10.0.0.1:7000/0"
+
+
+@pytest.mark.parametrize(
+    ("broker", "message"),
+    [
+        (None, "LONGCALL_BROKER_URL: Value error, required with LONGCALL_REDIS_CLUSTER on"),
+        (CLUSTER_NODE, "LONGCALL_BROKER_URL: Value error, names the Redis Cluster of LONGCALL_REDIS_URL"),
+    ],
+)
+def test_a_redis_cluster_without_a_broker_of_its_own_is_refused(
+    monkeypatch: pytest.MonkeyPatch, broker: str | None, message: str
+) -> None:
+    """A Redis Cluster is neither a Celery broker nor a result backend: with LONGCALL_REDIS_CLUSTER on, the
+    broker must be named, and not be the cluster."""
+    monkeypatch.setenv("LONGCALL_REDIS_URL", CLUSTER_NODE)
+    monkeypatch.setenv("LONGCALL_REDIS_CLUSTER", "true")
+    monkeypatch.delenv("LONGCALL_BROKER_URL", raising=False)
+    if broker is not None:
+        monkeypatch.setenv("LONGCALL_BROKER_URL", broker)
+    with pytest.raises(ConfigError, match=message):
+        load_settings()
+
+
+@pytest.mark.parametrize(
+    ("broker", "results"),
+    [
+        ("redis://broker:6379/2", "redis://broker:6379/2"),
+        ("rediss://:pw@broker:6380/0", "rediss://:pw@broker:6380/0"),
+        ("amqp://guest:guest@rabbit:5672/fleet", "rpc://"),
+    ],
+)
+def test_beside_a_redis_cluster_the_results_go_to_the_broker(broker: str, results: str) -> None:
+    settings = Settings(redis_url=CLUSTER_NODE, redis_cluster=True, broker_url=broker)
+    assert (settings.broker, settings.result_backend) == (broker, results)
+    assert celery_config(settings)["result_backend"] == results
+    # Without the cluster, the results stay on LONGCALL_REDIS_URL whatever the broker.
+    alone = Settings(redis_url="redis://cache:6379/1", broker_url=broker)
+    assert celery_config(alone)["result_backend"] == "redis://cache:6379/1"
 
 
 @pytest.mark.parametrize(

@@ -11,11 +11,12 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+import redis
 import redis.cluster
 
 from tests import support
 from workers.budget import RequestMeter, peak_key, rate_key, slot_meter
-from workers.hot import HotState, bucket_key
+from workers.hot import HotState, bucket_key, connect
 
 SERVERS = ("reports", "billing", "search", "mail", "maps", "chat")
 
@@ -132,3 +133,14 @@ def test_from_url_opens_a_cluster_client(cluster: support.PrivateRedisCluster) -
         assert hot.take("reports", "poll", 10.0).granted
     finally:
         hot.close()
+
+
+def test_a_cluster_no_node_of_which_answers_is_a_connection_error() -> None:
+    """redis-py's cluster client asks for the slots as it is made, and its refusal is no ``RedisError``:
+    ``connect`` raises it as the ``ConnectionError`` a standalone Redis's first command would, which the
+    steps meet as "no token" (due again shortly)."""
+    nobody = support.free_port()
+    with pytest.raises(
+        redis.ConnectionError, match=f"the Redis Cluster at 127.0.0.1:{nobody} cannot be reached"
+    ):
+        connect(f"redis://user:secret@127.0.0.1:{nobody}/0", cluster=True)
