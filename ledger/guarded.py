@@ -19,13 +19,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Engine, insert
+from sqlalchemy import Connection, Engine, insert, select
 
-from ledger.errors import AdapterDisabled
+from ledger.errors import AdapterDisabled, StaleTransition
 from ledger.events import EventKind
 from ledger.records import DueIn, Fence, NewReconciliation, Operation, adapter_key
 from ledger.side_rows import open_reconciliation, record_stale, resolve_open_reconciliations
-from ledger.statements import OUTBOX, STATEMENTS, select_disabled_adapters
+from ledger.statements import OP, OUTBOX, STATEMENTS, select_disabled_adapters
 from ledger.states import FINAL_STATES, NEVER_POLLED, IllegalTransition, OpState, TerminalKind, check_edges
 from ledger.write_statements import WriteShape, guarded_update
 
@@ -95,6 +95,10 @@ class GuardedWrite:
     #: Adds ``submit_attempted_at IS NULL`` to the guard: the create attempt is recorded once, whatever
     #: copies of its step run under the same claim (rule 1).
     only_unattempted: bool = False
+    #: Adds ``lease_until IS NOT NULL`` to the guard: under a claim the dispatcher made (a batch member's
+    #: poll), a copy of the same step (a message delivered twice, both copies running) that recorded it
+    #: already let the claim go; this write is then refused quietly (:class:`StaleTransition`, no event).
+    only_claimed: bool = False
 
 
 class GuardedWrites:
@@ -185,6 +189,7 @@ class GuardedWrites:
             after_intent=write.after_intent,
             with_body=write.returns_body,
             only_unattempted=write.only_unattempted,
+            only_claimed=write.only_claimed,
         )
         end = write.then or write.to
         params: dict[str, Any] = {
@@ -229,6 +234,8 @@ class GuardedWrites:
                     return op
             # Refused: the stale writer's refusal, in a transaction of its own (the refused statement
             # changed nothing, so nothing is lost between the two).
+            if write.only_claimed and (done := _recorded_by_a_copy(conn, op_id, fence, write)) is not None:
+                raise done
             stale = record_stale(
                 conn,
                 op_id,
@@ -260,6 +267,34 @@ class GuardedWrites:
             )
         if write.resolution is not None:
             resolve_open_reconciliations(conn, op.id, write.resolution)
+
+
+def _recorded_by_a_copy(
+    conn: Connection, op_id: uuid.UUID, fence: Fence, write: GuardedWrite
+) -> StaleTransition | None:
+    """The refusal of an ``only_claimed`` write whose claim (its cursor, its epoch and generation) is still
+    the row's but let go: a copy of the same step recorded it, which is no stale writer's doing (no event).
+    None: another refusal, recorded as such."""
+    row = conn.execute(
+        select(
+            OP.c.state, OP.c.execution_epoch, OP.c.cancel_generation, OP.c.poll_cursor, OP.c.lease_until
+        ).where(OP.c.id == op_id)
+    ).first()
+    if row is None or row.lease_until is not None:
+        return None
+    found = {
+        "state": row.state,
+        "execution_epoch": row.execution_epoch,
+        "cancel_generation": row.cancel_generation,
+        "poll_cursor": row.poll_cursor,
+    }
+    if (row.execution_epoch, row.cancel_generation, row.poll_cursor) != (
+        fence.execution_epoch,
+        fence.cancel_generation,
+        fence.poll_cursor,
+    ) or row.state not in {s.value for s in write.in_states}:
+        return None
+    return StaleTransition(op_id, write.event.value, {**fence.as_dict(), "lease_until": "held"}, found)
 
 
 def _has_side_rows(write: GuardedWrite) -> bool:

@@ -251,12 +251,21 @@ class OperationMoves(GuardedWrites):
     # ------------------------------------------------------------------------------------ polling (3)
 
     def record_poll(
-        self, op_id: uuid.UUID, fence: Fence, *, state: OpState, status: ServerStatus, next_poll_in_s: float
+        self,
+        op_id: uuid.UUID,
+        fence: Fence,
+        *,
+        state: OpState,
+        status: ServerStatus,
+        next_poll_in_s: float,
+        claimed: bool = False,
     ) -> Operation:
         """Same state: the server still works on it; its status is kept and the next poll is due in
         ``next_poll_in_s``. Event ``polled`` when the server state, its message or its poll interval
         changed; an answer that changed nothing is counted on the row (``unchanged_polls``) instead. The
-        snapshot returned is read without the arguments (``body`` is ``BODY_NOT_READ``)."""
+        snapshot returned is read without the arguments (``body`` is ``BODY_NOT_READ``). ``claimed``: the
+        poll runs under a claim the dispatcher made (a batch member's); a copy of it that recorded the poll
+        already let the claim go, and this one is refused quietly (``GuardedWrite.only_claimed``)."""
         sets = {
             **status.columns(),
             "next_poll_at": due_in(next_poll_in_s),
@@ -273,6 +282,7 @@ class OperationMoves(GuardedWrites):
             quiet_unless_changed=tuple(status.columns()),
             counter="unchanged_polls",
             returns_body=False,  # its callers go on without the arguments (BODY_NOT_READ)
+            only_claimed=claimed,
         )
         return self._write(op_id, fence, write)
 

@@ -68,6 +68,9 @@ class WriteShape:
     with_body: bool = True
     #: The guard also asks ``submit_attempted_at IS NULL`` (the create attempt, recorded once).
     only_unattempted: bool = False
+    #: The guard also asks ``lease_until IS NOT NULL`` (the claim is still held: a copy of the same step
+    #: under the same claim has not recorded it already).
+    only_claimed: bool = False
 
 
 def guarded_update(shape: WriteShape) -> Any:
@@ -137,6 +140,8 @@ def guarded_update(shape: WriteShape) -> Any:
         where.append(OP.c.input_round == bindparam("fence_round"))
     if shape.only_unattempted:
         where.append(OP.c.submit_attempted_at.is_(None))
+    if shape.only_claimed:
+        where.append(OP.c.lease_until.is_not(None))
     moved = (
         update(OP)
         .where(*where)

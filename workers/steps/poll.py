@@ -243,7 +243,12 @@ def observed(
     if scheduled and _unchanged(ctx, op, status):
         return StepOutcome(op.id, StepAction.STILL_WORKING, op.state, unchanged=True)
     op = ctx.ledger.record_poll(
-        op.id, fence, state=op.state, status=server_status(status), next_poll_in_s=ctx.jittered(interval)
+        op.id,
+        fence,
+        state=op.state,
+        status=server_status(status),
+        next_poll_in_s=ctx.jittered(interval),
+        claimed=scheduled,
     )
     return StepOutcome(op.id, StepAction.STILL_WORKING, op.state)
 
