@@ -1,7 +1,4 @@
-"""The Celery app factory. A fleet runs two kinds of worker (:data:`WORKER_QUEUES`)::
-
-    celery -A workers.app worker -Q longcall.control,longcall.outbox
-    celery -A workers.app worker -Q longcall.poll
+"""The Celery app factory. ``celery -A workers.app worker -Q longcall.control,longcall.poll,longcall.outbox``.
 
 The module-level ``app`` reads its settings from the environment when Celery first configures it, not at
 import; tests and embedders build their own with ``create_app(settings)``.
@@ -10,7 +7,6 @@ import; tests and embedders build their own with ``create_app(settings)``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 from celery import Celery, signals
@@ -33,16 +29,6 @@ log = logging.getLogger("longcall")
 MEMBERS_SHUTDOWN_S = 10.0
 
 QUEUES = ("longcall.control", "longcall.poll", "longcall.outbox")
-
-#: The queues of each kind of worker a fleet runs (README, docker-compose.yml, ``longcall dev``). A batch of
-#: polls holds the pool process that runs it until its slowest member's status read is answered (up to the
-#: read timeout, behind a slow server), and a worker whose every process holds one takes no other message:
-#: a submission, a cancel or a result fetch on its control queue would wait that long. So control (and the
-#: outbox's drains, which deliver the receipts) runs on workers of its own, which polls never fill.
-WORKER_QUEUES: Mapping[str, tuple[str, ...]] = {
-    "control": ("longcall.control", "longcall.outbox"),
-    "poll": ("longcall.poll",),
-}
 
 ROUTES = {
     "longcall.submit": "longcall.control",
@@ -157,20 +143,6 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     }
 
 
-def say_control_beside_polls(consuming: Sequence[str]) -> None:
-    """A worker that consumes ``longcall.control`` beside ``longcall.poll`` says, at start, what that costs
-    (:data:`WORKER_QUEUES`) and what to run instead."""
-    if "longcall.control" in consuming and "longcall.poll" in consuming:
-        log.warning(
-            "this worker consumes longcall.control and longcall.poll with one pool: while every pool process "
-            "runs a batch of polls (as long as a slow server takes to answer a status read), a submission, "
-            "a cancel or a result fetch waits for one. Run the control queues on workers of their own: "
-            "celery -A workers.app worker -Q %s, and -Q %s for the polls",
-            ",".join(WORKER_QUEUES["control"]),
-            ",".join(WORKER_QUEUES["poll"]),
-        )
-
-
 def create_app(settings: Settings | None = None) -> Celery:
     holder = RuntimeHolder(settings, delivery=CELERY_DELIVERY)
     app = Celery("longcall", set_as_current=False)
@@ -215,13 +187,6 @@ def create_app(settings: Settings | None = None) -> Celery:
             ConsumptionFence(sender, holder.settings, QUEUES).start()
 
     signals.worker_ready.connect(fence_consumption, weak=False)
-
-    def warn_control_beside_polls(sender: Any = None, **_: Any) -> None:
-        if getattr(sender, "app", None) is app:
-            consuming = [q for q in QUEUES if sender.task_consumer.consuming_from(q)]
-            say_control_beside_polls(consuming)
-
-    signals.worker_ready.connect(warn_control_beside_polls, weak=False)
     signals.beat_init.connect(report_at_start, weak=False)
 
     # Logs (workers.celery_logs): `celery -A workers.app worker|beat --log-format json`, op and call node on

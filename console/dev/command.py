@@ -92,19 +92,13 @@ def _asker(yes: bool, console: Console) -> Ask:
 @click.option("--no-demo", is_flag=True, help="Only the fleet: print the lines to use it, run until Ctrl-C.")
 @click.option("--exit", "exit_after", is_flag=True, help="Stop everything when the demo has ended.")
 @click.option("--yes", is_flag=True, help="Answer the demo's questions (approval, operator) yes, unasked.")
-@click.option(
-    "--workers",
-    type=click.IntRange(1, 16),
-    default=2,
-    show_default=True,
-    help="Workers on the polls (besides one on the control queues).",
-)
+@click.option("--workers", type=click.IntRange(1, 16), default=2, show_default=True, help="Worker processes.")
 @click.option(
     "--concurrency",
     type=click.IntRange(1, 64),
     default=2,
     show_default=True,
-    help="Pool size of each poll worker.",
+    help="Pool size of each worker.",
 )
 def dev(  # noqa: PLR0917 (click passes each option as a parameter)
     data_dir: Path, no_demo: bool, exit_after: bool, yes: bool, workers: int, concurrency: int
@@ -113,11 +107,10 @@ def dev(  # noqa: PLR0917 (click passes each option as a parameter)
 
     Postgres and Redis are embedded (from wheels, data under --data-dir) unless LONGCALL_DATABASE_URL /
     LONGCALL_REDIS_URL name real ones. It migrates the ledger and starts the demo MCP server (server
-    "reports"), a control worker and poll workers, beat, Flower (basic auth: LONGCALL_FLOWER_USER /
-    LONGCALL_FLOWER_PASSWORD, else generated and printed once) and `longcall metrics`. The demo submits a
-    dozen report calls through the broker: one is cancelled, one asks for approval, one loses its create
-    answer and goes to an operator (never called twice). Ctrl-C (or the end of the demo with --exit) stops
-    everything it started.
+    "reports"), worker processes, beat, Flower (basic auth: LONGCALL_FLOWER_USER / LONGCALL_FLOWER_PASSWORD,
+    else generated and printed once) and `longcall metrics`. The demo submits a dozen report calls through
+    the broker: one is cancelled, one asks for approval, one loses its create answer and goes to an operator
+    (never called twice). Ctrl-C (or the end of the demo with --exit) stops everything it started.
     """
     console = Console()
     try:

@@ -25,8 +25,8 @@ from console.dev.services import (
     redis_argv,
 )
 from demo_server.command import command as demo_server_command
-from workers.app import WORKER_QUEUES
 
+QUEUES = "longcall.control,longcall.poll,longcall.outbox"
 HOST = "127.0.0.1"
 STARTUP_TIMEOUT_S = 90.0
 
@@ -173,23 +173,17 @@ def start_fleet(
 
     demo = children.start("demo-server", demo_server_command(demo_port, poll_interval_ms=500), env)
     waits: list[tuple[Child, str, int]] = [(demo, "listening", demo_port)]
-    # The two kinds of worker (workers.app.WORKER_QUEUES): one process on the control queues, apart from
-    # the polls, so a submission or a cancel never waits behind a batch of polls; the workers on the polls.
-    kinds = [
-        ("control", "control", 1),
-        *((f"worker{n}", "poll", options.concurrency) for n in range(1, options.workers + 1)),
-    ]
     workers = [
         children.start(
-            name,
+            f"worker{n}",
             celery_argv(
                 "worker",
                 "-Q",
-                ",".join(WORKER_QUEUES[kind]),
+                QUEUES,
                 "-c",
-                str(concurrency),
+                str(options.concurrency),
                 "-n",
-                f"dev-{name}@%h",
+                f"dev{n}@%h",
                 "--loglevel",
                 "INFO",
                 "--without-gossip",
@@ -197,7 +191,7 @@ def start_fleet(
             ),
             env,
         )
-        for name, kind, concurrency in kinds
+        for n in range(1, options.workers + 1)
     ]
     children.start("beat", celery_argv("beat", "-s", str(data.beat_schedule), "--loglevel", "WARNING"), env)
 

@@ -19,7 +19,6 @@ from sqlalchemy import create_engine, inspect
 from demo_server.command import command as demo_server_command
 from ledger.engine import normalize_database_url
 from tests import support
-from workers.app import WORKER_QUEUES
 
 COMPOSE = yaml.safe_load((support.REPO / "docker-compose.yml").read_text())
 RABBITMQ_OVERRIDE = yaml.safe_load((support.REPO / "docker-compose.rabbitmq.yml").read_text())
@@ -93,13 +92,12 @@ def env(empty_database_url: str, broker_prefix: str, tmp_path: Path) -> dict[str
 
 
 def test_the_compose_file_names_every_service_and_the_design_queues() -> None:
-    services = {"postgres", "redis", "migrate", "control-worker", "worker", "beat", "flower", "metrics"}
-    assert services | {"demo-mcp"} <= set(COMPOSE["services"])
-    # The two kinds of worker (workers.app.WORKER_QUEUES): the control queues apart from the polls.
-    for service, kind in (("control-worker", "control"), ("worker", "poll")):
-        worker = COMPOSE["services"][service]["command"]
-        assert worker[:4] == ["celery", "-A", "workers.app", "worker"]
-        assert worker[worker.index("-Q") + 1] == ",".join(WORKER_QUEUES[kind])
+    assert {"postgres", "redis", "migrate", "worker", "beat", "flower", "metrics", "demo-mcp"} <= set(
+        COMPOSE["services"]
+    )
+    worker = COMPOSE["services"]["worker"]["command"]
+    assert worker[:3] == ["celery", "-A", "workers.app"]
+    assert worker[worker.index("-Q") + 1] == "longcall.control,longcall.poll,longcall.outbox"
     assert COMPOSE["services"]["metrics"]["command"] == [
         "longcall",
         "metrics",
@@ -124,10 +122,9 @@ def test_the_compose_file_names_every_service_and_the_design_queues() -> None:
 def test_workers_scale_and_beat_is_one() -> None:
     """``docker compose up --scale worker=4`` needs a worker without a fixed container name, host name or
     host port (four containers cannot share one); beat runs once."""
-    for service in ("control-worker", "worker"):
-        worker = COMPOSE["services"][service]
-        assert {"container_name", "hostname", "ports"}.isdisjoint(worker)
-        assert "replicas" not in worker.get("deploy", {})
+    worker = COMPOSE["services"]["worker"]
+    assert {"container_name", "hostname", "ports"}.isdisjoint(worker)
+    assert "replicas" not in worker.get("deploy", {})
     assert COMPOSE["services"]["beat"]["deploy"] == {"replicas": 1}
     for name, service in COMPOSE["services"].items():
         assert "container_name" not in service, f"{name}: a fixed container name clashes between projects"
@@ -151,7 +148,7 @@ def test_the_rabbitmq_override_names_compose_services_and_takes_its_password_fro
     services = RABBITMQ_OVERRIDE["services"]
     assert set(services) - {"rabbitmq"} <= set(COMPOSE["services"])
     # Every process that talks to the broker is switched; the ledger-only migrate and the demo server not.
-    assert {"control-worker", "worker", "beat", "flower", "metrics"} <= set(services)
+    assert {"worker", "beat", "flower", "metrics"} <= set(services)
     url = services["worker"]["environment"]["LONGCALL_BROKER_URL"]
     with pytest.raises(MissingVariable, match="RABBITMQ_PASSWORD"):
         interpolate(url, {})
@@ -186,18 +183,17 @@ def test_compose_commands_run(env: dict[str, str], log_dir: Path, tmp_path: Path
     flower_env = env | _service_env("flower", {"FLOWER_BASIC_AUTH": f"{user}:{password}"})
     processes: list[support.CeleryProcess] = []
     with support.running(processes):
-        processes.extend(
+        processes.append(
             support.start_celery_like(
-                _command(service), env=env, log_dir=log_dir, name=service, ready_marker=" ready."
+                _command("worker"), env=env, log_dir=log_dir, name="worker", ready_marker=" ready."
             )
-            for service in ("control-worker", "worker")
         )
         processes.append(
             support.start_celery_like(
                 beat_cmd, env=env, log_dir=log_dir, name="beat", ready_marker="beat: Starting"
             )
         )
-        ran |= {"control-worker", "worker", "beat"}
+        ran |= {"worker", "beat"}
         processes.append(
             support.start_celery_like(
                 _command("flower", ports["flower"]), env=flower_env, log_dir=log_dir, name="flower"
@@ -234,7 +230,6 @@ def test_compose_commands_run(env: dict[str, str], log_dir: Path, tmp_path: Path
         ran.add("demo-mcp")
         for process in processes:
             assert process.proc.poll() is None, f"{process.name} exited:\n{process.log()[-3000:]}"
-            assert "with one pool" not in process.log()  # no worker runs control beside the polls
 
     with_command = {name for name, service in COMPOSE["services"].items() if "command" in service}
     assert ran == with_command - set(RUN_ELSEWHERE), "a compose command that no test runs"

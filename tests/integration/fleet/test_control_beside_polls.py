@@ -1,16 +1,16 @@
 """A cancel does not wait behind batches of polls (issue 21).
 
-A batch of polls holds the pool process that runs it until its slowest read is answered, and a worker whose
-every process holds one takes no other message. So a fleet runs its control queues on workers of their own
-(``workers.app.WORKER_QUEUES``), and a worker that consumes them beside the polls says so at start.
+A batch of polls is answered when its members start on their server's threads (``workers/members.py``), so
+it holds no pool process while its status reads are in flight, and the worker takes a cancel on its control
+queue at once, beside the polls: the shipped topology, one worker on every queue.
 
-Real processes: longcall's MCP server, beat, the pipeline's worker and longcall's two kinds of worker.
-Forty long operations on one server whose poll budget is saturated (5 polls/s for a poll due every 200 ms
-each) and whose status reads take 2.5 s: every tick sends a batch of polls, and each batch holds the process
-that runs it while its reads are in flight. Then cancels go, one every 0.4 s; each one's delay is from its
-send to the server's receipt of its ``tasks/cancel`` (the server's own log). With one worker on every queue
-(two processes) the same run measured delays of 0.9 s growing to 3.2 s, each cancel waiting for a process
-a batch let go; with the control queues apart, 0.01-0.1 s.
+Real processes: longcall's MCP server, beat, the pipeline's worker and one longcall worker (two processes)
+on every queue. Forty long operations on one server whose poll budget is saturated (5 polls/s for a poll
+due every 200 ms each) and whose status reads take 2.5 s: every tick sends a batch of polls, whose reads
+are in flight the whole time. Then cancels go, one every 0.4 s; each one's delay is from its send to the
+server's receipt of its ``tasks/cancel`` (the server's own log). When a batch held the process that ran it
+until its reads were answered, the same run measured delays of 0.9 s growing to 3.2 s (each cancel waiting
+for a process a batch let go); now 0.01-0.2 s.
 """
 
 from __future__ import annotations
@@ -18,33 +18,27 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from ledger.states import OpState
 from tests import support
 from tests.support.fleet import Fleet, FleetParts, running_fleet
-from workers.app import QUEUES, WORKER_QUEUES
+from workers.app import QUEUES
 
 S = OpState
 
 OPERATIONS = 40
 CANCELS = 8
 SLOW_READ_MS = 2500
-#: What a worker consuming the control queues beside the polls says at start.
-WARNING = "this worker consumes longcall.control and longcall.poll with one pool"
 
 
 @pytest.fixture
 def busy_fleet(fleet_parts: FleetParts) -> Iterator[Fleet]:
-    """A fleet as it is run: a control worker (one process) and a poll worker (two)."""
+    """A fleet as it is run: one worker (two processes) on every queue."""
     server = {"poll_qps": 5, "control_qps": 50}
     with running_fleet(fleet_parts, workers=0, server=server, env={"LONGCALL_LEASE_S": "10"}) as fleet:
-        for kind, concurrency in (("control", 1), ("poll", 2)):
-            fleet.start_worker(
-                f"longcall-{kind}", queues=",".join(WORKER_QUEUES[kind]), concurrency=concurrency
-            )
+        fleet.start_worker("longcall-all", queues=",".join(QUEUES), concurrency=2)
         yield fleet
 
 
@@ -85,19 +79,5 @@ def test_a_cancel_reaches_the_server_within_two_seconds_under_batches_of_slow_po
     fleet.mcp.faults(delay_ms={})  # the batches in flight end sooner: the fleet stops sooner
     assert delays[-1] < 2.0, f"a cancel waited {delays[-1]:.2f}s: {[round(d, 2) for d in delays]}"
     # The batches were in flight meanwhile: the poll worker ran them, the control worker none.
-    [control, poll] = fleet.workers()
-    assert "longcall.poll[longcall.poll:batch:" in poll.log()
-    assert "longcall.poll[" not in control.log()
-    assert WARNING not in control.log() + poll.log()
-
-
-def test_a_worker_that_consumes_control_beside_polls_says_so_at_start(
-    database_url: str, broker_prefix: str, log_dir: Path
-) -> None:
-    env = {"LONGCALL_DATABASE_URL": database_url, "LONGCALL_BROKER_KEYPREFIX": broker_prefix}
-    worker = support.start_worker(
-        "workers.app", queues=",".join(QUEUES), env=env, log_dir=log_dir, name="every-queue", concurrency=1
-    )
-    with support.running([worker]):
-        support.wait_for("the warning", lambda: WARNING in worker.log(), timeout=30)
-    assert "-Q longcall.control,longcall.outbox, and -Q longcall.poll for the polls" in worker.log()
+    [worker] = fleet.workers()
+    assert "longcall.poll[longcall.poll:batch:" in worker.log()

@@ -60,17 +60,7 @@ def _assert_nothing_left(data_dir: Path) -> list[dict[str, Any]]:
     record = json.loads((data_dir / "processes.json").read_text())
     processes: list[dict[str, Any]] = record["processes"]
     names = {p["name"] for p in processes}
-    assert {
-        "postgres",
-        "redis",
-        "demo-server",
-        "control",
-        "worker1",
-        "worker2",
-        "beat",
-        "flower",
-        "metrics",
-    } <= names
+    assert {"postgres", "redis", "demo-server", "worker1", "worker2", "beat", "flower", "metrics"} <= names
     alive = [
         p for p in processes if pid_alive(p["pid"]) or (p["pgid"] is not None and group_alive(p["pgid"]))
     ]
