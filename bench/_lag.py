@@ -112,10 +112,22 @@ def observed(db_name: str, remote_ids: Sequence[str]) -> dict[str, float]:
     return {str(remote_id): at.timestamp() for remote_id, at in rows}
 
 
-def lags(db_name: str, sample: Sample, *, wait_s: float) -> tuple[list[float], int]:
-    """Each completed member's detection lag in seconds, once every one is observed or ``wait_s`` has
-    passed; and how many were still unobserved then (their lag is at least the wait: they count against a
-    percentile as a lag past every measured one)."""
+@dataclass(frozen=True)
+class Lags:
+    """A sample's detection lags in seconds: of the completions observed, and the lower bounds of those
+    still unobserved when the wait ended (the time from their completion to then)."""
+
+    observed: list[float]
+    unobserved: list[float]
+
+    @property
+    def all(self) -> list[float]:
+        """Every lag, the unobserved ones at their lower bound, in order."""
+        return sorted(self.observed + self.unobserved)
+
+
+def lags(db_name: str, sample: Sample, *, wait_s: float) -> Lags:
+    """Each completed member's detection lag, once every one is observed or ``wait_s`` has passed."""
     wanted = list(sample.finished)
     seen: dict[str, float] = {}
 
@@ -125,5 +137,8 @@ def lags(db_name: str, sample: Sample, *, wait_s: float) -> tuple[list[float], i
 
     with contextlib.suppress(TimeoutError):  # the unobserved ones are counted, not waited for for ever
         wait_for(f"{len(wanted)} completions observed", all_seen, timeout=wait_s, interval=0.5)
-    values = [seen[r] - sample.finished[r] for r in wanted if r in seen]
-    return values, len(wanted) - len(values)
+    now = time.time()
+    return Lags(
+        sorted(seen[r] - sample.finished[r] for r in wanted if r in seen),
+        sorted(now - sample.finished[r] for r in wanted if r not in seen),
+    )

@@ -13,10 +13,12 @@ Over the window:
 
 * in flight: the operations the ledger has WORKING, read every few seconds (the lowest reading);
 * polls/s: ``tasks/get`` requests in the server's own request log (cleared at the window's start; a log
-  that filled up is said so, and the figures are then over what it kept);
+  that filled up, ``demo_server.faults.LOG_LIMIT`` entries, is said so: the figures are then over what it
+  kept), beside the polls/s due (in flight / interval): a fleet that cannot keep up polls fewer;
 * worker CPU per poll: ``/proc`` user + system time of the longcall worker processes (their pool children
   included; the dispatcher's ticks run there too) over the window, less what the idle fleet spent in as
-  long (measured before the first submission), divided by the polls;
+  long (measured before the first submission), divided by the polls (the sample's completions, a result
+  fetch and a receipt each, are in it too); every other part's CPU per poll is printed beside it;
 * detection lag: ``--sample`` operations WORKING are completed on the server at instants spread over the
   window (``bench/_lag.py``), each lag from the server's completion to the ledger's ``terminal_observed``;
 * the QPS caps: the most requests of each budget (the ``Longcall-Budget`` header) the server received in
@@ -48,6 +50,8 @@ from _fleet import Fleet, running_fleet, services
 from _harness import alarm, log_directory, percentile, raise_on_sigterm, target, wait_for
 from _lag import Sample, finish_spread, lags, working, working_count
 from scaling import peak_per_second
+
+from demo_server.faults import LOG_LIMIT
 
 #: The server's name in the fleet's configuration (``bench/_fleet.py``).
 SERVER = "reports"
@@ -137,7 +141,7 @@ def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         sample = Sample(fleet.control)
         readings = Readings(fleet, prefix)
         httpx.delete(f"{fleet.control}/log", timeout=10).raise_for_status()
-        cpu0, started = fleet.cpu()["longcall workers"], time.time()
+        cpu0, started = fleet.cpu(), time.time()
         finished_at = started + args.window_s
         # Each completion is observed within one interval (plus the fleet's own delay) of it: the last
         # ones leave that much of the window.
@@ -151,12 +155,13 @@ def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         while time.time() < finished_at:
             readings.maybe()
             time.sleep(min(0.5, max(0.0, finished_at - time.time())))
-        cpu = fleet.cpu()["longcall workers"] - cpu0
+        cpu = {k: v - cpu0[k] for k, v in fleet.cpu().items()}
         ended = time.time()
         readings.maybe()
-        lag_values, unobserved = lags(fleet.db_name, sample, wait_s=interval_s + 30)
+        sample_lags = lags(fleet.db_name, sample, wait_s=interval_s + 30)
         log = fleet.server_log()
         load = Path("/proc/loadavg").read_text().split()[:3]
+    workers = cpu["longcall workers"]
     polls = [float(e["t"]) for e in log if e["method"] == "tasks/get" and started <= e["t"] <= ended]
     by_budget: dict[str, list[float]] = {}
     for entry in log:
@@ -175,13 +180,13 @@ def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         "polls": len(polls),
         "polls_per_s": len(polls) / (ended - started),
         "log_entries": len(log),
-        "log_covers_window": bool(log) and float(log[0]["t"]) <= started + 1.0,
-        "worker_cpu_s": cpu,
+        "log_full": len(log) >= LOG_LIMIT,
+        "cpu_s": cpu,
         "idle_worker_cpu_per_s": idle_cpu_per_s,
-        "worker_cpu_ms_per_poll": 1000 * (cpu - idle_cpu_per_s * (ended - started)) / max(1, len(polls)),
-        "worker_cpu_ms_per_poll_raw": 1000 * cpu / max(1, len(polls)),
-        "lags": lag_values,
-        "unobserved": unobserved,
+        "worker_cpu_ms_per_poll": 1000 * (workers - idle_cpu_per_s * (ended - started)) / max(1, len(polls)),
+        "worker_cpu_ms_per_poll_raw": 1000 * workers / max(1, len(polls)),
+        "lags": sample_lags.observed,
+        "unobserved": sample_lags.unobserved,
         "refused": len(sample.refused),
         "peak_per_s": {budget: peak_per_second(times) for budget, times in by_budget.items()},
         "rss": [size for _, size in readings.rss],
@@ -198,7 +203,7 @@ def thirds(values: list[int]) -> tuple[float, float]:
 
 def report(r: dict[str, Any]) -> bool:
     interval_s = r["interval_s"]
-    lags_s = sorted(r["lags"]) + [float("inf")] * r["unobserved"]
+    lags_s = sorted(r["lags"] + r["unobserved"])
     p50, p99 = percentile(lags_s, 50), percentile(lags_s, 99)
     first, last = thirds(r["rss"])
     growth = last / first - 1 if first else float("inf")
@@ -219,17 +224,20 @@ def report(r: dict[str, Any]) -> bool:
     print(
         f"  polls: {r['polls']:,} tasks/get in the window = {r['polls_per_s']:.1f}/s"
         f" (due: {r['in_flight_min'] / interval_s:.1f}/s); server log {r['log_entries']:,} entries"
-        + ("" if r["log_covers_window"] else " (FULL: it does not reach back to the window's start)")
+        + (f" (FULL: it keeps the newest {LOG_LIMIT:,}; the figures are over those)" if r["log_full"] else "")
     )
     print(
         f"  worker CPU per poll: {r['worker_cpu_ms_per_poll']:.3f} ms net of idle"
-        f" ({r['worker_cpu_ms_per_poll_raw']:.3f} ms raw; {r['worker_cpu_s']:.1f} s over the window,"
-        f" idle {1000 * r['idle_worker_cpu_per_s']:.1f} ms/s)"
+        f" ({r['worker_cpu_ms_per_poll_raw']:.3f} ms raw; {r['cpu_s']['longcall workers']:.1f} s over the"
+        f" window, idle {1000 * r['idle_worker_cpu_per_s']:.1f} ms/s)"
     )
+    parts = ", ".join(f"{k} {1000 * v / max(1, r['polls']):.2f}" for k, v in r["cpu_s"].items())
+    print(f"  CPU ms per poll, every part (raw, the sample's completions included): {parts}")
     longest = lags_s[-1] if lags_s else float("nan")
     print(
         f"  detection lag: p50 {p50:.2f} s, p99 {p99:.2f} s, max {longest:.2f} s"
-        f" over {len(lags_s)} completions ({r['unobserved']} not observed in time, {r['refused']} refused)"
+        f" over {len(lags_s)} completions ({len(r['unobserved'])} not observed within the wait, each at its"
+        f" lower bound; {r['refused']} refused by the server)"
     )
     peaks = ", ".join(f"{b} {n} ({n / r['qps']:.2f} x cap)" for b, n in sorted(r["peak_per_s"].items()))
     print(f"  highest requests in any 1 s by budget: {peaks}")
