@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime as dt
 import json
+import re
 import sys
 import time
 import uuid
@@ -54,9 +56,15 @@ from _lag import Sample, finish_spread, lags, working, working_count
 from celery import Celery
 
 from demo_server.command import command as demo_server_command
+from workers.settings import Settings
+
+#: The start of a Celery worker's log line: its local time.
+LOG_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): ")
 
 #: The fast server's lag p99 beside the slow server, over its lag p99 alone, the target allows.
 RATIO = 1.2
+#: How often beat sends a dispatch tick (the fleet runs with the default).
+DISPATCH_INTERVAL_S = Settings.model_fields["dispatch_interval_s"].default
 
 
 @dataclass
@@ -87,6 +95,27 @@ class Pair:
         """``tasks/get`` requests ``server`` received between ``start`` and ``end`` (its request log)."""
         entries = httpx.get(f"{self.controls[server]}/log", timeout=30).json()["entries"]
         return sum(1 for e in entries if e["method"] == "tasks/get" and start <= e["t"] <= end)
+
+
+def dispatch_ticks(children: dict[str, Child], start: float, end: float) -> dict[str, int]:
+    """The dispatcher's ticks between ``start`` and ``end`` from the longcall workers' logs: those that ran,
+    and those a worker took only after their expiry (they waited that long in the queue) and threw away."""
+    counts = {"ran": 0, "expired": 0}
+    for name, child in children.items():
+        if not name.startswith("longcall"):
+            continue
+        for line in child.log().splitlines():
+            stamp = LOG_TIME.match(line)
+            if "longcall.dispatch_due[" not in line or stamp is None:
+                continue
+            at = dt.datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S,%f").astimezone().timestamp()
+            if not start <= at <= end:
+                continue
+            if " succeeded in " in line:
+                counts["ran"] += 1
+            elif "Discarding revoked task" in line:
+                counts["expired"] += 1
+    return counts
 
 
 def fleet_config(urls: dict[str, str], qps: float) -> str:
@@ -157,6 +186,8 @@ def fast_lags(args: argparse.Namespace, pair: Pair, prefix: str) -> dict[str, An
     started = time.time()
     finish_spread(sample, members, started, started + args.sample_s)
     ended = time.time()
+    time.sleep(1.0)  # the workers' log lines of the window's last ticks
+    ticks = dispatch_ticks(pair.children, started, ended)
     sample_lags = lags(pair.db_name, sample, wait_s=args.fast_interval_ms / 1000 + args.lag_wait_s)
     window = ended - started
     return {
@@ -165,6 +196,8 @@ def fast_lags(args: argparse.Namespace, pair: Pair, prefix: str) -> dict[str, An
         "refused": len(sample.refused),
         "fast_polls_per_s": pair.gets("fast", started, ended) / window,
         "slow_polls_per_s": pair.gets("slow", started, ended) / window,
+        "window_s": window,
+        "ticks": ticks,
     }
 
 
@@ -222,7 +255,9 @@ def report(r: dict[str, Any]) -> bool:
             f" p99 {p99(phase):.2f} s, max {values[-1] if values else float('nan'):.2f} s over"
             f" {len(values)} completions ({phase['unobserved']} not observed within the wait: at their lower"
             " bound);"
-            f" polls/s fast {phase['fast_polls_per_s']:.1f}, slow {phase['slow_polls_per_s']:.1f}"
+            f" polls/s fast {phase['fast_polls_per_s']:.1f}, slow {phase['slow_polls_per_s']:.1f};"
+            f" dispatch ticks {phase['ticks']['ran']} run, {phase['ticks']['expired']} expired in the queue"
+            f" ({phase['window_s'] / DISPATCH_INTERVAL_S:.0f} sent)"
         )
     ratio = p99(r["beside"]) / p99(r["alone"])
     print()

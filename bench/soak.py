@@ -35,8 +35,10 @@ Run: ``.venv/bin/python bench/soak.py [--quick] [--json]`` (``--quick``: 1,000 i
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -59,6 +61,10 @@ SERVER = "reports"
 RSS_GROWTH = 0.10
 #: How often the in-flight count and the RSS are read in the window.
 READ_EVERY_S = 5.0
+#: A ``longcall.poll`` answer in a worker's log: a batch's actions, or one operation's.
+BATCH_ACTIONS = re.compile(r"'actions': \{([^}]*)\}")
+ACTION_COUNT = re.compile(r"'(\w+)': (\d+)")
+SINGLE_ACTION = re.compile(r"'action': '(\w+)'")
 
 
 def rss_bytes(groups: Iterable[int]) -> int:
@@ -103,6 +109,24 @@ class Readings:
         self.server_rss.append(rss_bytes([self.fleet.children["mcp"].proc.pid]))
 
 
+def poll_actions(fleet: Fleet) -> collections.Counter[str]:
+    """What the poll steps did so far (``still_working``, ``no_token``, ...), summed over the batches'
+    answers in the longcall workers' logs (a one-operation poll's answer counted as a batch of one)."""
+    actions: collections.Counter[str] = collections.Counter()
+    for name, child in fleet.children.items():
+        if not name.startswith("longcall"):
+            continue
+        for line in child.log().splitlines():
+            if "Task longcall.poll[" not in line or " succeeded in " not in line:
+                continue
+            if batch := BATCH_ACTIONS.search(line):
+                for action, count in ACTION_COUNT.findall(batch.group(1)):
+                    actions[action] += int(count)
+            elif single := SINGLE_ACTION.search(line):
+                actions[single.group(1)] += 1
+    return actions
+
+
 def ramp(fleet: Fleet, prefix: str, total: int, timeout: float) -> float:
     """Submit ``total`` long operations and wait until every one is WORKING; returns the seconds it took."""
     started = time.time()
@@ -141,6 +165,7 @@ def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         sample = Sample(fleet.control)
         readings = Readings(fleet, prefix)
         httpx.delete(f"{fleet.control}/log", timeout=10).raise_for_status()
+        actions0 = poll_actions(fleet)
         cpu0, started = fleet.cpu(), time.time()
         finished_at = started + args.window_s
         # Each completion is observed within one interval (plus the fleet's own delay) of it: the last
@@ -158,6 +183,8 @@ def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         cpu = {k: v - cpu0[k] for k, v in fleet.cpu().items()}
         ended = time.time()
         readings.maybe()
+        time.sleep(1.0)  # the workers' log lines of the window's last steps
+        actions = poll_actions(fleet) - actions0
         sample_lags = lags(fleet.db_name, sample, wait_s=interval_s + 30)
         log = fleet.server_log()
         load = Path("/proc/loadavg").read_text().split()[:3]
@@ -179,8 +206,10 @@ def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         "in_flight_readings": [count for _, count in readings.working],
         "polls": len(polls),
         "polls_per_s": len(polls) / (ended - started),
+        "polls_by_second": per_second(polls, started, ended),
         "log_entries": len(log),
         "log_full": len(log) >= LOG_LIMIT,
+        "poll_actions": dict(actions.most_common()),
         "cpu_s": cpu,
         "idle_worker_cpu_per_s": idle_cpu_per_s,
         "worker_cpu_ms_per_poll": 1000 * (workers - idle_cpu_per_s * (ended - started)) / max(1, len(polls)),
@@ -193,6 +222,16 @@ def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         "server_rss": readings.server_rss,
         "load_average": load,
     }
+
+
+def per_second(times: list[float], start: float, end: float) -> list[int]:
+    """How many of ``times`` fell in each whole second from ``start`` (the last, partial second left out)."""
+    counts = [0] * int(end - start)
+    for t in times:
+        index = int(t - start)
+        if 0 <= index < len(counts):
+            counts[index] += 1
+    return counts
 
 
 def thirds(values: list[int]) -> tuple[float, float]:
@@ -231,8 +270,19 @@ def report(r: dict[str, Any]) -> bool:
         f" ({r['worker_cpu_ms_per_poll_raw']:.3f} ms raw; {r['cpu_s']['longcall workers']:.1f} s over the"
         f" window, idle {1000 * r['idle_worker_cpu_per_s']:.1f} ms/s)"
     )
-    parts = ", ".join(f"{k} {1000 * v / max(1, r['polls']):.2f}" for k, v in r["cpu_s"].items())
-    print(f"  CPU ms per poll, every part (raw, the sample's completions included): {parts}")
+    seconds = sorted(r["polls_by_second"]) or [0]
+    print(
+        f"  polls in each second of the window: p50 {percentile(seconds, 50):.0f},"
+        f" p99 {percentile(seconds, 99):.0f}, max {seconds[-1]}, min {seconds[0]}"
+    )
+    actions = ", ".join(f"{k} {v:,}" for k, v in r["poll_actions"].items())
+    print(f"  poll steps in the window (the workers' logs): {actions}")
+    # Not the Postgres backends: the ledger's pools open and close connections, and a backend that exited
+    # in the window takes its CPU time with it (the difference can be negative).
+    parts = ", ".join(
+        f"{k} {1000 * v / max(1, r['polls']):.2f}" for k, v in r["cpu_s"].items() if k != "postgres backends"
+    )
+    print(f"  CPU ms per poll of the other parts (raw, the sample's completions included): {parts}")
     longest = lags_s[-1] if lags_s else float("nan")
     print(
         f"  detection lag: p50 {p50:.2f} s, p99 {p99:.2f} s, max {longest:.2f} s"
