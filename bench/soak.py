@@ -133,13 +133,14 @@ def ramp(fleet: Fleet, prefix: str, total: int, timeout: float) -> float:
     for index in range(total):
         fleet.submit(f"{prefix}{index}", 3600)
     print(f"  {total:,} submissions sent in {time.time() - started:.1f} s", flush=True)
-    last_print = [time.time()]
+    printed = time.time()
 
     def all_working() -> bool:
+        nonlocal printed
         count = working_count(fleet.db_name, prefix)
-        if time.time() - last_print[0] >= 15:
+        if time.time() - printed >= 15:
             print(f"  {count:,} WORKING after {time.time() - started:.0f} s", flush=True)
-            last_print[0] = time.time()
+            printed = time.time()
         return count >= total
 
     wait_for(f"{total} operations WORKING", all_working, timeout=timeout, interval=1.0)
