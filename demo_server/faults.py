@@ -150,10 +150,14 @@ class Faults:
         return None if early is None else early.after_ms / 1000
 
 
+#: How many entries a log keeps: the newest.
+LOG_LIMIT = 100_000
+
+
 class RequestLog:
     """Every JSON-RPC message with a method the server received, in arrival order (the newest `limit`)."""
 
-    def __init__(self, limit: int = 100_000) -> None:
+    def __init__(self, limit: int = LOG_LIMIT) -> None:
         self.entries: deque[dict[str, Any]] = deque(maxlen=limit)
 
     def record(
@@ -184,7 +188,7 @@ class HttpLog:
     included), with the request budget the client named in its ``Longcall-Budget`` header (None: none) and
     the URL's query string ("" without one: a client configured with ``/mcp?fleet=b`` can be told apart)."""
 
-    def __init__(self, limit: int = 100_000) -> None:
+    def __init__(self, limit: int = LOG_LIMIT) -> None:
         self.entries: deque[dict[str, Any]] = deque(maxlen=limit)
 
     def record(self, *, verb: str, budget: str | None, query: str = "") -> None:

@@ -55,6 +55,9 @@ Control endpoints (test harness only, same port):
   (none did: answered already, or unknown), ``refused`` or ``ignored`` (the fault switches below).
 * ``GET /_control/tasks`` -> ``{"tasks": [every task with session, tool, arguments, result, error,
   pendingInputs], "expired": [purged ids]}``.
+* ``POST /_control/finish`` ``{"task_ids": [...]}`` -> ``{"finished": {taskId: lastUpdatedAt}}``: each named
+  task still ``working`` (any session's) ends at once with its tool's own result, as if its run had just
+  finished (a benchmark completes tasks at instants it knows); others are left alone and not listed.
 * ``GET /_control/faults`` shows the switches; ``POST`` a JSON object sets the named ones (others stay);
   ``DELETE`` resets all. Counted switches (an integer N) are used up by the next N matching events:
 
@@ -172,6 +175,7 @@ class DemoMcpServer:
                 **control.log_endpoints("http_log", lambda: self.http_log.entries, self.http_log.clear),
                 ("replies", "GET"): lambda _: (200, {"replies": self.replies}),
                 ("tasks", "GET"): self._tasks_view,
+                ("finish", "POST"): self._finish_tasks,
             }
         )
 
@@ -452,6 +456,16 @@ class DemoMcpServer:
     def _reset_faults(self) -> dict[str, Any]:
         self.faults.reset()
         return self.faults.switches.model_dump()
+
+    def _finish_tasks(self, body: bytes | None) -> control.Answer:
+        try:
+            request = json.loads(body or b"")
+        except ValueError:
+            request = None
+        task_ids = request.get("task_ids") if isinstance(request, dict) else None
+        if not isinstance(task_ids, list) or not all(isinstance(task_id, str) for task_id in task_ids):
+            return 400, {"error": 'the body must be {"task_ids": [<task id>, ...]}'}
+        return 200, {"finished": self.methods.finish_now(task_ids)}
 
     def _tasks_view(self, _: bytes | None) -> control.Answer:
         tasks = [task.view() for task in self.store.all()]

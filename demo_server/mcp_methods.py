@@ -201,6 +201,20 @@ class McpMethods:
         self._stop(task)
         return task.wire()
 
+    def finish_now(self, task_ids: list[str]) -> dict[str, str]:
+        """Each named task still working ends this instant with its tool's own result, as if its run had
+        just finished (the run is stopped): ``{taskId: lastUpdatedAt}`` of those it ended. A task that is
+        not working (terminal, waiting for input) or not known is left alone and not in the answer."""
+        finished: dict[str, str] = {}
+        for task_id in task_ids:
+            task = self._store.find(task_id)
+            if task is None or task.status != "working":
+                continue
+            self._stop(task)
+            self._finish(task, TOOLS[task.tool].instant_result(task.arguments))
+            finished[task_id] = task.last_updated_at
+        return finished
+
     def _stop(self, task: Task) -> None:
         if task.runner is not None:
             task.runner.cancel()

@@ -66,6 +66,8 @@ class Task:
     error: dict[str, Any] | None = None
     inputs: dict[str, PendingInput] = field(default_factory=dict)
     runner: asyncio.Task[None] | None = None
+    #: Told once, when the task becomes terminal (its store: only terminal tasks are ever purged).
+    on_terminal: Callable[[Task], None] | None = None
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
@@ -105,6 +107,8 @@ class Task:
         self.last_updated_at = iso_now()
         if status in TERMINAL:
             self.terminal_mono = time.monotonic()
+            if self.on_terminal is not None:
+                self.on_terminal(self)
         self.wake()
         self.on_change(self)
 
@@ -137,20 +141,29 @@ EXPIRED = "Failed to retrieve task: Task has expired"
 
 
 class TaskStore:
-    """Tasks by id; in stateful mode a task is visible only to the session that created it."""
+    """Tasks by id; in stateful mode a task is visible only to the session that created it.
+
+    Every request looks for expired tasks first, among the terminal ones only (kept apart as they end): a
+    store of 10,000 working tasks answers a ``tasks/get`` as fast as a store of ten."""
 
     def __init__(self, *, remembered_expiries: int = 10_000) -> None:
         self._tasks: dict[str, Task] = {}
+        self._terminal: dict[str, Task] = {}
         self._expired: OrderedDict[str, str | None] = OrderedDict()
         self._remembered = remembered_expiries
 
     def add(self, task: Task) -> None:
         self._tasks[task.task_id] = task
+        task.on_terminal = self._ended
+
+    def _ended(self, task: Task) -> None:
+        self._terminal[task.task_id] = task
 
     def purge_expired(self) -> None:
         now = time.monotonic()
-        for task in [task for task in self._tasks.values() if task.expired(now)]:
+        for task in [task for task in self._terminal.values() if task.expired(now)]:
             del self._tasks[task.task_id]
+            del self._terminal[task.task_id]
             self._expired[task.task_id] = task.session_id
             if len(self._expired) > self._remembered:
                 self._expired.popitem(last=False)
@@ -166,6 +179,11 @@ class TaskStore:
         if task_id in self._expired and _visible(self._expired[task_id], session_id):
             raise RpcError(-32602, EXPIRED)
         raise RpcError(-32602, NOT_FOUND)
+
+    def find(self, task_id: str) -> Task | None:
+        """The task whatever its session (the control endpoints'), None when unknown or purged."""
+        self.purge_expired()
+        return self._tasks.get(task_id)
 
     def of_session(self, session_id: str | None) -> list[Task]:
         self.purge_expired()

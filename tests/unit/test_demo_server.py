@@ -10,6 +10,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -394,6 +395,30 @@ def test_complete_on_cancel(peer: McpPeer, client: Client) -> None:
         client.post("tasks/result", {"taskId": task_id})["result"]["content"][0]["text"]
         == "report ready after 30s"
     )
+
+
+def test_finish_ends_working_tasks_now_with_their_result(peer: McpPeer, client: Client) -> None:
+    working = client.create("slow_report", {"seconds": 30})
+    done = client.create("slow_report", {"seconds": 0})
+    client.wait_for(done, terminal)
+    before = time.time()
+    answer = control(peer, "finish", {"task_ids": [working, done, "no-such-task"]})
+    assert list(answer["finished"]) == [working]  # the terminal and the unknown one are left alone
+    status = client.status(working)
+    assert status["status"] == "completed"
+    assert status["lastUpdatedAt"] == answer["finished"][working]
+    assert datetime.fromisoformat(status["lastUpdatedAt"]).timestamp() >= before - 0.01
+    result = client.post("tasks/result", {"taskId": working})["result"]
+    assert result["content"] == [{"type": "text", "text": "report ready after 30s"}]
+    assert control(peer, "finish", {"task_ids": [working]}) == {"finished": {}}
+
+
+def test_finish_needs_a_list_of_task_ids(peer: McpPeer) -> None:
+    assert peer.control_url is not None
+    for body in ({"task_ids": "x"}, {"task_ids": [1]}, ["x"]):
+        response = httpx.post(f"{peer.control_url}/finish", json=body, timeout=WAIT_S)
+        assert response.status_code == 400
+        assert "task_ids" in response.json()["error"]
 
 
 def test_force_input_required(peer: McpPeer, client: Client) -> None:
