@@ -34,6 +34,7 @@ BENCHMARKS: dict[str, tuple[str, list[str]]] = {
     "lifecycle": ("lifecycle.py", ["--quick"]),
     "scaling": ("scaling.py", ["--quick"]),
     "aip_vs_api_core": ("aip_vs_api_core.py", ["--seconds", "10", "--runs", "2"]),
+    "http_clients": ("http_clients.py", ["--quick"]),
 }
 
 
