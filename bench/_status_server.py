@@ -6,14 +6,15 @@ keeps connections alive and counts those it accepted: ``GET /_stats`` answers
 ``{"connections": n, "requests": m}``. Plain asyncio (no framework, no ASGI layer), so that the server takes
 as little of the machine's CPU as it can while the client in the other process is measured.
 
-Run: ``python bench/_status_server.py PORT [LATENCY_MS]`` (it prints ``listening`` once it accepts
-connections).
+Run: ``python bench/_status_server.py PORT [LATENCY_MS [CERT_FILE KEY_FILE]]`` (with a certificate and its
+key it answers HTTPS; it prints ``listening`` once it accepts connections).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import sys
 from dataclasses import dataclass
 
@@ -101,14 +102,20 @@ class Connection(asyncio.Protocol):
                 asyncio.get_running_loop().call_later(LATENCY_S, self._transport.write, reply(head[0], body))
 
 
-async def serve(port: int) -> None:
+async def serve(port: int, tls: ssl.SSLContext | None) -> None:
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(Connection, "127.0.0.1", port, backlog=1024)
+    server = await loop.create_server(Connection, "127.0.0.1", port, backlog=1024, ssl=tls)
     print("listening", flush=True)
     async with server:
         await server.serve_forever()
 
 
+def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert_file, key_file)
+    return context
+
+
 if __name__ == "__main__":
     LATENCY_S = float(sys.argv[2]) / 1000 if len(sys.argv) > 2 else 0.0
-    asyncio.run(serve(int(sys.argv[1])))
+    asyncio.run(serve(int(sys.argv[1]), tls_context(*sys.argv[3:5]) if len(sys.argv) > 4 else None))

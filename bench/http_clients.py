@@ -10,7 +10,8 @@ connections it accepted), from this process, and measures this process's CPU (``
   default pool, and one sized to the batch), ``urllib3``'s connection pool, all on ``--batch`` threads
   in batches (as ``workers/members.py`` runs them); ``aiohttp`` on one event loop, ``--in-flight`` at once;
 - the adapters' status reads (``ToolAdapter.get``) of each protocol on the client a worker makes
-  (``workers.remote.RemotePool``), in batches of ``--batch`` on threads.
+  (``workers.remote.RemotePool`` as ``workers.runtime.Runtime`` makes it), in batches of ``--batch`` on
+  threads.
 
 Printed per client: CPU ms per request, requests/s, the TCP connections the server accepted, and the CPU
 as a ratio of httpx's (same run). Target: the adapters' client reuses its connections, at most one per
@@ -26,25 +27,29 @@ import asyncio
 import cProfile
 import http.client
 import json
+import os
 import pstats
+import ssl
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import httpx
 import httpx2
+import trustme
 import urllib3
 from _harness import free_port, log_directory, raise_on_sigterm, start_child, verdict
 
 from adapters import RemoteRef, ToolAdapter
 from workers.remote import RemotePool
+from workers.runtime import Runtime
 from workers.settings import FleetConfig, Settings
 
 #: The batch a worker runs by default (``Settings.poll_batch``).
@@ -88,9 +93,13 @@ class Figure:
 class StatusServer:
     """The server process's counters, read over one connection kept for that (counted once, at start)."""
 
-    def __init__(self, port: int) -> None:
-        self.url = f"http://127.0.0.1:{port}"
-        self._stats = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    def __init__(self, url: str, port: int, tls: ssl.SSLContext | None) -> None:
+        self.url = url
+        self._stats = (
+            http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=tls)
+            if tls is not None
+            else http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        )
 
     def connections(self) -> int:
         self._stats.request("GET", "/_stats")
@@ -102,22 +111,52 @@ class StatusServer:
 
 
 @contextmanager
-def status_server(log_dir: Path, latency_ms: float) -> Iterator[StatusServer]:
+def status_server(
+    log_dir: Path, latency_ms: float, *, name: str, tls: tuple[Path, Path, ssl.SSLContext] | None = None
+) -> Iterator[StatusServer]:
+    """``bench/_status_server.py`` on a free port, answering HTTPS with ``tls`` (its certificate, key and
+    the client's context trusting it)."""
     port = free_port()
-    server = Path(__file__).with_name("_status_server.py")
-    child = start_child(
-        [sys.executable, str(server), str(port), str(latency_ms)],
-        env={},
-        log_dir=log_dir,
-        name="status-server",
-        ready=lambda child: "listening" in child.log(),
-    )
-    stats = StatusServer(port)
+    argv = [sys.executable, str(Path(__file__).with_name("_status_server.py")), str(port), str(latency_ms)]
+    if tls is not None:
+        argv += [str(tls[0]), str(tls[1])]
+    child = start_child(argv, env={}, log_dir=log_dir, name=name, ready=lambda c: "listening" in c.log())
+    scheme = "https" if tls is not None else "http"
+    stats = StatusServer(f"{scheme}://127.0.0.1:{port}", port, tls[2] if tls is not None else None)
     try:
         yield stats
     finally:
         stats.close()
         child.stop()
+
+
+@contextmanager
+def servers(log_dir: Path, latency_ms: float) -> Iterator[tuple[StatusServer, StatusServer]]:
+    """The plain HTTP server and the HTTPS one, with a certificate of a CA made for this run: every client
+    made meanwhile trusts that CA alone (``SSL_CERT_FILE``, which httpx, httpx2, urllib3 and aiohttp read
+    as the adapters' client does: none is given a context of its own)."""
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert_file, key_file, ca_file = log_dir / "cert.pem", log_dir / "key.pem", log_dir / "ca.pem"
+    cert.cert_chain_pems[0].write_to_path(str(cert_file))
+    cert.private_key_pem.write_to_path(str(key_file))
+    ca.cert_pem.write_to_path(str(ca_file))
+    trusting = ssl.create_default_context(cafile=str(ca_file))
+    before = os.environ.get("SSL_CERT_FILE")
+    os.environ["SSL_CERT_FILE"] = str(ca_file)
+    try:
+        with (
+            status_server(log_dir, latency_ms, name="http-server") as plain,
+            status_server(
+                log_dir, latency_ms, name="https-server", tls=(cert_file, key_file, trusting)
+            ) as tls,
+        ):
+            yield plain, tls
+    finally:
+        if before is None:
+            del os.environ["SSL_CERT_FILE"]
+        else:
+            os.environ["SSL_CERT_FILE"] = before
 
 
 # ------------------------------------------------------------------------------------------ clients
@@ -237,15 +276,21 @@ ADAPTERS = {
 }
 
 
-def adapter_reads(protocol: str, version: str, remote_id: str) -> Client:
-    """``ToolAdapter.get`` of one protocol on the adapter and client a worker's ``RemotePool`` makes."""
+def adapter_reads(protocol: str, version: str, remote_id: str, *, kept: int | None = None) -> Client:
+    """``ToolAdapter.get`` of one protocol on the adapter and client a worker makes (its runtime's
+    ``RemotePool``, for a ``poll_batch`` of ``batch``); with ``kept``, on a pool whose clients keep that
+    many connections instead (20: httpx's default, what every client kept before issue 21)."""
 
     def make(url: str, batch: int) -> tuple[Callable[[], object], Callable[[], None]]:
         path = "" if protocol == "aip151" else "/mcp"
         fleet = FleetConfig.model_validate(
             {"servers": {"bench": {"protocol": protocol, "protocol_version": version, "url": url + path}}}
         )
-        pool = RemotePool(fleet)
+        if kept is None:
+            runtime = Runtime(settings=Settings(poll_batch=batch), fleet=fleet)  # as a worker makes it
+            pool = runtime.remote
+        else:
+            pool = RemotePool(fleet, connections=kept)
         adapter: ToolAdapter = pool.adapter("bench")
         ref = RemoteRef(
             remote_id=remote_id,
@@ -258,30 +303,64 @@ def adapter_reads(protocol: str, version: str, remote_id: str) -> Client:
     return threads(make)
 
 
-def clients(in_flight: int) -> dict[str, Client]:
-    named: dict[str, Client] = {
-        "httpx (default pool)": httpx_client(httpx, sized=False),
-        "httpx (pool = batch)": httpx_client(httpx, sized=True),
-        "httpx2 (default pool)": httpx_client(httpx2, sized=False),
-        "httpx2 (pool = batch)": httpx_client(httpx2, sized=True),
-        "urllib3 (pool = batch)": threads(urllib3_pool),
-        f"aiohttp ({in_flight} in flight)": lambda url, requests, _batch: aiohttp_session(
-            url, requests, in_flight
-        ),
-    }
+@dataclass(frozen=True)
+class Row:
+    name: str
+    client: Client
+    https: bool = False
+    #: An adapter's status read on the client a worker makes: held to the connection target.
+    worker: bool = False
+
+
+def rows(in_flight: int) -> list[Row]:
+    aiohttp_client: Client = lambda url, n, _batch: aiohttp_session(url, n, in_flight)  # noqa: E731
+    listed = [
+        Row("httpx (default pool)", httpx_client(httpx, sized=False)),
+        Row("httpx (pool = batch)", httpx_client(httpx, sized=True)),
+        Row("httpx2 (default pool)", httpx_client(httpx2, sized=False)),
+        Row("httpx2 (pool = batch)", httpx_client(httpx2, sized=True)),
+        Row("urllib3 (pool = batch)", threads(urllib3_pool)),
+        Row(f"aiohttp ({in_flight} in flight)", aiohttp_client),
+    ]
     for name, (protocol, version, remote_id) in ADAPTERS.items():
-        named[f"adapter {name} get"] = adapter_reads(protocol, version, remote_id)
-    return named
+        listed.append(Row(f"adapter {name} get", adapter_reads(protocol, version, remote_id), worker=True))
+    listed.append(
+        Row("adapter mcp 2025-11-25 get, 20 kept", adapter_reads("mcp", "2025-11-25", TASK_ID, kept=20))
+    )
+    listed += [
+        Row("https httpx (default pool)", httpx_client(httpx, sized=False), https=True),
+        Row("https httpx (pool = batch)", httpx_client(httpx, sized=True), https=True),
+        Row("https httpx2 (pool = batch)", httpx_client(httpx2, sized=True), https=True),
+        Row(
+            "https adapter mcp 2025-11-25 get",
+            adapter_reads("mcp", "2025-11-25", TASK_ID),
+            https=True,
+            worker=True,
+        ),
+        Row(
+            "https adapter mcp 2025-11-25 get, 20 kept",
+            adapter_reads("mcp", "2025-11-25", TASK_ID, kept=20),
+            https=True,
+        ),
+    ]
+    return listed
 
 
 # ------------------------------------------------------------------------------------------ the run
 
 
-def measure(name: str, client: Client, server: StatusServer, requests: int, batch: int) -> Figure:
+def measure(row: Row, server: StatusServer, requests: int, batch: int) -> Figure:
     before = server.connections()
-    cpu, wall = client(server.url, requests, batch)
+    cpu, wall = row.client(server.url, requests, batch)
     opened = server.connections() - before
-    return Figure(name, requests // batch * batch, cpu, wall, opened)
+    return Figure(row.name, requests // batch * batch, cpu, wall, opened)
+
+
+def best(figures: list[Figure]) -> Figure:
+    """One client's runs as one figure: the least CPU (the run the other processes on this machine
+    disturbed least) and the most connections any run opened."""
+    least = min(figures, key=lambda f: f.cpu_ms)
+    return replace(least, connections=max(f.connections for f in figures))
 
 
 def profile(client: Client, server: StatusServer, requests: int, batch: int) -> None:
@@ -297,30 +376,48 @@ def profile(client: Client, server: StatusServer, requests: int, batch: int) -> 
     stats.sort_stats("tottime").print_stats(40)
 
 
+def report(figures: list[Figure], batch: int) -> bool:
+    """The table, each client's CPU as a ratio of httpx's default client on the same scheme; the target
+    line. True when the target holds."""
+    print(f"\n{'client':42} {'CPU ms/req':>10} {'req/s':>7} {'connections':>11} {'CPU vs httpx':>12}")
+    bases = {False: figures[0].cpu_ms}
+    bases[True] = next((f.cpu_ms for f in figures if f.name.startswith("https ")), bases[False])
+    for f in figures:
+        ratio = f.cpu_ms / bases[f.name.startswith("https ")]
+        print(f"{f.name:42} {f.cpu_ms:10.3f} {f.per_s:7.0f} {f.connections:11d} {ratio:12.2f}")
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
-    parser.add_argument("--quick", action="store_true", help="fewer requests per client")
-    parser.add_argument("--requests", type=int, default=3200, help="timed requests per client")
+    parser.add_argument("--quick", action="store_true", help="fewer requests per client, one run")
+    parser.add_argument("--requests", type=int, default=3200, help="timed requests per client and run")
+    parser.add_argument("--runs", type=int, default=3, help="runs per client (the least CPU is shown)")
     parser.add_argument("--batch", type=int, default=POLL_BATCH, help="a poll batch (threads at once)")
     parser.add_argument("--in-flight", type=int, default=50, help="aiohttp's requests at once")
     parser.add_argument("--latency-ms", type=float, default=20, help="the server's time to answer")
     parser.add_argument("--profile", help="profile this client (a name printed) instead of measuring all")
     args = parser.parse_args(argv)
-    requests = 640 if args.quick else args.requests
+    requests, runs = (640, 1) if args.quick else (args.requests, args.runs)
     raise_on_sigterm()
-    named = clients(args.in_flight)
-    with log_directory("http-clients") as log_dir, status_server(log_dir, args.latency_ms) as server:
+    listed = rows(args.in_flight)
+    with log_directory("http-clients") as log_dir, servers(log_dir, args.latency_ms) as (plain, tls):
         if args.profile:
-            profile(named[args.profile], server, requests, args.batch)
+            row = next(row for row in listed if row.name == args.profile)
+            profile(row.client, tls if row.https else plain, requests, args.batch)
             return 0
-        print(f"{requests} status reads per client, in batches of {args.batch} on threads (poll_batch)")
-        figures = [measure(name, client, server, requests, args.batch) for name, client in named.items()]
-    base = figures[0].cpu_ms
-    print(f"\n{'client':34} {'CPU ms/req':>10} {'req/s':>8} {'connections':>11} {'CPU vs httpx':>12}")
-    for f in figures:
-        print(f"{f.name:34} {f.cpu_ms:10.3f} {f.per_s:8.0f} {f.connections:11d} {f.cpu_ms / base:12.2f}")
-    adapters = [f for f in figures if f.name.startswith("adapter ")]
-    worst = max(adapters, key=lambda f: f.connections)
+        print(
+            f"{requests} status reads per client and run, {runs} run(s), in batches of {args.batch} on "
+            f"threads (poll_batch); the server answers after {args.latency_ms:g} ms"
+        )
+        measured: dict[str, list[Figure]] = {row.name: [] for row in listed}
+        for _ in range(runs):  # interleaved: a burst of load elsewhere spreads over the clients
+            for row in listed:
+                measured[row.name].append(measure(row, tls if row.https else plain, requests, args.batch))
+    figures = [best(measured[row.name]) for row in listed]
+    report(figures, args.batch)
+    workers = [f for f, row in zip(figures, listed, strict=True) if row.worker]
+    worst = max(workers, key=lambda f: f.connections)
     total = worst.requests + args.batch  # the untimed first batch opens the connections
     ok = worst.connections <= args.batch
     print(
