@@ -46,9 +46,12 @@ from adapters.metering import Refused
 __all__ = [
     "ACCEPT",
     "Exchange",
+    "RequestTimeouts",
     "Session",
     "SessionGone",
     "StreamableHttpClient",
+    "TimeoutExtension",
+    "encode_message",
     "map_transport_error",
     "parse_cookies_only_when_set",
     "request_headers",
@@ -115,15 +118,32 @@ def map_transport_error(exc: httpx.HTTPError, *, idempotent: bool, method: str) 
 
 
 #: The request extension that sets a request's timeouts (what httpx makes of ``timeout=``).
-_TimeoutExtension = dict[str, dict[str, float | None]]
+TimeoutExtension = dict[str, dict[str, float | None]]
 
 
-def _timeout_extension(timeouts: Timeouts, read: float) -> _TimeoutExtension:
+def _timeout_extension(timeouts: Timeouts, read: float) -> TimeoutExtension:
     t = timeouts
     return {"timeout": httpx.Timeout(connect=t.connect, read=read, write=t.write, pool=t.pool).as_dict()}
 
 
-def _encode(message: dict[str, Any]) -> bytes:
+class RequestTimeouts:
+    """The ``timeout`` extension of each request a client sends (``extensions=``, what httpx makes of
+    ``timeout=``): the client's per-phase timeouts with the read timeout the request asks for. The usual one
+    is built once (httpx would build the same ``Timeout`` again for every request); each request gets its own
+    copy, since httpx hands the mapping itself to the request, where a hook may change it."""
+
+    def __init__(self, timeouts: Timeouts) -> None:
+        self._timeouts = timeouts
+        self._usual = _timeout_extension(timeouts, timeouts.read)["timeout"]
+
+    def extension(self, read: float | None = None) -> TimeoutExtension:
+        """The extension for a read timeout of ``read`` seconds (by default the client's)."""
+        if read is None or read == self._timeouts.read:
+            return {"timeout": dict(self._usual)}
+        return _timeout_extension(self._timeouts, read)
+
+
+def encode_message(message: dict[str, Any]) -> bytes:
     """A JSON-RPC message as httpx's ``json=`` encodes it (the request then sets its own Content-Type)."""
     return json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
@@ -154,8 +174,7 @@ class StreamableHttpClient:
             self._endpoint, self._credentials = Credentials.of(endpoint, bearer_token)
         self._timeouts = timeouts
         self._limits = limits
-        # Built once (httpx would build the same timeouts again for every request); read, never changed.
-        self._usual_timeout = _timeout_extension(timeouts, timeouts.read)
+        self._request_timeouts = RequestTimeouts(timeouts)
         parse_cookies_only_when_set(http)
         # Random ids: workers sharing one stateful session must never reuse an id the server still maps.
         self._new_id = new_id or (lambda: f"lc-{uuid.uuid4().hex}")
@@ -174,11 +193,8 @@ class StreamableHttpClient:
         """
         return request_headers(session, include_version=include_version) | self._credentials.headers()
 
-    def _timeout(self, read: float) -> _TimeoutExtension:
-        if read == self._timeouts.read:
-            # A copy: httpx hands the mapping itself to the request's extensions, where a hook may change it.
-            return {"timeout": dict(self._usual_timeout["timeout"])}
-        return _timeout_extension(self._timeouts, read)
+    def _timeout(self, read: float) -> TimeoutExtension:
+        return self._request_timeouts.extension(read)
 
     def request(
         self,
@@ -234,7 +250,7 @@ class StreamableHttpClient:
             with self._http.stream(
                 "POST",
                 self._endpoint,
-                content=_encode(body),
+                content=encode_message(body),
                 headers=headers,
                 extensions=self._timeout(read_s),
             ) as answer:
@@ -336,7 +352,7 @@ class StreamableHttpClient:
             with self._http.stream(
                 "POST",
                 self._endpoint,
-                content=_encode(dict(message)),
+                content=encode_message(dict(message)),
                 headers=headers,
                 extensions=self._timeout(self._timeouts.read),
             ) as answer:

@@ -19,7 +19,7 @@ from adapters.base import AdapterConfig, RequestBudget
 from adapters.credentials import Credentials
 from adapters.errors import OutcomeUnknown, ProtocolViolation, Rejected, Transient
 from adapters.http_answers import Deadline, ReadBudgetExceeded, read_bounded, read_error_body
-from adapters.streamable_http import map_transport_error
+from adapters.streamable_http import RequestTimeouts, map_transport_error
 
 __all__ = ["Answer", "RestClient", "decode_json", "query_value"]
 
@@ -42,8 +42,7 @@ class RestClient:
         token = config.token_provider if config.token_provider is not None else config.bearer_token
         url, self._credentials = Credentials.of(httpx.URL(config.url.rstrip("/")), token)
         self._base = str(url)
-        t = config.timeouts
-        self._timeout = httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool)
+        self._request_timeouts = RequestTimeouts(config.timeouts)
 
     def _headers(self) -> dict[str, str]:
         return {"Accept": "application/json", **self._credentials.headers()}
@@ -65,7 +64,12 @@ class RestClient:
         budget.charge()
         deadline = Deadline(self._config.timeouts.read)
         request = self._http.build_request(
-            method, self._base + path, json=json_body, params=params, headers=headers, timeout=self._timeout
+            method,
+            self._base + path,
+            json=json_body,
+            params=params,
+            headers=headers,
+            extensions=self._request_timeouts.extension(),
         )
         started = time.monotonic()
         try:

@@ -27,7 +27,7 @@ from adapters.http_answers import (
 )
 from adapters.jsonrpc import ErrorResponse, Response, classify_http_status
 from adapters.mcp_2026_07_28.wire import PROTOCOL_VERSION, error_for, header_value, request_meta
-from adapters.streamable_http import ACCEPT, map_transport_error
+from adapters.streamable_http import ACCEPT, RequestTimeouts, encode_message, map_transport_error
 
 __all__ = ["ExtHttp"]
 
@@ -66,6 +66,13 @@ class ExtHttp:
         self._endpoint, self._credentials = Credentials.of(httpx.URL(url), bearer_token)
         self._timeouts = timeouts
         self._limits = limits
+        # Built once, read, never changed: what every request sends whatever it asks.
+        self._constant_headers = {
+            "Accept": ACCEPT,
+            "Content-Type": "application/json",
+            "MCP-Protocol-Version": PROTOCOL_VERSION,
+        }
+        self._request_timeouts = RequestTimeouts(timeouts)
 
     @property
     def url(self) -> str:
@@ -78,12 +85,7 @@ class ExtHttp:
         Raises:
             Transient: the token provider failed; nothing was sent.
         """
-        headers = {
-            "Accept": ACCEPT,
-            "Content-Type": "application/json",
-            "MCP-Protocol-Version": PROTOCOL_VERSION,
-            "Mcp-Method": method,
-        }
+        headers = {**self._constant_headers, "Mcp-Method": method}
         if name is not None:
             headers["Mcp-Name"] = header_value(name)
         return headers | self._credentials.headers()
@@ -116,12 +118,11 @@ class ExtHttp:
         headers = self.headers(method, name)
         read_s = read_timeout if read_timeout is not None else self._timeouts.read
         deadline = Deadline(read_s)
-        t = self._timeouts
-        timeout = httpx.Timeout(connect=t.connect, read=read_s, write=t.write, pool=t.pool)
+        timeout = self._request_timeouts.extension(read_s)
         budget.charge()
         try:
             with self._http.stream(
-                "POST", self._endpoint, json=body, headers=headers, timeout=timeout
+                "POST", self._endpoint, content=encode_message(body), headers=headers, extensions=timeout
             ) as answer:
                 if 400 <= answer.status_code < 500 and answer.status_code != 429:
                     raw = read_error_body(answer)

@@ -8,7 +8,9 @@ from types import MappingProxyType
 
 import httpx
 
-from adapters import Limits, Timeouts
+from adapters import UNMETERED, AdapterConfig, Limits, Timeouts
+from adapters.aip151.transport import RestClient
+from adapters.mcp_2026_07_28.transport import ExtHttp
 from adapters.sse import SseDecoder, SseEvent
 from adapters.streamable_http import Session, StreamableHttpClient
 from tests.unit.adapters.mcp_fakes import URL, result_message
@@ -94,3 +96,42 @@ def test_a_large_event_in_small_chunks_is_decoded_whole() -> None:
 def test_lone_crs_and_lfs_mixed_in_one_chunk() -> None:
     events = feed_all([b"data: a\rdata: b\n\rdata: c\r\n\n: comment\r\r\ndata: d\n\n"])
     assert [event.data for event in events] == ["a\nb", "c", "d"]
+
+
+def test_the_extension_and_aip_transports_send_what_httpx_would_with_per_request_timeouts() -> None:
+    """Issue 21: their timeouts and constant headers built once, the body encoded as ``json=`` would."""
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.method == "GET":
+            return httpx.Response(200, json={"name": "operations/op-1", "done": False})
+        return httpx.Response(200, json=result_message(json.loads(request.content)["id"], {"ok": True}))
+
+    timeouts = Timeouts(read=2.0)
+    ext = ExtHttp(
+        httpx.Client(transport=httpx.MockTransport(handler)),
+        URL,
+        server="s",
+        bearer_token="tok",
+        timeouts=timeouts,
+        limits=Limits(),
+    )
+    for read_s in (None, 7.0, None):
+        params = {"taskId": "tâche"}
+        ext.call("tasks/get", params, name="t1", idempotent=True, budget=UNMETERED, read_timeout=read_s)
+    body = json.loads(seen[0].content)
+    reference = httpx.Request("POST", URL, json=body)
+    assert seen[0].content == reference.content
+    assert seen[0].headers["mcp-method"] == "tasks/get"
+    assert seen[0].headers["mcp-protocol-version"] == "2026-07-28"
+    assert seen[0].headers["authorization"] == "Bearer tok"
+    assert [r.extensions["timeout"]["read"] for r in seen] == [2.0, 7.0, 2.0]
+    assert seen[0].extensions["timeout"] is not seen[2].extensions["timeout"]  # each request its own
+
+    config = AdapterConfig(
+        name="s", url="http://ops.test", protocol="aip151", protocol_version="v1", timeouts=timeouts
+    )
+    rest = RestClient(httpx.Client(transport=httpx.MockTransport(handler)), config)
+    rest.send("GET", "/v1/operations/op-1", what="get", effect=False, budget=UNMETERED)
+    assert seen[-1].extensions["timeout"] == {"connect": 5.0, "read": 2.0, "write": 10.0, "pool": 5.0}
