@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import httpx
+import httpx2
 
 from adapters.base import AdapterConfig, InputRequest, Timeouts, ToolAdapter
 from adapters.streamable_http import parse_cookies_only_when_set
@@ -34,9 +34,9 @@ __all__ = [
     "http_client",
 ]
 
-AdapterFactory = Callable[[AdapterConfig, httpx.Client], ToolAdapter]
-#: Called with each request before it is sent (an httpx ``request`` event hook).
-RequestHook = Callable[[httpx.Request], object]
+AdapterFactory = Callable[[AdapterConfig, httpx2.Client], ToolAdapter]
+#: Called with each request before it is sent (an httpx2 ``request`` event hook).
+RequestHook = Callable[[httpx2.Request], object]
 
 
 class ToolSettings(Protocol):
@@ -68,10 +68,10 @@ class ClientMaker(Protocol):
 
     def __call__(
         self, timeouts: Timeouts, request_hooks: Sequence[RequestHook], *, connections: int
-    ) -> httpx.Client: ...
+    ) -> httpx2.Client: ...
 
 
-#: The connections a client keeps open by default: httpx's own default.
+#: The connections a client keeps open by default: httpx2's own default.
 DEFAULT_CONNECTIONS = 20
 #: The most connections a client opens at once, unless twice its kept connections is more (a request may
 #: be sent while another one's stream is read: an answer to a server's request on it).
@@ -80,7 +80,7 @@ MAX_CONNECTIONS = 100
 
 def http_client(
     timeouts: Timeouts, request_hooks: Sequence[RequestHook] = (), *, connections: int = DEFAULT_CONNECTIONS
-) -> httpx.Client:
+) -> httpx2.Client:
     """An adapter's client: the per-phase timeouts, ``request_hooks`` called before every request (the
     worker's names the bucket each request was charged to), cookies parsed only from the answers that set
     one (:func:`~adapters.streamable_http.parse_cookies_only_when_set`: every protocol's client, not only
@@ -88,11 +88,11 @@ def http_client(
     batch's members), so each request finds an open connection instead of closing one and opening another.
     """
     t = timeouts
-    limits = httpx.Limits(
+    limits = httpx2.Limits(
         max_connections=max(MAX_CONNECTIONS, 2 * connections), max_keepalive_connections=connections
     )
-    client = httpx.Client(
-        timeout=httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool),
+    client = httpx2.Client(
+        timeout=httpx2.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool),
         limits=limits,
         event_hooks={"request": list(request_hooks)},
     )

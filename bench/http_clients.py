@@ -10,14 +10,20 @@ connections it accepted), from this process, and measures this process's CPU (``
   default pool, and one sized to the batch), ``urllib3``'s connection pool, all on ``--batch`` threads
   in batches (as ``workers/members.py`` runs them); ``aiohttp`` on one event loop, ``--in-flight`` at once;
 - the adapters' status reads (``ToolAdapter.get``) of each protocol on the client a worker makes
-  (``workers.remote.RemotePool`` as ``workers.runtime.Runtime`` makes it), in batches of ``--batch`` on
-  threads.
+  (``workers.remote.RemotePool`` as ``workers.runtime.Runtime`` makes it, on httpx2), in batches of
+  ``--batch`` on threads; and MCP 2025-11-25's on a client that keeps 20 connections (every client's
+  before issue 21);
+- over HTTPS (a certificate of a CA made for the run, ``trustme``): httpx and httpx2, and MCP 2025-11-25's
+  status read, where every connection opened costs a TLS handshake.
 
-Printed per client: CPU ms per request, requests/s, the TCP connections the server accepted, and the CPU
-as a ratio of httpx's (same run). Target: the adapters' client reuses its connections, at most one per
-member of a batch over the whole run (``TARGET http.connections_reused``).
+Printed per client: CPU ms per request (the least of ``--runs`` interleaved runs), requests/s, the TCP
+connections the server accepted (the most of any run), and the CPU as a ratio of httpx's default client on
+the same scheme (same run). Target: the adapters' client reuses its connections, at most one per member of
+a batch over the whole run (``TARGET http.connections_reused``). ``docs/scaling.md``, "The HTTP client",
+quotes a run.
 
-Run: ``.venv/bin/python bench/http_clients.py [--quick] [--requests 3200] [--profile NAME]``
+Run: ``.venv/bin/python bench/http_clients.py [--quick] [--requests 3200] [--runs 3] [--only NAME ...]
+[--profile NAME]``
 """
 
 from __future__ import annotations
@@ -397,10 +403,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-flight", type=int, default=50, help="aiohttp's requests at once")
     parser.add_argument("--latency-ms", type=float, default=20, help="the server's time to answer")
     parser.add_argument("--profile", help="profile this client (a name printed) instead of measuring all")
+    parser.add_argument("--only", nargs="+", default=[], help="measure the clients whose names hold these")
     args = parser.parse_args(argv)
     requests, runs = (640, 1) if args.quick else (args.requests, args.runs)
     raise_on_sigterm()
-    listed = rows(args.in_flight)
+    listed = [row for row in rows(args.in_flight) if not args.only or any(w in row.name for w in args.only)]
     with log_directory("http-clients") as log_dir, servers(log_dir, args.latency_ms) as (plain, tls):
         if args.profile:
             row = next(row for row in listed if row.name == args.profile)
@@ -417,6 +424,8 @@ def main(argv: list[str] | None = None) -> int:
     figures = [best(measured[row.name]) for row in listed]
     report(figures, args.batch)
     workers = [f for f, row in zip(figures, listed, strict=True) if row.worker]
+    if not workers:
+        return 0  # --only left out the adapters' rows: no target measured
     worst = max(workers, key=lambda f: f.connections)
     total = worst.requests + args.batch  # the untimed first batch opens the connections
     ok = worst.connections <= args.batch

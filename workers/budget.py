@@ -18,7 +18,7 @@ request. ``charge`` takes a token from the server's bucket (waiting at most one 
 :class:`~workers.errors.NoToken`, which the adapter passes on unchanged: that request is not sent.
 
 Each request also names the bucket it was charged to in a ``Longcall-Budget`` header (:func:`label_request`,
-an httpx request hook), so a server's own log can tell a poll from control traffic, and an uncharged
+an httpx2 request hook), so a server's own log can tell a poll from control traffic, and an uncharged
 request (no header) stands out.
 
 Each charge is also counted for ``longcall metrics`` (:class:`RequestMeter`): one Redis counter per server,
@@ -43,7 +43,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+import httpx2
 import redis
 
 from adapters import OutcomeUnknown, ResultNotReady, Transient
@@ -297,8 +297,8 @@ class RequestMeter:
         return MeterCount(keys, (RATE_KEEP_S, PEAK_KEEP_S))
 
 
-def label_request(request: httpx.Request) -> None:
-    """httpx request hook: name the bucket the request was charged to, once (the next request needs a
+def label_request(request: httpx2.Request) -> None:
+    """httpx2 request hook: name the bucket the request was charged to, once (the next request needs a
     charge of its own)."""
     bucket = _charged.get()
     if bucket is not None:

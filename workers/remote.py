@@ -1,4 +1,4 @@
-"""One adapter per configured server and protocol version, per worker process, each on its own httpx client.
+"""One adapter per configured server and protocol version, per worker process, each on its own httpx2 client.
 
 An operation is followed by the adapter of the protocol and version recorded on its row at submit (DESIGN
 rule 14), not by the server's current configuration: when the configuration moves a server to another
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 
-import httpx
+import httpx2
 
 from adapters import (
     DEFAULT_CONNECTIONS,
@@ -51,7 +51,7 @@ class RemotePool:
         self._limits = Limits.for_results(max_result_bytes)
         self._connections = connections
         self._adapters: dict[tuple[str, str, str], ToolAdapter] = {}
-        self._clients: list[httpx.Client] = []
+        self._clients: list[httpx2.Client] = []
         self._lock = threading.Lock()
 
     def server(self, name: str) -> ServerConfig:

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-import httpx
+import httpx2
 
 from adapters.base import Limits, RequestBudget, Timeouts, redact_url
 from adapters.credentials import BearerToken, Credentials
@@ -52,7 +52,7 @@ class ExtHttp:
 
     def __init__(
         self,
-        http: httpx.Client,
+        http: httpx2.Client,
         url: str,
         *,
         server: str,
@@ -63,7 +63,7 @@ class ExtHttp:
         self._http = http
         self._server = server
         self._url = redact_url(url)
-        self._endpoint, self._credentials = Credentials.of(httpx.URL(url), bearer_token)
+        self._endpoint, self._credentials = Credentials.of(httpx2.URL(url), bearer_token)
         self._timeouts = timeouts
         self._limits = limits
         # Built once, read, never changed: what every request sends whatever it asks.
@@ -155,7 +155,7 @@ class ExtHttp:
             raise (
                 Transient(text) if idempotent else OutcomeUnknown(f"may have reached the server, {text}")
             ) from exc
-        except httpx.HTTPError as exc:
+        except httpx2.HTTPError as exc:
             raise map_transport_error(exc, idempotent=idempotent, method=method) from exc
         except UnicodeDecodeError as exc:
             raise ProtocolViolation(f"{method}: answer is not UTF-8") from exc

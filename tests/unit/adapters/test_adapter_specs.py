@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-import httpx
+import httpx2
 import pytest
 
 from adapters import (
@@ -159,17 +159,17 @@ def test_the_keyed_round_spec_leaves_the_answered_keys_out() -> None:
 
 
 def test_the_plain_client_has_the_timeouts_the_hooks_and_the_cookie_choice() -> None:
-    def hook(request: httpx.Request) -> None:
+    def hook(request: httpx2.Request) -> None:
         del request
 
     timeouts = Timeouts(connect=1.0, read=2.0, write=3.0, pool=4.0)
-    with http_client(timeouts, (hook,), connections=64) as client, httpx.Client() as plain:
-        assert client.timeout == httpx.Timeout(connect=1.0, read=2.0, write=3.0, pool=4.0)
-        pool = client._transport._pool  # type: ignore[attr-defined]  # httpx keeps its limits only there
+    with http_client(timeouts, (hook,), connections=64) as client, httpx2.Client() as plain:
+        assert client.timeout == httpx2.Timeout(connect=1.0, read=2.0, write=3.0, pool=4.0)
+        pool = client._transport._pool  # type: ignore[attr-defined]  # httpx2 keeps its limits only there
         assert (pool._max_keepalive_connections, pool._max_connections) == (64, 128)
         assert client.event_hooks["request"] == [hook]
         parse_cookies_only_when_set(plain)
-        assert type(client.cookies) is type(plain.cookies) is not httpx.Cookies
+        assert type(client.cookies) is type(plain.cookies) is not httpx2.Cookies
 
 
 # --------------------------------------------------------- adding a version touches adapters/ only
@@ -180,7 +180,7 @@ class Built:
     """What a fake version's factory was given (it stands for the adapter)."""
 
     config: AdapterConfig
-    http: httpx.Client
+    http: httpx2.Client
     name: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -192,16 +192,16 @@ def test_a_version_added_to_a_registry_is_built_by_the_pool_with_no_change_in_wo
     the pool makes its client as the spec says (with the worker's request hook, the pool's timeouts and the
     connections it keeps) and builds its adapter with the spec's factory; closing the pool closes the
     client."""
-    clients: list[tuple[Timeouts, Sequence[RequestHook], int, httpx.Client]] = []
+    clients: list[tuple[Timeouts, Sequence[RequestHook], int, httpx2.Client]] = []
 
     def make_client(
         timeouts: Timeouts, request_hooks: Sequence[RequestHook], *, connections: int
-    ) -> httpx.Client:
-        client = httpx.Client()
+    ) -> httpx2.Client:
+        client = httpx2.Client()
         clients.append((timeouts, request_hooks, connections, client))
         return client
 
-    def factory(config: AdapterConfig, http: httpx.Client) -> ToolAdapter:
+    def factory(config: AdapterConfig, http: httpx2.Client) -> ToolAdapter:
         return cast(ToolAdapter, Built(config, http))
 
     registry = default_registry()

@@ -1,6 +1,7 @@
 """A server's connections are reused from one poll batch to the next (issue 21): the client of a server keeps
 as many connections alive as a batch has members, so the members of every batch after the first find theirs
-open. httpx keeps 20 by default: a batch of 32 closed 12 of its connections and opened 12 again every batch.
+open. httpx and httpx2 keep 20 by default: a batch of 32 closed 12 of its connections and opened 12 again
+every batch.
 
 A real HTTP server on loopback counts the TCP connections it accepts, and answers nothing until the whole
 batch is waiting for its answer (as over a real network, where every member's request is in flight at once).
@@ -25,7 +26,7 @@ from tests.unit.adapters.mcp_fakes import result_message
 from workers.runtime import Runtime
 from workers.settings import FleetConfig, Settings
 
-#: A batch larger than the 20 connections httpx keeps alive by default (and ``poll_batch``'s default).
+#: A batch larger than the 20 connections an httpx2 client keeps alive by default (``poll_batch``'s default).
 BATCH = 32
 ROUNDS = 3
 #: The longest a request waits for the rest of its batch to arrive before the server gives up on it.
@@ -116,7 +117,7 @@ def test_the_adapters_client_keeps_a_batchs_connections_alive(counting_server: S
         )
         session = Session(session_id="s1", protocol_version="2025-11-25")
         in_batches(lambda: client.request("tasks/get", {"taskId": "t1"}, session=session, idempotent=True))
-    assert counting_server.server.connections == BATCH  # 56 with httpx's 20: 32, then 12 more a batch
+    assert counting_server.server.connections == BATCH  # 56 with the default 20 kept: 32, then 12 a batch
 
 
 def test_a_workers_clients_keep_as_many_connections_as_its_poll_batch(counting_server: Served) -> None:
