@@ -16,7 +16,6 @@ from typing import Any, Protocol
 import httpx2
 
 from adapters.base import AdapterConfig, InputRequest, Timeouts, ToolAdapter
-from adapters.streamable_http import parse_cookies_only_when_set
 
 __all__ = [
     "DEFAULT_CONNECTIONS",
@@ -82,22 +81,19 @@ def http_client(
     timeouts: Timeouts, request_hooks: Sequence[RequestHook] = (), *, connections: int = DEFAULT_CONNECTIONS
 ) -> httpx2.Client:
     """An adapter's client: the per-phase timeouts, ``request_hooks`` called before every request (the
-    worker's names the bucket each request was charged to), cookies parsed only from the answers that set
-    one (:func:`~adapters.streamable_http.parse_cookies_only_when_set`: every protocol's client, not only
-    MCP 2025-11-25's), and ``connections`` kept open between requests: as many as are sent at once (a poll
-    batch's members), so each request finds an open connection instead of closing one and opening another.
-    """
+    worker's names the bucket each request was charged to), and ``connections`` kept open between requests:
+    as many as are sent at once (a poll batch's members), so each request finds an open connection instead
+    of closing one and opening another. Its cookie jar parses only the answers that set a cookie (httpx2's
+    own, where httpx parsed every answer), and sends a sticky-session load balancer's cookie back."""
     t = timeouts
     limits = httpx2.Limits(
         max_connections=max(MAX_CONNECTIONS, 2 * connections), max_keepalive_connections=connections
     )
-    client = httpx2.Client(
+    return httpx2.Client(
         timeout=httpx2.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool),
         limits=limits,
         event_hooks={"request": list(request_hooks)},
     )
-    parse_cookies_only_when_set(client)
-    return client
 
 
 def accept_any_tools(protocol_version: str, tools: Mapping[str, ToolSettings]) -> None:

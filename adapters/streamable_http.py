@@ -53,39 +53,10 @@ __all__ = [
     "TimeoutExtension",
     "encode_message",
     "map_transport_error",
-    "parse_cookies_only_when_set",
     "request_headers",
 ]
 
 ACCEPT = "application/json, text/event-stream"
-
-
-class _CookiesWhenSet(httpx2.Cookies):
-    """:class:`httpx2.Cookies` that parses an answer only when it sets a cookie.
-
-    httpx2 hands every answer to its cookie jar, building a ``urllib`` request and an ``email`` message of
-    all the answer's headers for it, whether or not the answer sets a cookie: ~20 µs of CPU a request, a
-    twentieth of an unchanged poll's. The jar ignores an answer without these headers, so skipping it
-    changes nothing.
-    """
-
-    def extract_cookies(self, response: httpx2.Response) -> None:
-        headers = response.headers
-        if "set-cookie" in headers or "set-cookie2" in headers:
-            super().extract_cookies(response)
-
-
-def parse_cookies_only_when_set(http: httpx2.Client) -> None:
-    """Make ``http`` parse cookies only from answers that set one (a sticky-session load balancer's cookie
-    still comes back on the next request). The client keeps its jar and the cookies in it; a client with
-    its own :class:`httpx2.Cookies` subclass is left as it is.
-
-    httpx2 has no public way to do this: its ``cookies`` setter wraps a copy in a plain ``httpx2.Cookies``.
-    Should a later httpx2 keep them elsewhere, the attribute set here is unused and nothing else changes.
-    """
-    cookies = http.cookies
-    if type(cookies) is httpx2.Cookies:
-        http._cookies = _CookiesWhenSet(cookies.jar)  # the same jar, not a copy
 
 
 def request_headers(session: Session | None, *, include_version: bool = True) -> dict[str, str]:
@@ -175,7 +146,6 @@ class StreamableHttpClient:
         self._timeouts = timeouts
         self._limits = limits
         self._request_timeouts = RequestTimeouts(timeouts)
-        parse_cookies_only_when_set(http)
         # Random ids: workers sharing one stateful session must never reuse an id the server still maps.
         self._new_id = new_id or (lambda: f"lc-{uuid.uuid4().hex}")
 

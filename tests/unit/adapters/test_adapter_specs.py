@@ -27,7 +27,6 @@ from adapters import (
     mcp_2025_11_25,
     mcp_2026_07_28,
 )
-from adapters.streamable_http import parse_cookies_only_when_set
 from workers.budget import label_request
 from workers.remote import RemotePool
 from workers.settings import FleetConfig, ToolConfig
@@ -158,18 +157,16 @@ def test_the_keyed_round_spec_leaves_the_answered_keys_out() -> None:
     assert without_answered(request, ["a", "b"]) is None
 
 
-def test_the_plain_client_has_the_timeouts_the_hooks_and_the_cookie_choice() -> None:
+def test_the_plain_client_has_the_timeouts_the_hooks_and_the_connections_kept() -> None:
     def hook(request: httpx2.Request) -> None:
         del request
 
     timeouts = Timeouts(connect=1.0, read=2.0, write=3.0, pool=4.0)
-    with http_client(timeouts, (hook,), connections=64) as client, httpx2.Client() as plain:
+    with http_client(timeouts, (hook,), connections=64) as client:
         assert client.timeout == httpx2.Timeout(connect=1.0, read=2.0, write=3.0, pool=4.0)
         pool = client._transport._pool  # type: ignore[attr-defined]  # httpx2 keeps its limits only there
         assert (pool._max_keepalive_connections, pool._max_connections) == (64, 128)
         assert client.event_hooks["request"] == [hook]
-        parse_cookies_only_when_set(plain)
-        assert type(client.cookies) is type(plain.cookies) is not httpx2.Cookies
 
 
 # --------------------------------------------------------- adding a version touches adapters/ only
