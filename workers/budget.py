@@ -18,7 +18,7 @@ request. ``charge`` takes a token from the server's bucket (waiting at most one 
 :class:`~workers.errors.NoToken`, which the adapter passes on unchanged: that request is not sent.
 
 Each request also names the bucket it was charged to in a ``Longcall-Budget`` header (:func:`label_request`,
-an httpx2 request hook), so a server's own log can tell a poll from control traffic, and an uncharged
+an httpx request hook), so a server's own log can tell a poll from control traffic, and an uncharged
 request (no header) stands out.
 
 Each charge is also counted for ``longcall metrics`` (:class:`RequestMeter`): one Redis counter per server,
