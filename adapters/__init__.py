@@ -50,7 +50,16 @@ from adapters.errors import (
 from adapters.mcp_2025_11_25 import McpTasksAdapter
 from adapters.mcp_2026_07_28.discovery import detect as detect_generation
 from adapters.registry import SHIPPED, AdapterRegistry, default_registry
-from adapters.spec import AdapterFactory, AdapterSpec, KeyedRounds, RequestHook, ToolSettings, http_client
+from adapters.spec import (
+    DEFAULT_CONNECTIONS,
+    AdapterFactory,
+    AdapterSpec,
+    ClientMaker,
+    KeyedRounds,
+    RequestHook,
+    ToolSettings,
+    http_client,
+)
 
 # Plainly sorted (test_the_package_exports_a_sorted_all), not isort-style: one rule for the reader.
 __all__ = [  # noqa: RUF022
@@ -62,7 +71,9 @@ __all__ = [  # noqa: RUF022
     "AnswerTooLarge",
     "CancelOutcome",
     "CapabilityRefused",
+    "ClientMaker",
     "Created",
+    "DEFAULT_CONNECTIONS",
     "DEFAULT_MAX_RESULT_BYTES",
     "ENVELOPE_MARGIN_BYTES",
     "ErrorInfo",

@@ -2,7 +2,7 @@
 
 A bearer token is a value, or a provider called before every request (a rotated token is used from then
 on). ``user:password`` in a server's URL is taken out of the URL and sent as a basic-auth header: never as
-a part of the URL that httpx would log (its INFO line names every request's URL) or put into an error.
+a part of the URL that httpx2 would log (its INFO line names every request's URL) or put into an error.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import base64
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import httpx
+import httpx2
 
 from adapters.errors import Transient
 
@@ -29,7 +29,7 @@ class Credentials:
     basic: str | None = field(default=None, repr=False)
 
     @classmethod
-    def of(cls, url: httpx.URL, token: BearerToken) -> tuple[httpx.URL, Credentials]:
+    def of(cls, url: httpx2.URL, token: BearerToken) -> tuple[httpx2.URL, Credentials]:
         """``url`` without its ``user:password``, and the credentials: ``token``, and that pair as basic
         auth."""
         if not url.userinfo:

@@ -1,6 +1,6 @@
 """The adapters' one exception tree.
 
-Every foreign exception (httpx, JSON decoding, a server's JSON-RPC error) is mapped at the edge to one
+Every foreign exception (httpx2, JSON decoding, a server's JSON-RPC error) is mapped at the edge to one
 of these, with ``raise ... from``. Each class carries its retry meaning::
 
     AdapterError

@@ -2,7 +2,7 @@
 
 The answer to a POST is one JSON body or an SSE stream that may carry server requests and notifications
 before the response, which is matched by request id. Nothing here sends a request: these functions read
-an ``httpx.Response`` that :class:`adapters.streamable_http.StreamableHttpClient` has opened, and raise
+an ``httpx2.Response`` that :class:`adapters.streamable_http.StreamableHttpClient` has opened, and raise
 the package's errors, or one of the two private signals below that the client turns into them
 (:class:`ReadBudgetExceeded`, :class:`Resume`).
 """
@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
-import httpx
+import httpx2
 
 from adapters.errors import AnswerTooLarge, NotFound, OutcomeUnknown, ProtocolViolation, Transient
 from adapters.jsonrpc import (
@@ -118,7 +118,7 @@ class StreamState:
 
 
 def read_bounded(
-    answer: httpx.Response, limit: int, deadline: Deadline | None, *, what: str = "answer"
+    answer: httpx2.Response, limit: int, deadline: Deadline | None, *, what: str = "answer"
 ) -> bytes:
     """The whole body, refused past ``limit`` bytes or (when given) past ``deadline``.
 
@@ -149,7 +149,7 @@ def read_bounded(
     return b"".join(chunks)
 
 
-def read_error_body(answer: httpx.Response) -> bytes:
+def read_error_body(answer: httpx2.Response) -> bytes:
     """The start of an error answer's body, for its message: at most :data:`ERROR_BODY_LIMIT` bytes, the
     rest left unread (it goes with the connection). An error answer is never refused for its size: what
     it says is in its status, and its body only adds the words."""
@@ -163,7 +163,7 @@ def read_error_body(answer: httpx.Response) -> bytes:
     return b"".join(chunks)
 
 
-def declared_length(answer: httpx.Response) -> int | None:
+def declared_length(answer: httpx2.Response) -> int | None:
     """The body's size as its ``Content-Length`` declares it, when that is the size of what is read (no
     ``Content-Encoding``: a compressed body is read decoded, larger than declared)."""
     length = answer.headers.get("content-length")
@@ -173,7 +173,7 @@ def declared_length(answer: httpx.Response) -> int | None:
 
 
 def read_answer(
-    answer: httpx.Response,
+    answer: httpx2.Response,
     *,
     request_id: str,
     method: str,
@@ -236,7 +236,7 @@ def read_answer(
 
 
 def read_stream(
-    answer: httpx.Response,
+    answer: httpx2.Response,
     *,
     request_id: str | None,
     method: str,
@@ -256,7 +256,7 @@ def read_stream(
     messages = state.messages
     chunks = answer.iter_bytes()
     leg_size = 0
-    cut: httpx.TransportError | None = None
+    cut: httpx2.TransportError | None = None
     try:
         for chunk in _until_cut(chunks, resumable=request_id is not None, decoder=decoder, state=state):
             state.size += len(chunk)
@@ -306,7 +306,7 @@ def read_stream(
 class _Cut(Exception):
     """The connection under a resumable stream broke (see :func:`_until_cut`)."""
 
-    def __init__(self, error: httpx.TransportError) -> None:
+    def __init__(self, error: httpx2.TransportError) -> None:
         super().__init__(str(error))
         self.error = error
 
@@ -318,7 +318,7 @@ def _until_cut(
     with :class:`_Cut` (the stream is resumed), any other break is raised as it is."""
     try:
         yield from chunks
-    except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+    except (httpx2.RemoteProtocolError, httpx2.ReadError) as exc:
         if resumable and (decoder.last_event_id or state.last_event_id) is not None:
             raise _Cut(exc) from exc
         raise
@@ -361,7 +361,7 @@ def _collect(
     )
 
 
-def _finish_stream(answer: httpx.Response, chunks: Iterator[bytes], size: int, limit: int) -> None:
+def _finish_stream(answer: httpx2.Response, chunks: Iterator[bytes], size: int, limit: int) -> None:
     """Read the rest of an event stream whose response is in, when it is already arriving: a whole answer
     lets its connection go back to the pool, an unfinished one is closed with it. A server SHOULD end the
     stream after the response; one that keeps it open is waited for ``_STREAM_END_GRACE_S`` at most."""
@@ -381,7 +381,7 @@ def _finish_stream(answer: httpx.Response, chunks: Iterator[bytes], size: int, l
             if chunk is None:
                 return
             size += len(chunk)
-    except httpx.HTTPError:
+    except httpx2.HTTPError:
         return  # the response is held; a broken end only costs the connection
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
-import httpx
+import httpx2
 
 from adapters import aip151, mcp_2025_11_25, mcp_2026_07_28
 from adapters.base import AdapterConfig, ToolAdapter
@@ -88,7 +88,7 @@ class AdapterRegistry:
         """
         return self.spec(protocol, protocol_version).factory
 
-    def build(self, config: AdapterConfig, http: httpx.Client) -> ToolAdapter:
+    def build(self, config: AdapterConfig, http: httpx2.Client) -> ToolAdapter:
         """Build the adapter for ``config.protocol`` and ``config.protocol_version``.
 
         Raises:

@@ -13,12 +13,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import httpx
+import httpx2
 
 from adapters.base import AdapterConfig, InputRequest, Timeouts, ToolAdapter
-from adapters.streamable_http import parse_cookies_only_when_set
 
 __all__ = [
+    "DEFAULT_CONNECTIONS",
+    "MAX_CONNECTIONS",
     "AdapterFactory",
     "AdapterSpec",
     "ArgumentCheck",
@@ -32,9 +33,9 @@ __all__ = [
     "http_client",
 ]
 
-AdapterFactory = Callable[[AdapterConfig, httpx.Client], ToolAdapter]
-#: Called with each request before it is sent (an httpx ``request`` event hook).
-RequestHook = Callable[[httpx.Request], object]
+AdapterFactory = Callable[[AdapterConfig, httpx2.Client], ToolAdapter]
+#: Called with each request before it is sent (an httpx2 ``request`` event hook).
+RequestHook = Callable[[httpx2.Request], object]
 
 
 class ToolSettings(Protocol):
@@ -55,25 +56,44 @@ ConfigCheck = Callable[[str, Mapping[str, ToolSettings]], None]
 #: ``check_arguments(tool, arguments)``: why the arguments cannot start the tool (``tool`` is its
 #: configuration, None when it has none), or None. Pure: nothing is sent.
 ArgumentCheck = Callable[[ToolSettings | None, Mapping[str, Any]], str | None]
-#: ``make_client(timeouts, request_hooks)``: the HTTP client one adapter is built on.
-ClientMaker = Callable[[Timeouts, Sequence[RequestHook]], httpx.Client]
 #: ``without_answered(request, answered_keys)``: the round without the keys already answered, None when
 #: none is left.
 KeyedRounds = Callable[[InputRequest, Iterable[str]], InputRequest | None]
 
 
-def http_client(timeouts: Timeouts, request_hooks: Sequence[RequestHook] = ()) -> httpx.Client:
+class ClientMaker(Protocol):
+    """``make_client(timeouts, request_hooks, connections=n)``: the HTTP client one adapter is built on,
+    keeping ``connections`` open for reuse (as many as the worker sends to its server at once)."""
+
+    def __call__(
+        self, timeouts: Timeouts, request_hooks: Sequence[RequestHook], *, connections: int
+    ) -> httpx2.Client: ...
+
+
+#: The connections a client keeps open by default: httpx2's own default.
+DEFAULT_CONNECTIONS = 20
+#: The most connections a client opens at once, unless twice its kept connections is more (a request may
+#: be sent while another one's stream is read: an answer to a server's request on it).
+MAX_CONNECTIONS = 100
+
+
+def http_client(
+    timeouts: Timeouts, request_hooks: Sequence[RequestHook] = (), *, connections: int = DEFAULT_CONNECTIONS
+) -> httpx2.Client:
     """An adapter's client: the per-phase timeouts, ``request_hooks`` called before every request (the
-    worker's names the bucket each request was charged to), and cookies parsed only from the answers that
-    set one (:func:`~adapters.streamable_http.parse_cookies_only_when_set`: every protocol's client, not
-    only MCP 2025-11-25's)."""
+    worker's names the bucket each request was charged to), and ``connections`` kept open between requests:
+    as many as are sent at once (a poll batch's members), so each request finds an open connection instead
+    of closing one and opening another. Its cookie jar parses only the answers that set a cookie (httpx2's
+    own, where httpx parsed every answer), and sends a sticky-session load balancer's cookie back."""
     t = timeouts
-    client = httpx.Client(
-        timeout=httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool),
+    limits = httpx2.Limits(
+        max_connections=max(MAX_CONNECTIONS, 2 * connections), max_keepalive_connections=connections
+    )
+    return httpx2.Client(
+        timeout=httpx2.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool),
+        limits=limits,
         event_hooks={"request": list(request_hooks)},
     )
-    parse_cookies_only_when_set(client)
-    return client
 
 
 def accept_any_tools(protocol_version: str, tools: Mapping[str, ToolSettings]) -> None:

@@ -1,8 +1,8 @@
-"""The thin I/O half of MCP's Streamable HTTP transport, over an injected ``httpx.Client``.
+"""The thin I/O half of MCP's Streamable HTTP transport, over an injected ``httpx2.Client``.
 
 One POST per JSON-RPC message. The answer may be one JSON body or an SSE stream carrying server requests
 and notifications before the response; the response is matched by request id. Reads are bounded in size
-and in time (:mod:`adapters.http_answers` reads them); every httpx exception is mapped at this edge.
+and in time (:mod:`adapters.http_answers` reads them); every httpx2 exception is mapped at this edge.
 Each HTTP request sent (a POST, a GET stream, the GET that resumes a stream) is first charged to the
 caller's :class:`~adapters.base.RequestBudget`.
 """
@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import httpx
+import httpx2
 
 from adapters.base import UNMETERED, Limits, RequestBudget, Timeouts, redact_url
 from adapters.credentials import BearerToken, Credentials
@@ -46,43 +46,17 @@ from adapters.metering import Refused
 __all__ = [
     "ACCEPT",
     "Exchange",
+    "RequestTimeouts",
     "Session",
     "SessionGone",
     "StreamableHttpClient",
+    "TimeoutExtension",
+    "encode_message",
     "map_transport_error",
-    "parse_cookies_only_when_set",
     "request_headers",
 ]
 
 ACCEPT = "application/json, text/event-stream"
-
-
-class _CookiesWhenSet(httpx.Cookies):
-    """:class:`httpx.Cookies` that parses an answer only when it sets a cookie.
-
-    httpx hands every answer to its cookie jar, building a ``urllib`` request and an ``email`` message of
-    all the answer's headers for it, whether or not the answer sets a cookie: ~20 µs of CPU a request, a
-    twentieth of an unchanged poll's. The jar ignores an answer without these headers, so skipping it
-    changes nothing.
-    """
-
-    def extract_cookies(self, response: httpx.Response) -> None:
-        headers = response.headers
-        if "set-cookie" in headers or "set-cookie2" in headers:
-            super().extract_cookies(response)
-
-
-def parse_cookies_only_when_set(http: httpx.Client) -> None:
-    """Make ``http`` parse cookies only from answers that set one (a sticky-session load balancer's cookie
-    still comes back on the next request). The client keeps its jar and the cookies in it; a client with
-    its own :class:`httpx.Cookies` subclass is left as it is.
-
-    httpx has no public way to do this: its ``cookies`` setter wraps a copy in a plain ``httpx.Cookies``.
-    Should a later httpx keep them elsewhere, the attribute set here is unused and nothing else changes.
-    """
-    cookies = http.cookies
-    if type(cookies) is httpx.Cookies:
-        http._cookies = _CookiesWhenSet(cookies.jar)  # the same jar, not a copy
 
 
 def request_headers(session: Session | None, *, include_version: bool = True) -> dict[str, str]:
@@ -96,35 +70,52 @@ def request_headers(session: Session | None, *, include_version: bool = True) ->
     return headers
 
 
-def map_transport_error(exc: httpx.HTTPError, *, idempotent: bool, method: str) -> AdapterError:
-    """Map an httpx exception to the most specific adapter error.
+def map_transport_error(exc: httpx2.HTTPError, *, idempotent: bool, method: str) -> AdapterError:
+    """Map an httpx2 exception to the most specific adapter error.
 
     A request that provably never left (connect and pool failures) is always :class:`NotSent`. Once
     bytes may have reached the server, a non-idempotent request becomes :class:`OutcomeUnknown`.
     """
     what = f"{method}: {type(exc).__name__}: {exc}"
-    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
+    if isinstance(exc, httpx2.ConnectError | httpx2.ConnectTimeout | httpx2.PoolTimeout):
         return NotSent(f"not sent, {what}")
-    if isinstance(exc, httpx.UnsupportedProtocol):
+    if isinstance(exc, httpx2.UnsupportedProtocol):
         return Rejected(f"bad URL, {what}")
-    if isinstance(exc, httpx.DecodingError | httpx.TooManyRedirects):
+    if isinstance(exc, httpx2.DecodingError | httpx2.TooManyRedirects):
         return ProtocolViolation(what)
     if idempotent:
         return Transient(what)
     return OutcomeUnknown(f"may have reached the server, {what}")
 
 
-#: The request extension that sets a request's timeouts (what httpx makes of ``timeout=``).
-_TimeoutExtension = dict[str, dict[str, float | None]]
+#: The request extension that sets a request's timeouts (what httpx2 makes of ``timeout=``).
+TimeoutExtension = dict[str, dict[str, float | None]]
 
 
-def _timeout_extension(timeouts: Timeouts, read: float) -> _TimeoutExtension:
+def _timeout_extension(timeouts: Timeouts, read: float) -> TimeoutExtension:
     t = timeouts
-    return {"timeout": httpx.Timeout(connect=t.connect, read=read, write=t.write, pool=t.pool).as_dict()}
+    return {"timeout": httpx2.Timeout(connect=t.connect, read=read, write=t.write, pool=t.pool).as_dict()}
 
 
-def _encode(message: dict[str, Any]) -> bytes:
-    """A JSON-RPC message as httpx's ``json=`` encodes it (the request then sets its own Content-Type)."""
+class RequestTimeouts:
+    """The ``timeout`` extension of each request a client sends (``extensions=``, what httpx2 makes of
+    ``timeout=``): the client's per-phase timeouts with the read timeout the request asks for. The usual one
+    is built once (httpx2 would build the same ``Timeout`` again for every request); each request gets its own
+    copy, since httpx2 hands the mapping itself to the request, where a hook may change it."""
+
+    def __init__(self, timeouts: Timeouts) -> None:
+        self._timeouts = timeouts
+        self._usual = _timeout_extension(timeouts, timeouts.read)["timeout"]
+
+    def extension(self, read: float | None = None) -> TimeoutExtension:
+        """The extension for a read timeout of ``read`` seconds (by default the client's)."""
+        if read is None or read == self._timeouts.read:
+            return {"timeout": dict(self._usual)}
+        return _timeout_extension(self._timeouts, read)
+
+
+def encode_message(message: dict[str, Any]) -> bytes:
+    """A JSON-RPC message as httpx2's ``json=`` encodes it (the request then sets its own Content-Type)."""
     return json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
@@ -133,7 +124,7 @@ class StreamableHttpClient:
 
     def __init__(
         self,
-        http: httpx.Client,
+        http: httpx2.Client,
         url: str,
         *,
         bearer_token: BearerToken,
@@ -143,20 +134,18 @@ class StreamableHttpClient:
     ) -> None:
         self._http = http
         self._url = redact_url(url)
-        # Parsed once: httpx would parse the string again for every request.
-        self._endpoint: httpx.URL | str
+        # Parsed once: httpx2 would parse the string again for every request.
+        self._endpoint: httpx2.URL | str
         try:
-            endpoint = httpx.URL(url)
-        except httpx.InvalidURL:
+            endpoint = httpx2.URL(url)
+        except httpx2.InvalidURL:
             self._endpoint = url  # refused when it is used, as before
             self._credentials = Credentials(bearer_token)
         else:
             self._endpoint, self._credentials = Credentials.of(endpoint, bearer_token)
         self._timeouts = timeouts
         self._limits = limits
-        # Built once (httpx would build the same timeouts again for every request); read, never changed.
-        self._usual_timeout = _timeout_extension(timeouts, timeouts.read)
-        parse_cookies_only_when_set(http)
+        self._request_timeouts = RequestTimeouts(timeouts)
         # Random ids: workers sharing one stateful session must never reuse an id the server still maps.
         self._new_id = new_id or (lambda: f"lc-{uuid.uuid4().hex}")
 
@@ -174,11 +163,8 @@ class StreamableHttpClient:
         """
         return request_headers(session, include_version=include_version) | self._credentials.headers()
 
-    def _timeout(self, read: float) -> _TimeoutExtension:
-        if read == self._timeouts.read:
-            # A copy: httpx hands the mapping itself to the request's extensions, where a hook may change it.
-            return {"timeout": dict(self._usual_timeout["timeout"])}
-        return _timeout_extension(self._timeouts, read)
+    def _timeout(self, read: float) -> TimeoutExtension:
+        return self._request_timeouts.extension(read)
 
     def request(
         self,
@@ -214,7 +200,7 @@ class StreamableHttpClient:
         headers = self._headers(session, include_version=include_version)
         state = StreamState()
 
-        def read(answer: httpx.Response, *, resuming: bool) -> Exchange:
+        def read(answer: httpx2.Response, *, resuming: bool) -> Exchange:
             return read_answer(
                 answer,
                 request_id=request_id,
@@ -234,7 +220,7 @@ class StreamableHttpClient:
             with self._http.stream(
                 "POST",
                 self._endpoint,
-                content=_encode(body),
+                content=encode_message(body),
                 headers=headers,
                 extensions=self._timeout(read_s),
             ) as answer:
@@ -298,7 +284,7 @@ class StreamableHttpClient:
         """Run one leg of a request, mapping every foreign exception at this edge."""
         try:
             return leg()
-        except httpx.ReadTimeout as exc:
+        except httpx2.ReadTimeout as exc:
             if patient:
                 return Exchange(response=None, waited_out=True)
             raise map_transport_error(exc, idempotent=idempotent, method=method) from exc
@@ -309,7 +295,7 @@ class StreamableHttpClient:
             if idempotent:
                 raise Transient(message) from exc
             raise OutcomeUnknown(f"may have reached the server, {message}") from exc
-        except httpx.HTTPError as exc:
+        except httpx2.HTTPError as exc:
             raise map_transport_error(exc, idempotent=idempotent, method=method) from exc
         except UnicodeDecodeError as exc:
             raise ProtocolViolation(f"{method}: answer is not UTF-8") from exc
@@ -336,7 +322,7 @@ class StreamableHttpClient:
             with self._http.stream(
                 "POST",
                 self._endpoint,
-                content=_encode(dict(message)),
+                content=encode_message(dict(message)),
                 headers=headers,
                 extensions=self._timeout(self._timeouts.read),
             ) as answer:
@@ -348,7 +334,7 @@ class StreamableHttpClient:
                 raise classify_http_status(
                     answer.status_code, headers=answer.headers, body=body, idempotent=idempotent
                 )
-        except httpx.HTTPError as exc:
+        except httpx2.HTTPError as exc:
             raise map_transport_error(exc, idempotent=idempotent, method=what) from exc
 
     def listen(
@@ -398,13 +384,13 @@ class StreamableHttpClient:
                     until=until,
                     patient=True,
                 )
-        except (httpx.ReadTimeout, ReadBudgetExceeded):
+        except (httpx2.ReadTimeout, ReadBudgetExceeded):
             return Exchange(response=None, waited_out=True)
         except AnswerTooLarge as exc:
             # The session's stream carries no result: what it brought past the cap is a stream to drop,
             # not a result too large to store.
             raise ProtocolViolation(f"GET stream: {exc}") from exc
-        except httpx.HTTPError as exc:
+        except httpx2.HTTPError as exc:
             raise map_transport_error(exc, idempotent=True, method="GET stream") from exc
         except UnicodeDecodeError as exc:
             raise ProtocolViolation("GET stream is not UTF-8") from exc

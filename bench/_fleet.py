@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import redis
 from _apps import NOOP_QUEUE, PIPELINE_QUEUE, make_pipeline
 from _harness import (
@@ -201,11 +201,11 @@ class Fleet:
         return cpu
 
     def server_log(self) -> list[dict[str, Any]]:
-        entries: list[dict[str, Any]] = httpx.get(f"{self.control}/log", timeout=10).json()["entries"]
+        entries: list[dict[str, Any]] = httpx2.get(f"{self.control}/log", timeout=10).json()["entries"]
         return entries
 
     def server_tasks(self) -> dict[str, dict[str, Any]]:
-        tasks = httpx.get(f"{self.control}/tasks", timeout=10).json()["tasks"]
+        tasks = httpx2.get(f"{self.control}/tasks", timeout=10).json()["tasks"]
         return {t["taskId"]: t for t in tasks}
 
 

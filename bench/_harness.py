@@ -22,7 +22,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TypeVar
 
-import httpx
+import httpx2
 import psycopg
 import redis
 from _apps import PIPELINE_QUEUE
@@ -251,8 +251,8 @@ def listening(control: str) -> Callable[[Child], bool]:
 
     def probe(_: Child) -> bool:
         try:
-            return httpx.get(f"{control}/faults", timeout=1).status_code == 200
-        except httpx.HTTPError:
+            return httpx2.get(f"{control}/faults", timeout=1).status_code == 200
+        except httpx2.HTTPError:
             return False
 
     return probe

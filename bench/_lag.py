@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import httpx
+import httpx2
 import psycopg
 from _harness import database_url, wait_for
 
@@ -63,7 +63,7 @@ def working_count(db_name: str, call_node_prefix: str, server: str | None = None
 
 def finish(sample: Sample, remote_ids: Sequence[str]) -> None:
     """Complete these tasks on the server now; record when it did (its ``lastUpdatedAt``)."""
-    answer = httpx.post(f"{sample.control}/finish", json={"task_ids": list(remote_ids)}, timeout=10)
+    answer = httpx2.post(f"{sample.control}/finish", json={"task_ids": list(remote_ids)}, timeout=10)
     answer.raise_for_status()
     finished: dict[str, str] = answer.json()["finished"]
     for remote_id in remote_ids:

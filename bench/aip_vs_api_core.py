@@ -1,7 +1,7 @@
 """Issue 10 benchmark: longcall against google-api-core's operation future on the same AIP-151 operations.
 
 The peer users would pick instead is google-api-core (reference/aip-151.md §4): ``operation.from_http_json``
-with an httpx ``api_request`` (its REST ``operations_v1`` client needs grpcio and requests) and its
+with an httpx2 ``api_request`` (its REST ``operations_v1`` client needs grpcio and requests) and its
 default polling (1 s, x1.5, capped at 20 s, full jitter; no RetryInfo, no Retry-After). Two variants: its
 defaults (``result()``: an error on a poll ends the future) and ``result(retry=Retry(predicate=
 if_transient_error))`` (its documented way to survive a 429), both with the default polling. Against it,
@@ -52,7 +52,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import psycopg
 from _apps import PIPELINE_QUEUE, make_pipeline
 from _fleet import Services, longcall_env, services
@@ -111,14 +111,14 @@ class Server:
         return f"{self.root}/_control"
 
     def faults(self, **switches: Any) -> None:
-        httpx.post(f"{self.control}/faults", json=switches, timeout=10).raise_for_status()
+        httpx2.post(f"{self.control}/faults", json=switches, timeout=10).raise_for_status()
 
     def log(self) -> list[dict[str, Any]]:
-        entries: list[dict[str, Any]] = httpx.get(f"{self.control}/log", timeout=10).json()["entries"]
+        entries: list[dict[str, Any]] = httpx2.get(f"{self.control}/log", timeout=10).json()["entries"]
         return entries
 
     def operations(self) -> list[dict[str, Any]]:
-        ops: list[dict[str, Any]] = httpx.get(f"{self.control}/operations", timeout=10).json()["operations"]
+        ops: list[dict[str, Any]] = httpx2.get(f"{self.control}/operations", timeout=10).json()["operations"]
         return ops
 
 
@@ -155,7 +155,7 @@ class Outcome:
     call_node_id: str | None = None
 
 
-def api_request_for(http: httpx.Client, root: str) -> Callable[..., dict[str, Any]]:
+def api_request_for(http: httpx2.Client, root: str) -> Callable[..., dict[str, Any]]:
     """The ``api_request(method=, path=)`` google-api-core's HTTP future calls. It asks for
     ``operations/{name}`` (reference §4.2: the prefix comes on top of the full name), so the prefix is
     taken off again; an error answer becomes google-api-core's exception for the HTTP status."""
@@ -175,7 +175,7 @@ def api_request_for(http: httpx.Client, root: str) -> Callable[..., dict[str, An
 def run_api_core(outcome: Outcome, seconds: float, *, retry: bool) -> None:
     """Create the operation, then ``result()`` of google-api-core's operation future, default polling."""
     server = outcome.server
-    with httpx.Client(timeout=HTTP_TIMEOUT_S) as http:
+    with httpx2.Client(timeout=HTTP_TIMEOUT_S) as http:
         created = http.post(
             f"{server.root}/v1/projects/{PROJECT}/reports:run",
             json={"seconds": seconds, "requestId": str(uuid.uuid4())},

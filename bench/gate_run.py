@@ -47,7 +47,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import redis
 from _apps import PIPELINE_QUEUE
 from _harness import (
@@ -208,12 +208,12 @@ class Fleet:
 
     def server_tasks(self, server: str) -> list[dict[str, Any]]:
         path = "operations" if server == AIP else "tasks"
-        body = httpx.get(f"{self.control[server]}/{path}", timeout=10).json()
+        body = httpx2.get(f"{self.control[server]}/{path}", timeout=10).json()
         tasks: list[dict[str, Any]] = body[path]
         return tasks
 
     def faults(self, server: str, **switches: Any) -> None:
-        httpx.post(f"{self.control[server]}/faults", json=switches, timeout=10).raise_for_status()
+        httpx2.post(f"{self.control[server]}/faults", json=switches, timeout=10).raise_for_status()
 
 
 @contextlib.contextmanager

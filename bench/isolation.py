@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 from _apps import PIPELINE_QUEUE, make_pipeline
 from _fleet import Services, longcall_env, services
 from _harness import (
@@ -93,7 +93,7 @@ class Pair:
 
     def gets(self, server: str, start: float, end: float) -> int:
         """``tasks/get`` requests ``server`` received between ``start`` and ``end`` (its request log)."""
-        entries = httpx.get(f"{self.controls[server]}/log", timeout=30).json()["entries"]
+        entries = httpx2.get(f"{self.controls[server]}/log", timeout=30).json()["entries"]
         return sum(1 for e in entries if e["method"] == "tasks/get" and start <= e["t"] <= end)
 
 
@@ -146,7 +146,7 @@ def two_servers(args: argparse.Namespace, log_dir: Path, svc: Services) -> Itera
                 ready=listening(controls[name]),
             )
         slow = {"delay_ms": {"tasks/get": args.slow_get_ms}}
-        httpx.post(f"{controls['slow']}/faults", json=slow, timeout=10).raise_for_status()
+        httpx2.post(f"{controls['slow']}/faults", json=slow, timeout=10).raise_for_status()
         config = log_dir / "longcall.toml"
         config.write_text(fleet_config(urls, args.qps))
         sink = f"{svc.prefix}sink"

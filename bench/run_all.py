@@ -36,6 +36,7 @@ BENCHMARKS: dict[str, tuple[str, list[str]]] = {
     "aip_vs_api_core": ("aip_vs_api_core.py", ["--seconds", "10", "--runs", "2"]),
     "soak": ("soak.py", ["--quick"]),
     "isolation": ("isolation.py", ["--quick"]),
+    "http_clients": ("http_clients.py", ["--quick"]),
 }
 
 

@@ -27,7 +27,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import psycopg
 from _fleet import Fleet, running_fleet, services
 from _harness import alarm, database_url, log_directory, raise_on_sigterm, target, wait_for
@@ -87,7 +87,7 @@ def one_size(args: argparse.Namespace, processes: int, qps: float, log_dir: Path
 
 def measured(fleet: Fleet, processes: int, started: float, finished: float, cpu: float) -> dict[str, Any]:
     polls = sum(1 for e in fleet.server_log() if e["method"] == "tasks/get" and started <= e["t"] <= finished)
-    http = httpx.get(f"{fleet.control}/http_log", timeout=10).json()["entries"]
+    http = httpx2.get(f"{fleet.control}/http_log", timeout=10).json()["entries"]
     by_budget: dict[str, list[float]] = {}
     for entry in http:
         by_budget.setdefault(str(entry["budget"]), []).append(float(entry["t"]))

@@ -47,7 +47,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 from _fleet import Fleet, running_fleet, services
 from _harness import alarm, log_directory, percentile, raise_on_sigterm, target, wait_for
 from _lag import Sample, finish_spread, lags, working, working_count
@@ -165,7 +165,7 @@ def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         members = working(fleet.db_name, prefix, SERVER, args.sample)
         sample = Sample(fleet.control)
         readings = Readings(fleet, prefix)
-        httpx.delete(f"{fleet.control}/log", timeout=10).raise_for_status()
+        httpx2.delete(f"{fleet.control}/log", timeout=10).raise_for_status()
         actions0 = poll_actions(fleet)
         cpu0, started = fleet.cpu(), time.time()
         finished_at = started + args.window_s

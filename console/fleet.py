@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 import click
-import httpx
+import httpx2
 
 from adapters import detect_generation
 from console import output
@@ -110,7 +110,7 @@ def _detected_generations(settings: Settings) -> list[dict[str, Any]]:
     runtime = Runtime.from_settings(settings)
     ctx = StepContext(runtime, jitter=spread, clock=utc_now)
     try:
-        with httpx.Client(timeout=5.0, event_hooks={"request": [label_request]}) as client:
+        with httpx2.Client(timeout=5.0, event_hooks={"request": [label_request]}) as client:
             for name, server in sorted(runtime.fleet.servers.items()):
                 if server.protocol != "mcp":
                     continue

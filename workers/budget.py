@@ -44,7 +44,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+import httpx2
 import redis
 
 from adapters import OutcomeUnknown, ResultNotReady, Transient
@@ -455,8 +455,8 @@ class RequestMeter:
         return MeterCount(keys, (RATE_KEEP_S, PEAK_KEEP_S))
 
 
-def label_request(request: httpx.Request) -> None:
-    """httpx request hook: name the bucket the request was charged to, once (the next request needs a
+def label_request(request: httpx2.Request) -> None:
+    """httpx2 request hook: name the bucket the request was charged to, once (the next request needs a
     charge of its own)."""
     bucket = _charged.get()
     if bucket is not None:

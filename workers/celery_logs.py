@@ -31,10 +31,10 @@ QUIET_TASKS = frozenset({"longcall.dispatch_due", "longcall.drain_outbox", "long
 LOG_FORMATS = ("plain", "json")
 #: The loggers whose INFO lines about the ticks :class:`QuietTicks` demotes.
 CELERY_TICK_LOGGERS = ("celery.worker.strategy", "celery.app.trace", "celery.beat")
-#: Libraries whose INFO lines repeat what a step's own lines say: httpx writes "HTTP Request: POST ..." for
+#: Libraries whose INFO lines repeat what a step's own lines say: httpx2 writes "HTTP Request: POST ..." for
 #: every request, a line per poll (and its formatting cost, in every step). Shown from WARNING unless the
-#: application set the logger's level itself (``logging.getLogger("httpx").setLevel(logging.INFO)``).
-QUIET_LIBRARY_LOGGERS = ("httpx", "httpcore")
+#: application set the logger's level itself (``logging.getLogger("httpx2").setLevel(logging.INFO)``).
+QUIET_LIBRARY_LOGGERS = ("httpx2", "httpcore2")
 
 #: The format asked for on the command line (``--log-format``); None: the environment decides.
 _requested_format: str | None = None

@@ -1,4 +1,4 @@
-"""One adapter per configured server and protocol version, per worker process, each on its own httpx client.
+"""One adapter per configured server and protocol version, per worker process, each on its own httpx2 client.
 
 An operation is followed by the adapter of the protocol and version recorded on its row at submit (DESIGN
 rule 14), not by the server's current configuration: when the configuration moves a server to another
@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import threading
 
-import httpx
+import httpx2
 
 from adapters import (
+    DEFAULT_CONNECTIONS,
     DEFAULT_MAX_RESULT_BYTES,
     AdapterConfig,
     AdapterRegistry,
@@ -31,7 +32,9 @@ class RemotePool:
     ``factory``, on a client of its ``make_client``). ``max_result_bytes`` (``Settings.max_result_bytes``)
     sets the transport's cap on every answer (:func:`adapters.base.answer_cap`: the limit plus an envelope
     margin), so the largest result the fleet stores is the largest one it reads, and a larger answer is
-    refused at its first read (:class:`~adapters.errors.AnswerTooLarge`)."""
+    refused at its first read (:class:`~adapters.errors.AnswerTooLarge`). ``connections``: how many
+    connections each client keeps open, as many as the process sends to one server at once (a poll batch's
+    members, ``Settings.poll_batch``): the next batch finds them open."""
 
     def __init__(
         self,
@@ -40,13 +43,15 @@ class RemotePool:
         registry: AdapterRegistry | None = None,
         timeouts: Timeouts | None = None,
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+        connections: int = DEFAULT_CONNECTIONS,
     ) -> None:
         self._fleet = fleet
         self._registry = registry or default_registry()
         self._timeouts = timeouts or Timeouts()
         self._limits = Limits.for_results(max_result_bytes)
+        self._connections = connections
         self._adapters: dict[tuple[str, str, str], ToolAdapter] = {}
-        self._clients: list[httpx.Client] = []
+        self._clients: list[httpx2.Client] = []
         self._lock = threading.Lock()
 
     def server(self, name: str) -> ServerConfig:
@@ -85,7 +90,7 @@ class RemotePool:
                     },
                 )
                 # label_request names the bucket each request was charged to
-                client = spec.make_client(self._timeouts, (label_request,))
+                client = spec.make_client(self._timeouts, (label_request,), connections=self._connections)
                 self._clients.append(client)
                 adapter = spec.factory(config, client)
                 self._adapters[key] = adapter

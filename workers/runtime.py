@@ -91,7 +91,11 @@ class Runtime:
     def remote(self) -> RemotePool:
         self._forked()
         if self._remote is None:
-            self._remote = RemotePool(self.fleet, max_result_bytes=self.settings.max_result_bytes)
+            self._remote = RemotePool(
+                self.fleet,
+                max_result_bytes=self.settings.max_result_bytes,
+                connections=self.settings.poll_batch,  # a batch's members poll one server at once
+            )
         return self._remote
 
     def say_not_owner(self, ownership: EpochOwnership, doing: str) -> None:

@@ -1,8 +1,8 @@
 """The AIP-151 client: :class:`AipOperationsAdapter`, the :class:`~adapters.base.ToolAdapter` verbs over
-REST/JSON through an injected ``httpx.Client``.
+REST/JSON through an injected ``httpx2.Client``.
 
 Every HTTP request is charged to the caller's ``budget`` once, immediately before it is sent; a refusal
-leaves the verb unchanged (:mod:`adapters.metering`). Every httpx exception and every error answer is
+leaves the verb unchanged (:mod:`adapters.metering`). Every httpx2 exception and every error answer is
 mapped at this edge (:func:`adapters.aip151.wire.classify_error`); the answers are read, bounded in size
 and time, by the pure functions of :mod:`adapters.aip151.wire`.
 """
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
-import httpx
+import httpx2
 
 from adapters.aip151.transport import RestClient, decode_json, query_value
 from adapters.aip151.wire import (
@@ -65,7 +65,7 @@ class AipOperationsAdapter:
     """AIP-151 ``google.longrunning`` over REST/JSON. One instance per (server, worker process); holds no
     state between calls but the configuration, so any worker resumes any operation from its name."""
 
-    def __init__(self, config: AdapterConfig, http: httpx.Client) -> None:
+    def __init__(self, config: AdapterConfig, http: httpx2.Client) -> None:
         if (config.protocol, config.protocol_version) != (PROTOCOL, PROTOCOL_VERSION):
             raise ValueError(
                 f"{type(self).__name__} speaks {PROTOCOL} {PROTOCOL_VERSION}, not "

@@ -1,7 +1,7 @@
-"""The thin I/O half of the AIP-151 adapter: one REST request over the injected ``httpx.Client``.
+"""The thin I/O half of the AIP-151 adapter: one REST request over the injected ``httpx2.Client``.
 
 Each request is charged to the caller's budget immediately before it is sent; its answer is read whole,
-bounded in size and in time; every httpx exception and every error answer is mapped here.
+bounded in size and in time; every httpx2 exception and every error answer is mapped here.
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import httpx2
 
 from adapters.aip151.wire import classify_error
 from adapters.base import AdapterConfig, RequestBudget
 from adapters.credentials import Credentials
 from adapters.errors import OutcomeUnknown, ProtocolViolation, Rejected, Transient
 from adapters.http_answers import Deadline, ReadBudgetExceeded, read_bounded, read_error_body
-from adapters.streamable_http import map_transport_error
+from adapters.streamable_http import RequestTimeouts, map_transport_error
 
 __all__ = ["Answer", "RestClient", "decode_json", "query_value"]
 
@@ -29,21 +29,20 @@ class Answer:
     """A 2xx answer, read whole."""
 
     status: int
-    headers: httpx.Headers
+    headers: httpx2.Headers
     body: bytes
 
 
 class RestClient:
     """Sends REST requests to one server's base URL with its credentials and timeouts."""
 
-    def __init__(self, http: httpx.Client, config: AdapterConfig) -> None:
+    def __init__(self, http: httpx2.Client, config: AdapterConfig) -> None:
         self._http = http
         self._config = config
         token = config.token_provider if config.token_provider is not None else config.bearer_token
-        url, self._credentials = Credentials.of(httpx.URL(config.url.rstrip("/")), token)
+        url, self._credentials = Credentials.of(httpx2.URL(config.url.rstrip("/")), token)
         self._base = str(url)
-        t = config.timeouts
-        self._timeout = httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool)
+        self._request_timeouts = RequestTimeouts(config.timeouts)
 
     def _headers(self) -> dict[str, str]:
         return {"Accept": "application/json", **self._credentials.headers()}
@@ -65,7 +64,12 @@ class RestClient:
         budget.charge()
         deadline = Deadline(self._config.timeouts.read)
         request = self._http.build_request(
-            method, self._base + path, json=json_body, params=params, headers=headers, timeout=self._timeout
+            method,
+            self._base + path,
+            json=json_body,
+            params=params,
+            headers=headers,
+            extensions=self._request_timeouts.extension(),
         )
         started = time.monotonic()
         try:
@@ -84,7 +88,7 @@ class RestClient:
             taken = time.monotonic() - started
             message = f"{what}: the answer took over {deadline.seconds:.1f} s ({taken:.1f} s)"
             raise (OutcomeUnknown(message) if effect else Transient(message)) from None
-        except httpx.HTTPError as exc:
+        except httpx2.HTTPError as exc:
             raise map_transport_error(exc, idempotent=not effect, method=what) from exc
         _, error = classify_error(answer.status_code, answer.headers, body, effect=effect, what=what)
         raise error

@@ -21,7 +21,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-import httpx
+import httpx2
 
 from adapters.base import (
     UNMETERED,
@@ -108,14 +108,14 @@ def _not_sent_yet(what: str) -> Iterator[None]:
 
 
 class McpTasksAdapter:
-    """MCP 2025-11-25 over Streamable HTTP, through an injected ``httpx.Client``.
+    """MCP 2025-11-25 over Streamable HTTP, through an injected ``httpx2.Client``.
 
     One instance per (server, worker process). It initializes a session lazily for ``capabilities``
     and ``create``; ``get``/``result``/``cancel``/``reply_input`` use the session stored in the
     :class:`RemoteRef` as-is, so any worker can resume any operation without re-initializing.
     """
 
-    def __init__(self, config: AdapterConfig, http: httpx.Client) -> None:
+    def __init__(self, config: AdapterConfig, http: httpx2.Client) -> None:
         if (config.protocol, config.protocol_version) != (PROTOCOL, PROTOCOL_VERSION):
             raise ValueError(
                 f"{type(self).__name__} speaks {PROTOCOL} {PROTOCOL_VERSION}, not "

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
-import httpx
+import httpx2
 
 from adapters.base import (
     UNMETERED,
@@ -65,7 +65,7 @@ def _unreadable_answer_is_unknown(what: str) -> Iterator[None]:
 class McpExtTasksAdapter:
     """MCP 2026-07-28 with the ``io.modelcontextprotocol/tasks`` extension, through an injected client."""
 
-    def __init__(self, config: AdapterConfig, http: httpx.Client) -> None:
+    def __init__(self, config: AdapterConfig, http: httpx2.Client) -> None:
         if (config.protocol, config.protocol_version) != (PROTOCOL, PROTOCOL_VERSION):
             raise ValueError(
                 f"{type(self).__name__} speaks {PROTOCOL} {PROTOCOL_VERSION}, not "

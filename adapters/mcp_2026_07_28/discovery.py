@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import httpx
+import httpx2
 
 from adapters.base import UNMETERED, Limits, RequestBudget, Timeouts
 from adapters.errors import AdapterError, Rejected
@@ -88,7 +88,7 @@ def _modern(http: ExtHttp, budget: RequestBudget) -> tuple[bool, bool, str]:
 
 
 def _legacy(
-    client: httpx.Client, url: str, headers: Mapping[str, str], timeouts: Timeouts, budget: RequestBudget
+    client: httpx2.Client, url: str, headers: Mapping[str, str], timeouts: Timeouts, budget: RequestBudget
 ) -> tuple[bool, bool, str]:
     """(legacy, tasks, detail) from a 2025-11-25 ``initialize``."""
     body = {
@@ -121,11 +121,11 @@ def _legacy(
                 patient=False,
                 on_request=None,
             )
-    except (AdapterError, httpx.HTTPError) as exc:
+    except (AdapterError, httpx2.HTTPError) as exc:
         return False, False, f"initialize failed: {type(exc).__name__}: {exc}"
     finally:
         if session is not None:
-            with contextlib.suppress(httpx.HTTPError):
+            with contextlib.suppress(httpx2.HTTPError):
                 budget.charge()
                 client.delete(url, headers={**plain, "Mcp-Session-Id": session}, timeout=timeouts.read)
     response = exchange.response
@@ -145,7 +145,7 @@ def _legacy(
 
 @budget_edge
 def detect(
-    client: httpx.Client,
+    client: httpx2.Client,
     url: str,
     *,
     server: str,
@@ -163,7 +163,7 @@ def detect(
         return Generation(server, "2026-07-28", tasks, said, time.monotonic())
     headers = wire.headers("initialize", None)
     legacy, tasks, said_legacy = _legacy(
-        client, str(httpx.URL(url).copy_with(username=None, password=None)), headers, timeouts, metered
+        client, str(httpx2.URL(url).copy_with(username=None, password=None)), headers, timeouts, metered
     )
     if legacy:
         return Generation(server, "2025-11-25", tasks, f"{said}; {said_legacy}", time.monotonic())

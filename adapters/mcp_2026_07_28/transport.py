@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-import httpx
+import httpx2
 
 from adapters.base import Limits, RequestBudget, Timeouts, redact_url
 from adapters.credentials import BearerToken, Credentials
@@ -27,7 +27,7 @@ from adapters.http_answers import (
 )
 from adapters.jsonrpc import ErrorResponse, Response, classify_http_status
 from adapters.mcp_2026_07_28.wire import PROTOCOL_VERSION, error_for, header_value, request_meta
-from adapters.streamable_http import ACCEPT, map_transport_error
+from adapters.streamable_http import ACCEPT, RequestTimeouts, encode_message, map_transport_error
 
 __all__ = ["ExtHttp"]
 
@@ -52,7 +52,7 @@ class ExtHttp:
 
     def __init__(
         self,
-        http: httpx.Client,
+        http: httpx2.Client,
         url: str,
         *,
         server: str,
@@ -63,9 +63,16 @@ class ExtHttp:
         self._http = http
         self._server = server
         self._url = redact_url(url)
-        self._endpoint, self._credentials = Credentials.of(httpx.URL(url), bearer_token)
+        self._endpoint, self._credentials = Credentials.of(httpx2.URL(url), bearer_token)
         self._timeouts = timeouts
         self._limits = limits
+        # Built once, read, never changed: what every request sends whatever it asks.
+        self._constant_headers = {
+            "Accept": ACCEPT,
+            "Content-Type": "application/json",
+            "MCP-Protocol-Version": PROTOCOL_VERSION,
+        }
+        self._request_timeouts = RequestTimeouts(timeouts)
 
     @property
     def url(self) -> str:
@@ -78,12 +85,7 @@ class ExtHttp:
         Raises:
             Transient: the token provider failed; nothing was sent.
         """
-        headers = {
-            "Accept": ACCEPT,
-            "Content-Type": "application/json",
-            "MCP-Protocol-Version": PROTOCOL_VERSION,
-            "Mcp-Method": method,
-        }
+        headers = {**self._constant_headers, "Mcp-Method": method}
         if name is not None:
             headers["Mcp-Name"] = header_value(name)
         return headers | self._credentials.headers()
@@ -116,12 +118,11 @@ class ExtHttp:
         headers = self.headers(method, name)
         read_s = read_timeout if read_timeout is not None else self._timeouts.read
         deadline = Deadline(read_s)
-        t = self._timeouts
-        timeout = httpx.Timeout(connect=t.connect, read=read_s, write=t.write, pool=t.pool)
+        timeout = self._request_timeouts.extension(read_s)
         budget.charge()
         try:
             with self._http.stream(
-                "POST", self._endpoint, json=body, headers=headers, timeout=timeout
+                "POST", self._endpoint, content=encode_message(body), headers=headers, extensions=timeout
             ) as answer:
                 if 400 <= answer.status_code < 500 and answer.status_code != 429:
                     raw = read_error_body(answer)
@@ -154,7 +155,7 @@ class ExtHttp:
             raise (
                 Transient(text) if idempotent else OutcomeUnknown(f"may have reached the server, {text}")
             ) from exc
-        except httpx.HTTPError as exc:
+        except httpx2.HTTPError as exc:
             raise map_transport_error(exc, idempotent=idempotent, method=method) from exc
         except UnicodeDecodeError as exc:
             raise ProtocolViolation(f"{method}: answer is not UTF-8") from exc

@@ -12,7 +12,7 @@ from types import FrameType
 from typing import IO
 
 import click
-import httpx
+import httpx2
 from rich.console import Console
 
 from console.dev.demo import Ask, Demo
@@ -49,9 +49,9 @@ def _addresses(fleet: LocalFleet) -> list[tuple[str, str]]:
 def _save_demo_server_record(fleet: LocalFleet) -> None:
     """The demo server's own record (its tasks and requests), kept after it stops: what the server saw."""
     try:
-        tasks = httpx.get(f"{fleet.demo_control_url}/tasks", timeout=5).json()
-        log = httpx.get(f"{fleet.demo_control_url}/log", timeout=5).json()
-    except (httpx.HTTPError, ValueError):
+        tasks = httpx2.get(f"{fleet.demo_control_url}/tasks", timeout=5).json()
+        log = httpx2.get(f"{fleet.demo_control_url}/log", timeout=5).json()
+    except (httpx2.HTTPError, ValueError):
         return
     fleet.data.demo_server_record.write_text(json.dumps({"tasks": tasks, "log": log}, indent=1))
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import httpx
+import httpx2
 from celery import Celery
 from rich.console import Console
 from rich.live import Live
@@ -97,7 +97,7 @@ class Demo:
 
     def control(self, name: str, body: dict[str, Any] | None = None) -> Any:
         url = f"{self.fleet.demo_control_url}/{name}"
-        answer = httpx.post(url, json=body, timeout=10) if body is not None else httpx.get(url, timeout=10)
+        answer = httpx2.post(url, json=body, timeout=10) if body is not None else httpx2.get(url, timeout=10)
         answer.raise_for_status()
         return answer.json()
 

@@ -1,6 +1,6 @@
 """The ten-thousand-series simulation (issue 12): seeded, ordered event series run through the real executor
 steps against the real ledger (Postgres) and Redis, with each series' server scripted at the wire (an
-``httpx.MockTransport`` answering in the protocol's own JSON, so the real adapters parse it), and an oracle
+``httpx2.MockTransport`` answering in the protocol's own JSON, so the real adapters parse it), and an oracle
 that derives each series' one correct outcome from the generated timeline alone.
 
     series       the generator: a :class:`~console.simulation.series.Series` per (seed, index)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import httpx2
 
 from adapters import AdapterConfig, ToolAdapter, ToolRoute, default_registry
 from console.simulation.oracle import Expected, expect
@@ -78,7 +78,7 @@ def scripted_server(series: Series, tag: str) -> ScriptedServer:
 
 
 class ScriptedPool(RemotePool):
-    """The real adapters, each on an httpx client whose transport is this series' scripted server."""
+    """The real adapters, each on an httpx2 client whose transport is this series' scripted server."""
 
     def __init__(self, fleet: FleetConfig, server: ScriptedServer) -> None:
         super().__init__(fleet)
@@ -100,7 +100,7 @@ class ScriptedPool(RemotePool):
                     for t, c in server.tools.items()
                 },
             )
-            client = httpx.Client(transport=httpx.MockTransport(self._scripted))
+            client = httpx2.Client(transport=httpx2.MockTransport(self._scripted))
             self._clients.append(client)
             self._built[name] = default_registry().build(config, client)
         return self._built[name]

@@ -1,5 +1,5 @@
 """The scripted servers: one task (or operation) per series, on the series' tick clock, answering at the
-wire in the protocol's own JSON behind an ``httpx.MockTransport``, so the real adapters parse every answer.
+wire in the protocol's own JSON behind an ``httpx2.MockTransport``, so the real adapters parse every answer.
 
 The server's truth is kept here (how many creates made a task, when a cancel was applied); the oracle
 never reads it: it predicts the outcome from the series alone, and the runner compares.
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import httpx2
 
 from console.simulation.series import Series
 
@@ -61,7 +61,7 @@ class ScriptedServer:
     def task_id(self) -> str:
         return f"task-{self.tag}-{self.series.seed}-{self.series.index}"
 
-    def __call__(self, request: httpx.Request) -> httpx.Response:
+    def __call__(self, request: httpx2.Request) -> httpx2.Response:
         raise NotImplementedError
 
     def _done_tick(self) -> int | None:
@@ -103,28 +103,28 @@ class ScriptedServer:
         self.reads += 1
         return self.series.read_faults.get(self.reads)
 
-    def _create_fault_before(self) -> httpx.Response | None:
+    def _create_fault_before(self) -> httpx2.Response | None:
         fault = self.series.create_fault
         if self.truth.create_requests == 1:
             if fault in ("429", "429_retry_after"):
                 headers = {"retry-after": "1"} if fault == "429_retry_after" else {}
                 self.asked_wait = self.asked_wait or bool(headers)
-                return httpx.Response(
+                return httpx2.Response(
                     429, headers=headers, json={"error": {"code": 429, "message": "slow down"}}
                 )
             if fault == "crash_before":
                 raise SimulatedCrash("worker died before the create was sent")
         return None
 
-    def _create_fault_after(self) -> httpx.Response | None:
+    def _create_fault_after(self) -> httpx2.Response | None:
         fault = self.series.create_fault
         if self.truth.create_requests == 1:
             if fault == "lost_503":
-                return httpx.Response(
+                return httpx2.Response(
                     503, json={"error": {"code": 503, "message": "gateway lost the answer"}}
                 )
             if fault == "lost_cut":
-                raise httpx.ReadError("connection cut after the request was sent")
+                raise httpx2.ReadError("connection cut after the request was sent")
             if fault == "crash_after":
                 raise SimulatedCrash("worker died after the create was sent")
         return None
@@ -134,7 +134,7 @@ class ScriptedServer:
             self.truth.created_at = self.tick
             self.truth.tasks += 1
 
-    def _create(self, make_task: Callable[[], None] | None = None) -> httpx.Response | None:
+    def _create(self, make_task: Callable[[], None] | None = None) -> httpx2.Response | None:
         """A create request: counted, the fault scripted before it, the task made (``make_task``, else
         :meth:`_create_task`), the fault scripted after it. The fault's answer, or None: answer the task."""
         self.truth.create_requests += 1
@@ -145,14 +145,14 @@ class ScriptedServer:
         return self._create_fault_after()
 
 
-def fault_response(fault: str, server: ScriptedServer) -> httpx.Response:
+def fault_response(fault: str, server: ScriptedServer) -> httpx2.Response:
     if fault in ("429", "429_retry_after", "503", "503_retry_after"):
         status = 429 if fault.startswith("429") else 503
         headers = {"retry-after": "1"} if fault.endswith("retry_after") else {}
         server.asked_wait = server.asked_wait or bool(headers)
-        return httpx.Response(status, headers=headers, json={"error": {"code": status, "message": fault}})
+        return httpx2.Response(status, headers=headers, json={"error": {"code": status, "message": fault}})
     if fault == "truncated":
-        return httpx.Response(
+        return httpx2.Response(
             200,
             content=b'{"jsonrpc": "2.0", "id": 1, "result": {"taskId": "',
             headers={"content-type": "application/json"},
@@ -163,14 +163,14 @@ def fault_response(fault: str, server: ScriptedServer) -> httpx.Response:
 class McpServer(ScriptedServer):
     """MCP 2025-11-25 with core Tasks, JSON answers, one session."""
 
-    def __call__(self, request: httpx.Request) -> httpx.Response:
+    def __call__(self, request: httpx2.Request) -> httpx2.Response:
         body: dict[str, Any] = json.loads(request.content) if request.method == "POST" else {}
         method = body.get("method")
         rid = body.get("id")
         if request.method != "POST":
-            return httpx.Response(405)
+            return httpx2.Response(405)
         if method is None or rid is None:
-            return httpx.Response(202)
+            return httpx2.Response(202)
         if method == "initialize":
             return self._ok(
                 rid,
@@ -251,7 +251,7 @@ class McpServer(ScriptedServer):
                 return self._error(rid, -32602, f"Cannot cancel task in terminal state '{state}'")
             self._apply_cancel()
             if self.series.cancel_ack_lost and self.truth.cancel_requests == 1:
-                return httpx.Response(503, json={"error": "the cancel's answer was lost"})
+                return httpx2.Response(503, json={"error": "the cancel's answer was lost"})
             return self._ok(rid, {**self._task(), "status": "cancelled"})
         return self._error(rid, -32601, "Method not found")
 
@@ -265,22 +265,22 @@ class McpServer(ScriptedServer):
             "pollInterval": 200,
         }
 
-    def _task_answer(self, rid: object, task_id: object, task: Any) -> httpx.Response:
+    def _task_answer(self, rid: object, task_id: object, task: Any) -> httpx2.Response:
         if self.state() is None or task_id != self.task_id:
             return self._error(rid, -32602, f"Task not found: {task_id}")
         return self._ok(rid, task())
 
-    def _other(self, rid: object) -> httpx.Response:
+    def _other(self, rid: object) -> httpx2.Response:
         return self._ok(rid, {**self._task(), "taskId": "task-of-another-operation"})
 
     @staticmethod
-    def _ok(rid: object, result: dict[str, Any], *, session: bool = False) -> httpx.Response:
+    def _ok(rid: object, result: dict[str, Any], *, session: bool = False) -> httpx2.Response:
         headers = {"mcp-session-id": SESSION} if session else {}
-        return httpx.Response(200, json={"jsonrpc": "2.0", "id": rid, "result": result}, headers=headers)
+        return httpx2.Response(200, json={"jsonrpc": "2.0", "id": rid, "result": result}, headers=headers)
 
     @staticmethod
-    def _error(rid: object, code: int, message: str) -> httpx.Response:
-        return httpx.Response(
+    def _error(rid: object, code: int, message: str) -> httpx2.Response:
+        return httpx2.Response(
             200, json={"jsonrpc": "2.0", "id": rid, "error": {"code": code, "message": message}}
         )
 
@@ -296,14 +296,14 @@ class AipServer(ScriptedServer):
     def name(self) -> str:
         return f"projects/sim/operations/op-{self.tag}-{self.series.seed}-{self.series.index}"
 
-    def __call__(self, request: httpx.Request) -> httpx.Response:
+    def __call__(self, request: httpx2.Request) -> httpx2.Response:
         path = request.url.path
         if request.method == "POST" and path == "/v1/projects/sim/jobs:run":
             request_id = json.loads(request.content).get(AIP_REQUEST_ID)
             faulted = self._create(lambda: self._create_operation(request_id))
             if faulted is not None:
                 return faulted
-            return httpx.Response(200, json=self._operation())
+            return httpx2.Response(200, json=self._operation())
         if path == f"/v1/{self.name}:cancel" and request.method == "POST":
             if self.state() is None:
                 self.truth.cancel_requests += 1
@@ -312,22 +312,22 @@ class AipServer(ScriptedServer):
                 self.truth.cancel_requests += 1
                 return _aip_error(400, "FAILED_PRECONDITION", "operation is done")
             self._apply_cancel()
-            return httpx.Response(200, json={})
+            return httpx2.Response(200, json={})
         if path.startswith("/v1/") and request.method == "GET":
             fault = self._read_fault()
             if fault == "other_task":
-                return httpx.Response(
+                return httpx2.Response(
                     200, json={**self._operation(), "name": "projects/sim/operations/another"}
                 )
             if fault == "truncated":
-                return httpx.Response(
+                return httpx2.Response(
                     200, content=b'{"name": "projects/', headers={"content-type": "application/json"}
                 )
             if fault is not None:
                 return fault_response(fault, self)
             if path != f"/v1/{self.name}" or self.state() is None:
                 return _aip_error(404, "NOT_FOUND", "no such operation")
-            return httpx.Response(200, json=self._operation())
+            return httpx2.Response(200, json=self._operation())
         return _aip_error(404, "NOT_FOUND", f"no route {request.method} {path}")
 
     def _create_operation(self, request_id: str) -> None:
@@ -350,5 +350,5 @@ class AipServer(ScriptedServer):
         return op
 
 
-def _aip_error(http: int, status: str, message: str) -> httpx.Response:
-    return httpx.Response(http, json={"error": {"code": http, "status": status, "message": message}})
+def _aip_error(http: int, status: str, message: str) -> httpx2.Response:
+    return httpx2.Response(http, json={"error": {"code": http, "status": status, "message": message}})

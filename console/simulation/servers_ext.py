@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import httpx
+import httpx2
 
 from console.simulation.servers import MCP_TOOL, ScriptedServer, fault_response
 
@@ -50,13 +50,13 @@ class McpExtServer(ScriptedServer):
             return self.answered_at + self.series.term_tick
         return done
 
-    def __call__(self, request: httpx.Request) -> httpx.Response:
+    def __call__(self, request: httpx2.Request) -> httpx2.Response:
         if request.method != "POST":
-            return httpx.Response(405)
+            return httpx2.Response(405)
         body: dict[str, Any] = json.loads(request.content)
         method, rid = body.get("method"), body.get("id")
         if method is None or rid is None:
-            return httpx.Response(202)
+            return httpx2.Response(202)
         if method == "server/discover":
             return _ok(
                 rid,
@@ -133,11 +133,11 @@ class McpExtServer(ScriptedServer):
         return task
 
 
-def _ok(rid: object, result: dict[str, Any]) -> httpx.Response:
-    return httpx.Response(200, json={"jsonrpc": "2.0", "id": rid, "result": result})
+def _ok(rid: object, result: dict[str, Any]) -> httpx2.Response:
+    return httpx2.Response(200, json={"jsonrpc": "2.0", "id": rid, "result": result})
 
 
-def _error(rid: object, code: int, message: str) -> httpx.Response:
-    return httpx.Response(
+def _error(rid: object, code: int, message: str) -> httpx2.Response:
+    return httpx2.Response(
         200, json={"jsonrpc": "2.0", "id": rid, "error": {"code": code, "message": message}}
     )

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 
 from demo_server.command import command as demo_server_command
@@ -310,7 +310,7 @@ def reset_faults(peer: McpPeer) -> None:
     """Switch every fault off and clear the request log on longcall's server (a no-op for other peers)."""
     if peer.control_url is None:
         return
-    with httpx.Client(timeout=5.0) as client:
+    with httpx2.Client(timeout=5.0) as client:
         client.delete(f"{peer.control_url}/faults").raise_for_status()
         client.delete(f"{peer.control_url}/log").raise_for_status()
 

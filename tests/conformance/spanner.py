@@ -17,7 +17,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+import httpx2
 
 from tests import support
 
@@ -101,8 +101,10 @@ def start_spanner_emulator(log_dir: Path) -> SpannerEmulator:
         if process.poll() is not None:
             raise AssertionError(f"the Spanner emulator exited with {process.returncode}:\n{started.log()}")
         try:
-            return httpx.get(f"{started.rest_root}/v1/projects/probe/instances", timeout=1).status_code == 200
-        except httpx.HTTPError:
+            return (
+                httpx2.get(f"{started.rest_root}/v1/projects/probe/instances", timeout=1).status_code == 200
+            )
+        except httpx2.HTTPError:
             return False
 
     try:

@@ -3,7 +3,7 @@
 Operations are made over the emulator's REST gateway (CreateInstance, CreateDatabase, UpdateDatabaseDdl;
 Spanner's creates take no AIP-155 request id, so the adapter's create route is not used here) and read
 through the adapter as the fleet builds it: ``default_registry().build(AdapterConfig(protocol="aip151",
-protocol_version="v1"), httpx.Client())``. What the emulator does (reference/aip-151.md §5.2): every
+protocol_version="v1"), httpx2.Client())``. What the emulator does (reference/aip-151.md §5.2): every
 operation is done in its create answer; Get and List work; NOT_FOUND is ``404 {"code": 5, ...}`` (the bare
 grpc-gateway envelope); Cancel and Delete are ``501 {"code": 12}``; an ``Empty`` response is written the
 Go way (``"value": {}``). Missing emulator binaries fail the module naming the Debian package.
@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 
 from adapters.aip151 import AipOperationsAdapter
@@ -45,15 +45,15 @@ def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SpannerEmulat
 
 
 @pytest.fixture(scope="module")
-def rest(emulator: SpannerEmulator) -> Iterator[httpx.Client]:
+def rest(emulator: SpannerEmulator) -> Iterator[httpx2.Client]:
     """A plain client on the emulator's REST root, for making operations (not for reading them)."""
-    with httpx.Client(base_url=emulator.rest_root, timeout=HTTP_TIMEOUT_S) as client:
+    with httpx2.Client(base_url=emulator.rest_root, timeout=HTTP_TIMEOUT_S) as client:
         yield client
 
 
 @pytest.fixture
 def adapter(emulator: SpannerEmulator) -> Iterator[ToolAdapter]:
-    with httpx.Client() as http:
+    with httpx2.Client() as http:
         config = AdapterConfig(
             name="spanner-emulator",
             url=emulator.rest_root,
@@ -65,12 +65,12 @@ def adapter(emulator: SpannerEmulator) -> Iterator[ToolAdapter]:
 
 
 @pytest.fixture(scope="module")
-def instance(rest: httpx.Client) -> dict[str, Any]:
+def instance(rest: httpx2.Client) -> dict[str, Any]:
     """The CreateInstance Operation of one instance for the module."""
     return create_instance(rest, f"i{uuid.uuid4().hex[:10]}")
 
 
-def create_instance(rest: httpx.Client, instance_id: str) -> dict[str, Any]:
+def create_instance(rest: httpx2.Client, instance_id: str) -> dict[str, Any]:
     body = {
         "instanceId": instance_id,
         "instance": {"config": "emulator-config", "displayName": instance_id, "nodeCount": 1},
@@ -81,7 +81,7 @@ def create_instance(rest: httpx.Client, instance_id: str) -> dict[str, Any]:
     return op
 
 
-def create_database(rest: httpx.Client, instance_name: str) -> dict[str, Any]:
+def create_database(rest: httpx2.Client, instance_name: str) -> dict[str, Any]:
     database_id = f"d{uuid.uuid4().hex[:10]}"
     answer = rest.post(
         f"/v1/{instance_name}/databases", json={"createStatement": f"CREATE DATABASE `{database_id}`"}
@@ -131,7 +131,7 @@ def test_get_instance_operation_completed_with_the_typed_response(
 
 
 def test_get_database_operation_completed_with_the_typed_response(
-    adapter: ToolAdapter, rest: httpx.Client, instance: dict[str, Any]
+    adapter: ToolAdapter, rest: httpx2.Client, instance: dict[str, Any]
 ) -> None:
     created = create_database(rest, instance_name(instance))
     assert "/databases/" in created["name"]
@@ -151,7 +151,7 @@ def test_result_reads_the_operation_when_no_status_is_given(
 
 
 def test_go_style_empty_response_is_completed_and_kept_as_sent(
-    adapter: ToolAdapter, rest: httpx.Client, instance: dict[str, Any]
+    adapter: ToolAdapter, rest: httpx2.Client, instance: dict[str, Any]
 ) -> None:
     database = create_database(rest, instance_name(instance))["response"]["name"]
     ddl = {
@@ -168,7 +168,7 @@ def test_go_style_empty_response_is_completed_and_kept_as_sent(
     assert result.payload["response"] == {"@type": EMPTY_TYPE, "value": {}}
 
 
-def test_list_operations_of_an_instance(adapter: ToolAdapter, rest: httpx.Client) -> None:
+def test_list_operations_of_an_instance(adapter: ToolAdapter, rest: httpx2.Client) -> None:
     assert isinstance(adapter, AipOperationsAdapter)  # listing is this adapter's, not the ToolAdapter's
     op = create_instance(rest, f"l{uuid.uuid4().hex[:10]}")
     listed: list[RemoteStatus] = adapter.list_operations(f"{instance_name(op)}/operations")
@@ -176,7 +176,7 @@ def test_list_operations_of_an_instance(adapter: ToolAdapter, rest: httpx.Client
     assert listed[0].terminal == "completed"
 
 
-def test_list_operations_pages_through_every_page(adapter: ToolAdapter, rest: httpx.Client) -> None:
+def test_list_operations_pages_through_every_page(adapter: ToolAdapter, rest: httpx2.Client) -> None:
     assert isinstance(adapter, AipOperationsAdapter)
     op = create_instance(rest, f"m{uuid.uuid4().hex[:10]}")
     databases = [create_database(rest, instance_name(op)) for _ in range(2)]
@@ -189,7 +189,7 @@ def test_list_operations_pages_through_every_page(adapter: ToolAdapter, rest: ht
 
 
 def test_unknown_operation_is_not_found_from_the_bare_grpc_gateway_envelope(
-    adapter: ToolAdapter, rest: httpx.Client, instance: dict[str, Any]
+    adapter: ToolAdapter, rest: httpx2.Client, instance: dict[str, Any]
 ) -> None:
     name = f"{instance_name(instance)}/operations/never-made"
     raw = rest.get(f"/v1/{name}")
@@ -211,7 +211,7 @@ def test_operation_of_an_unknown_instance_is_not_found(adapter: ToolAdapter) -> 
 
 
 def test_cancel_is_unimplemented_and_the_operation_is_unchanged(
-    adapter: ToolAdapter, rest: httpx.Client, instance: dict[str, Any]
+    adapter: ToolAdapter, rest: httpx2.Client, instance: dict[str, Any]
 ) -> None:
     name = instance["name"]
     raw = rest.post(f"/v1/{name}:cancel", json={})

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 
-import httpx
+import httpx2
 import pytest
 
 from adapters import (
@@ -41,11 +41,11 @@ MakeAdapter = Callable[..., McpTasksAdapter]
 
 @pytest.fixture
 def make_adapter(mcp_peer: McpPeer) -> Iterator[MakeAdapter]:
-    """Build adapters for the peer, each with its own httpx.Client (as separate workers would)."""
-    clients: list[httpx.Client] = []
+    """Build adapters for the peer, each with its own httpx2.Client (as separate workers would)."""
+    clients: list[httpx2.Client] = []
 
     def build(*, input_wait: float = 3.0) -> McpTasksAdapter:
-        client = httpx.Client()
+        client = httpx2.Client()
         clients.append(client)
         config = AdapterConfig(
             name=mcp_peer.name,
@@ -322,7 +322,7 @@ def test_ended_session_is_not_found_and_the_adapter_reinitializes(
         return
     assert ref.session_ref is not None
     headers = {"Mcp-Session-Id": ref.session_ref, "MCP-Protocol-Version": "2025-11-25"}
-    with httpx.Client(timeout=5.0) as client:
+    with httpx2.Client(timeout=5.0) as client:
         assert client.delete(mcp_peer.url, headers=headers).status_code in (200, 204)
     with pytest.raises(NotFound) as caught:
         adapter.get(ref)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
-import httpx
+import httpx2
 import pytest
 
 from adapters import (
@@ -63,12 +63,12 @@ def short_ttl_peer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[McpPeer
 
 
 @pytest.fixture
-def http() -> Iterator[httpx.Client]:
-    with httpx.Client() as client:
+def http() -> Iterator[httpx2.Client]:
+    with httpx2.Client() as client:
         yield client
 
 
-def adapter_for(peer: McpPeer, http: httpx.Client) -> McpExtTasksAdapter:
+def adapter_for(peer: McpPeer, http: httpx2.Client) -> McpExtTasksAdapter:
     config = AdapterConfig(name="ext", url=peer.url, protocol="mcp", protocol_version="2026-07-28")
     adapter = default_registry().build(config, http)
     assert isinstance(adapter, McpExtTasksAdapter)
@@ -83,7 +83,7 @@ def until_terminal(adapter: McpExtTasksAdapter, ref: RemoteRef, timeout: float =
     return wait_for(f"task {ref.remote_id} to end", probe, timeout=timeout, interval=0.1)
 
 
-def test_a_task_is_created_and_polled_to_its_inline_result(ext_peer: McpPeer, http: httpx.Client) -> None:
+def test_a_task_is_created_and_polled_to_its_inline_result(ext_peer: McpPeer, http: httpx2.Client) -> None:
     adapter = adapter_for(ext_peer, http)
     caps = adapter.capabilities("slow_job")
     assert (caps.protocol_version, caps.task_support, caps.can_list) == ("2026-07-28", "optional", False)
@@ -104,7 +104,7 @@ def test_a_task_is_created_and_polled_to_its_inline_result(ext_peer: McpPeer, ht
     assert result.payload["content"][0]["text"] == "slow_job finished 3 steps"
 
 
-def test_a_status_message_follows_the_progress(ext_peer: McpPeer, http: httpx.Client) -> None:
+def test_a_status_message_follows_the_progress(ext_peer: McpPeer, http: httpx2.Client) -> None:
     adapter = adapter_for(ext_peer, http)
     created = adapter.create("slow_job", {"steps": 4, "step_s": 0.3}, submission_key="k", ttl_ms=60_000)
     assert created.ref is not None
@@ -117,7 +117,7 @@ def test_a_status_message_follows_the_progress(ext_peer: McpPeer, http: httpx.Cl
     until_terminal(adapter, created.ref)
 
 
-def test_a_tool_error_is_a_failed_outcome_of_a_completed_task(ext_peer: McpPeer, http: httpx.Client) -> None:
+def test_a_tool_error_is_a_failed_outcome_of_a_completed_task(ext_peer: McpPeer, http: httpx2.Client) -> None:
     adapter = adapter_for(ext_peer, http)
     created = adapter.create("tool_error", {}, submission_key="k", ttl_ms=60_000)
     assert created.ref is not None
@@ -129,7 +129,7 @@ def test_a_tool_error_is_a_failed_outcome_of_a_completed_task(ext_peer: McpPeer,
 
 
 def test_a_json_rpc_error_is_a_failed_task_with_the_error_inline(
-    ext_peer: McpPeer, http: httpx.Client
+    ext_peer: McpPeer, http: httpx2.Client
 ) -> None:
     adapter = adapter_for(ext_peer, http)
     created = adapter.create("protocol_error", {}, submission_key="k", ttl_ms=60_000)
@@ -142,7 +142,7 @@ def test_a_json_rpc_error_is_a_failed_task_with_the_error_inline(
 
 
 def test_cancel_is_an_acknowledgement_and_the_cancelled_end_comes_from_polling(
-    ext_peer: McpPeer, http: httpx.Client
+    ext_peer: McpPeer, http: httpx2.Client
 ) -> None:
     adapter = adapter_for(ext_peer, http)
     created = adapter.create("slow_job", {"steps": 50, "step_s": 0.2}, submission_key="k", ttl_ms=60_000)
@@ -156,7 +156,7 @@ def test_cancel_is_an_acknowledgement_and_the_cancelled_end_comes_from_polling(
 
 
 def test_a_cancel_of_a_completed_task_is_acknowledged_and_the_completion_stays(
-    ext_peer: McpPeer, http: httpx.Client
+    ext_peer: McpPeer, http: httpx2.Client
 ) -> None:
     adapter = adapter_for(ext_peer, http)
     created = adapter.create("slow_job", {"steps": 1, "step_s": 0.05}, submission_key="k", ttl_ms=60_000)
@@ -170,7 +170,7 @@ def test_a_cancel_of_a_completed_task_is_acknowledged_and_the_completion_stays(
     assert budget.requests == 1
 
 
-def test_an_input_round_trip(ext_peer: McpPeer, http: httpx.Client) -> None:
+def test_an_input_round_trip(ext_peer: McpPeer, http: httpx2.Client) -> None:
     adapter = adapter_for(ext_peer, http)
     created = adapter.create("ask_name", {"greeting": "Hello"}, submission_key="k", ttl_ms=60_000)
     assert created.ref is not None
@@ -199,7 +199,7 @@ def test_an_input_round_trip(ext_peer: McpPeer, http: httpx.Client) -> None:
 
 
 def test_without_the_opt_in_a_required_task_tool_is_a_definite_32021(
-    ext_peer: McpPeer, http: httpx.Client
+    ext_peer: McpPeer, http: httpx2.Client
 ) -> None:
     wire = ExtHttp(http, ext_peer.url, server="ext", bearer_token=None, timeouts=Timeouts(), limits=Limits())
     with pytest.raises(CapabilityRefused) as refused:
@@ -222,7 +222,7 @@ def test_without_the_opt_in_a_required_task_tool_is_a_definite_32021(
 
 
 def test_an_unknown_task_is_not_found_and_its_cancel_already_terminal(
-    ext_peer: McpPeer, http: httpx.Client
+    ext_peer: McpPeer, http: httpx2.Client
 ) -> None:
     adapter = adapter_for(ext_peer, http)
     ref = RemoteRef("no-such-task", None, "2026-07-28")
@@ -231,7 +231,7 @@ def test_an_unknown_task_is_not_found_and_its_cancel_already_terminal(
     assert adapter.cancel(ref).kind == "already_terminal"
 
 
-def test_a_lost_create_answer_is_unprovable(ext_peer: McpPeer, http: httpx.Client) -> None:
+def test_a_lost_create_answer_is_unprovable(ext_peer: McpPeer, http: httpx2.Client) -> None:
     found = adapter_for(ext_peer, http).lookup_by_key(
         "sub-1", tool="slow_job", submitted_after=datetime.now(UTC)
     )
@@ -241,7 +241,7 @@ def test_a_lost_create_answer_is_unprovable(ext_peer: McpPeer, http: httpx.Clien
 
 
 def test_expiry_is_counted_from_completion_then_not_found(
-    short_ttl_peer: McpPeer, http: httpx.Client
+    short_ttl_peer: McpPeer, http: httpx2.Client
 ) -> None:
     """The peer's deviation: ttlMs counts from completion. A task still working past createdAt + ttlMs is
     followed as working (never expired by the client); once it ended and ttlMs passed, it is NotFound."""

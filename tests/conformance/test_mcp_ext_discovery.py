@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import httpx
+import httpx2
 import pytest
 
 from adapters import AdapterConfig, Rejected, default_registry
@@ -31,7 +31,7 @@ def legacy_peer(
 
 def test_the_dual_era_fastmcp_4_peer_is_detected_as_2026_07_28_with_tasks(modern_peer: McpPeer) -> None:
     budget = Counter()
-    with httpx.Client() as client:
+    with httpx2.Client() as client:
         found = detect(client, modern_peer.url, server="m", budget=budget)
     assert (found.generation, found.tasks) == ("2026-07-28", True)
     assert budget.requests == 1  # server/discover answered: no initialize sent
@@ -39,7 +39,7 @@ def test_the_dual_era_fastmcp_4_peer_is_detected_as_2026_07_28_with_tasks(modern
 
 def test_a_2025_11_25_server_is_detected_by_initialize(legacy_peer: McpPeer) -> None:
     budget = Counter()
-    with httpx.Client() as client:
+    with httpx2.Client() as client:
         found = detect(client, legacy_peer.url, server="l", budget=budget)
     assert (found.generation, found.tasks) == ("2025-11-25", True)
     assert "server/discover" in found.detail
@@ -49,7 +49,7 @@ def test_a_2025_11_25_server_is_detected_by_initialize(legacy_peer: McpPeer) -> 
 def test_the_extension_adapter_refuses_a_2025_11_25_server_clearly(legacy_peer: McpPeer) -> None:
     GENERATIONS.forget("legacy", legacy_peer.url)
     config = AdapterConfig(name="legacy", url=legacy_peer.url, protocol="mcp", protocol_version="2026-07-28")
-    with httpx.Client() as client:
+    with httpx2.Client() as client:
         adapter = default_registry().build(config, client)
         with pytest.raises(Rejected, match=r'speaks MCP 2025-11-25.*protocol_version = "2025-11-25"'):
             adapter.capabilities("slow_report")
@@ -58,7 +58,7 @@ def test_the_extension_adapter_refuses_a_2025_11_25_server_clearly(legacy_peer: 
 def test_a_detected_generation_is_reused_until_its_ttl(modern_peer: McpPeer) -> None:
     cache = GenerationCache(ttl_s=60)
     budget = Counter()
-    with httpx.Client() as client:
+    with httpx2.Client() as client:
         first = cache.get(
             "m", modern_peer.url, lambda: detect(client, modern_peer.url, server="m", budget=budget)
         )
@@ -74,7 +74,7 @@ def test_a_detected_generation_is_reused_until_its_ttl(modern_peer: McpPeer) -> 
 
 
 def test_nothing_listening_is_unknown_not_an_error() -> None:
-    with httpx.Client() as client:
+    with httpx2.Client() as client:
         found = detect(client, "http://127.0.0.1:9/mcp", server="none")
     assert found.generation == "unknown"
     assert "NotSent" in found.detail

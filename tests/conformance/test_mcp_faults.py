@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 
 from adapters import (
@@ -49,10 +49,10 @@ def peer(mcp_peer: McpPeer) -> Iterator[McpPeer]:
 
 @pytest.fixture
 def make_adapter(peer: McpPeer) -> Iterator[Callable[..., McpTasksAdapter]]:
-    clients: list[httpx.Client] = []
+    clients: list[httpx2.Client] = []
 
     def build(*, read: float = 10.0) -> McpTasksAdapter:
-        client = httpx.Client()
+        client = httpx2.Client()
         clients.append(client)
         timeouts = Timeouts(connect=5.0, read=read, write=5.0, pool=5.0, input_wait=3.0)
         config = AdapterConfig(
@@ -71,12 +71,12 @@ def adapter(make_adapter: Callable[..., McpTasksAdapter]) -> McpTasksAdapter:
 
 
 def set_faults(peer: McpPeer, switches: Mapping[str, Any]) -> None:
-    with httpx.Client(timeout=5.0) as client:
+    with httpx2.Client(timeout=5.0) as client:
         client.post(f"{peer.control_url}/faults", json=dict(switches)).raise_for_status()
 
 
 def server_tasks(peer: McpPeer) -> list[dict[str, Any]]:
-    with httpx.Client(timeout=5.0) as client:
+    with httpx2.Client(timeout=5.0) as client:
         answer = client.get(f"{peer.control_url}/tasks")
         answer.raise_for_status()
         tasks: list[dict[str, Any]] = answer.json()["tasks"]

@@ -1,11 +1,11 @@
-"""Every peer starts, completes the handshake and lists the three shared tools (raw httpx JSON-RPC)."""
+"""Every peer starts, completes the handshake and lists the three shared tools (raw httpx2 JSON-RPC)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 
 from tests.conformance.conftest import McpPeer
@@ -16,7 +16,7 @@ PROTOCOL = "2025-11-25"
 EXPECTED_TASK_SUPPORT = {"slow_report": "optional", "quick_lookup": None, "ask_approval": "required"}
 
 
-def _messages(response: httpx.Response) -> list[dict[str, Any]]:
+def _messages(response: httpx2.Response) -> list[dict[str, Any]]:
     """The JSON-RPC messages of an answer, whether application/json or an SSE stream."""
     content_type = response.headers.get("content-type", "")
     if content_type.startswith("application/json"):
@@ -31,13 +31,15 @@ def _messages(response: httpx.Response) -> list[dict[str, Any]]:
     return messages
 
 
-def _rpc(client: httpx.Client, url: str, headers: dict[str, str], request: dict[str, Any]) -> httpx.Response:
+def _rpc(
+    client: httpx2.Client, url: str, headers: dict[str, str], request: dict[str, Any]
+) -> httpx2.Response:
     response = client.post(url, headers=headers, json=request)
     assert response.status_code == 200, response.text
     return response
 
 
-def _result(response: httpx.Response, request_id: int) -> dict[str, Any]:
+def _result(response: httpx2.Response, request_id: int) -> dict[str, Any]:
     answers = [message for message in _messages(response) if message.get("id") == request_id]
     assert len(answers) == 1, _messages(response)
     assert "error" not in answers[0], answers[0]
@@ -57,7 +59,7 @@ def test_handshake_and_tool_list(mcp_peer: McpPeer) -> None:
             "clientInfo": {"name": "longcall-smoke", "version": "0"},
         },
     }
-    with httpx.Client(timeout=10.0) as client:
+    with httpx2.Client(timeout=10.0) as client:
         response = _rpc(client, mcp_peer.url, headers, initialize)
         init = _result(response, 1)
         assert init["protocolVersion"] == PROTOCOL

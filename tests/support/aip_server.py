@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 
 from demo_server.aip151_command import command
 from tests import support
@@ -33,26 +33,26 @@ class AipServer:
 
     def faults(self, **switches: Any) -> dict[str, Any]:
         """Set the named fault switches (the others stay); returns all of them."""
-        response = httpx.post(f"{self.control}/faults", json=switches, timeout=CONTROL_TIMEOUT_S)
+        response = httpx2.post(f"{self.control}/faults", json=switches, timeout=CONTROL_TIMEOUT_S)
         response.raise_for_status()
         answer: dict[str, Any] = response.json()
         return answer
 
     def reset(self) -> None:
         """Every switch back to its start value, no operations, and an empty request log."""
-        httpx.delete(f"{self.control}/faults", timeout=CONTROL_TIMEOUT_S).raise_for_status()
-        httpx.delete(f"{self.control}/operations", timeout=CONTROL_TIMEOUT_S).raise_for_status()
-        httpx.delete(f"{self.control}/log", timeout=CONTROL_TIMEOUT_S).raise_for_status()
+        httpx2.delete(f"{self.control}/faults", timeout=CONTROL_TIMEOUT_S).raise_for_status()
+        httpx2.delete(f"{self.control}/operations", timeout=CONTROL_TIMEOUT_S).raise_for_status()
+        httpx2.delete(f"{self.control}/log", timeout=CONTROL_TIMEOUT_S).raise_for_status()
 
     def log(self) -> list[dict[str, Any]]:
-        response = httpx.get(f"{self.control}/log", timeout=CONTROL_TIMEOUT_S)
+        response = httpx2.get(f"{self.control}/log", timeout=CONTROL_TIMEOUT_S)
         response.raise_for_status()
         entries: list[dict[str, Any]] = response.json()["entries"]
         return entries
 
     def operations(self) -> dict[str, Any]:
         """``{"operations": [...], "expired": [...], "deleted": [...]}`` as the server keeps them."""
-        response = httpx.get(f"{self.control}/operations", timeout=CONTROL_TIMEOUT_S)
+        response = httpx2.get(f"{self.control}/operations", timeout=CONTROL_TIMEOUT_S)
         response.raise_for_status()
         answer: dict[str, Any] = response.json()
         return answer
@@ -74,8 +74,8 @@ def start_aip_server(log_dir: Path, *flags: str, timeout: float = 30.0) -> AipSe
                 f"the AIP-151 server exited with {process.proc.returncode}:\n{process.log()}"
             )
         try:
-            return httpx.get(f"{control}/faults", timeout=1).status_code == 200
-        except httpx.HTTPError:
+            return httpx2.get(f"{control}/faults", timeout=1).status_code == 200
+        except httpx2.HTTPError:
             return False
 
     try:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 
 from adapters import AdapterConfig, RemoteRef, RemoteStatus, default_registry
 from tests import support
@@ -58,8 +58,8 @@ def start_ext_demo_server(log_dir: Path, *flags: str) -> McpServer:
 
     def up() -> bool:
         try:
-            return httpx.get(f"{control}/faults", timeout=1).status_code == 200
-        except httpx.HTTPError:
+            return httpx2.get(f"{control}/faults", timeout=1).status_code == 200
+        except httpx2.HTTPError:
             return False
 
     support.wait_for("the extension demo server to listen", up)
@@ -98,7 +98,7 @@ class ExtFleet:
         config = AdapterConfig(
             name=EXT_SERVER, url=self.ext_url, protocol="mcp", protocol_version=EXT_VERSION
         )
-        with httpx.Client() as client:
+        with httpx2.Client() as client:
             return default_registry().build(config, client).get(RemoteRef(remote_id, None, EXT_VERSION))
 
 

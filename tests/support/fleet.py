@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import redis
 from celery import Celery
 from celery.result import AsyncResult
@@ -43,25 +43,25 @@ class McpServer:
     process: support.CeleryProcess
 
     def faults(self, **switches: Any) -> None:
-        httpx.post(f"{self.control}/faults", json=switches, timeout=5).raise_for_status()
+        httpx2.post(f"{self.control}/faults", json=switches, timeout=5).raise_for_status()
 
     def log(self) -> list[dict[str, Any]]:
-        entries: list[dict[str, Any]] = httpx.get(f"{self.control}/log", timeout=5).json()["entries"]
+        entries: list[dict[str, Any]] = httpx2.get(f"{self.control}/log", timeout=5).json()["entries"]
         return entries
 
     def http_log(self) -> list[dict[str, Any]]:
         """Every HTTP request the server received: ``{"t", "verb", "budget", ...}`` (``budget``: the bucket
         the request was charged to, as its ``Longcall-Budget`` header names it)."""
-        entries: list[dict[str, Any]] = httpx.get(f"{self.control}/http_log", timeout=5).json()["entries"]
+        entries: list[dict[str, Any]] = httpx2.get(f"{self.control}/http_log", timeout=5).json()["entries"]
         return entries
 
     def replies(self) -> list[dict[str, Any]]:
         """Every input reply (client JSON-RPC response) the server received, with what became of it."""
-        replies: list[dict[str, Any]] = httpx.get(f"{self.control}/replies", timeout=5).json()["replies"]
+        replies: list[dict[str, Any]] = httpx2.get(f"{self.control}/replies", timeout=5).json()["replies"]
         return replies
 
     def tasks(self) -> list[dict[str, Any]]:
-        tasks: list[dict[str, Any]] = httpx.get(f"{self.control}/tasks", timeout=5).json()["tasks"]
+        tasks: list[dict[str, Any]] = httpx2.get(f"{self.control}/tasks", timeout=5).json()["tasks"]
         return tasks
 
 
@@ -77,8 +77,8 @@ def start_mcp_server(log_dir: Path, *flags: str, poll_interval_ms: int = 200) ->
 
     def up() -> bool:
         try:
-            return httpx.get(f"{control}/faults", timeout=1).status_code == 200
-        except httpx.HTTPError:
+            return httpx2.get(f"{control}/faults", timeout=1).status_code == 200
+        except httpx2.HTTPError:
             return False
 
     support.wait_for("the MCP server to listen", up)

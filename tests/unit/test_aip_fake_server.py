@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 
 from demo_server.aip151_model import (
@@ -46,8 +46,8 @@ def aip(server: AipServer) -> AipServer:
 
 
 @pytest.fixture
-def http() -> Iterator[httpx.Client]:
-    with httpx.Client(timeout=WAIT_S) as client:
+def http() -> Iterator[httpx2.Client]:
+    with httpx2.Client(timeout=WAIT_S) as client:
         yield client
 
 
@@ -56,15 +56,15 @@ def project() -> str:
     return f"p-{uuid.uuid4().hex[:10]}"
 
 
-def run(aip: AipServer, http: httpx.Client, proj: str = "demo", **body: Any) -> httpx.Response:
+def run(aip: AipServer, http: httpx2.Client, proj: str = "demo", **body: Any) -> httpx2.Response:
     return http.post(aip.run_url(proj), json={"seconds": 0, **body})
 
 
-def get(aip: AipServer, http: httpx.Client, name: str) -> httpx.Response:
+def get(aip: AipServer, http: httpx2.Client, name: str) -> httpx2.Response:
     return http.get(f"{aip.root}/v1/{name}")
 
 
-def wait_done(aip: AipServer, http: httpx.Client, name: str) -> dict[str, Any]:
+def wait_done(aip: AipServer, http: httpx2.Client, name: str) -> dict[str, Any]:
     def probe() -> dict[str, Any] | None:
         op: dict[str, Any] = get(aip, http, name).json()
         return op if op.get("done") else None
@@ -76,7 +76,7 @@ def wait_done(aip: AipServer, http: httpx.Client, name: str) -> dict[str, Any]:
 
 
 def test_running_operation_omits_done_then_completes_with_a_typed_response(
-    aip: AipServer, http: httpx.Client
+    aip: AipServer, http: httpx2.Client
 ) -> None:
     created = run(aip, http, "demo", seconds=0.3)
     assert created.status_code == 200
@@ -96,14 +96,14 @@ def test_running_operation_omits_done_then_completes_with_a_typed_response(
     assert "error" not in done
 
 
-def test_zero_seconds_is_done_in_the_create_answer(aip: AipServer, http: httpx.Client) -> None:
+def test_zero_seconds_is_done_in_the_create_answer(aip: AipServer, http: httpx2.Client) -> None:
     op = run(aip, http, seconds=0).json()
     assert op["done"] is True
     assert op["response"]["@type"] == RESPONSE_TYPE
 
 
 def test_error_outcome_is_a_status_with_the_grpc_code_and_error_info(
-    aip: AipServer, http: httpx.Client
+    aip: AipServer, http: httpx2.Client
 ) -> None:
     op = run(aip, http, outcome="error").json()
     assert op["done"] is True
@@ -112,20 +112,20 @@ def test_error_outcome_is_a_status_with_the_grpc_code_and_error_info(
     assert "response" not in op
 
 
-def test_empty_outcome_python_and_go_forms(aip: AipServer, http: httpx.Client) -> None:
+def test_empty_outcome_python_and_go_forms(aip: AipServer, http: httpx2.Client) -> None:
     assert run(aip, http, outcome="empty").json()["response"] == {"@type": EMPTY_TYPE}
     aip.faults(go_empty=True)
     assert run(aip, http, outcome="empty").json()["response"] == {"@type": EMPTY_TYPE, "value": {}}
 
 
-def test_none_outcome_is_done_with_neither_response_nor_error(aip: AipServer, http: httpx.Client) -> None:
+def test_none_outcome_is_done_with_neither_response_nor_error(aip: AipServer, http: httpx2.Client) -> None:
     op = run(aip, http, outcome="none").json()
     assert op["done"] is True
     assert "response" not in op
     assert "error" not in op
 
 
-def test_well_known_types_writes_struct_anys(aip: AipServer, http: httpx.Client) -> None:
+def test_well_known_types_writes_struct_anys(aip: AipServer, http: httpx2.Client) -> None:
     aip.faults(well_known_types=True)
     op = run(aip, http).json()
     assert op["metadata"]["@type"] == STRUCT_TYPE
@@ -133,12 +133,12 @@ def test_well_known_types_writes_struct_anys(aip: AipServer, http: httpx.Client)
     assert op["response"] == {"@type": STRUCT_TYPE, "value": {**op["response"]["value"], "rows": 42}}
 
 
-def test_emit_default_done_writes_done_false(aip: AipServer, http: httpx.Client) -> None:
+def test_emit_default_done_writes_done_false(aip: AipServer, http: httpx2.Client) -> None:
     aip.faults(emit_default_done=True)
     assert run(aip, http, seconds=30).json()["done"] is False
 
 
-def test_go_empty_response_and_unknown_type_switches(aip: AipServer, http: httpx.Client) -> None:
+def test_go_empty_response_and_unknown_type_switches(aip: AipServer, http: httpx2.Client) -> None:
     aip.faults(go_empty_response=True)
     assert run(aip, http).json()["response"] == {"@type": EMPTY_TYPE, "value": {}}
     aip.faults(go_empty_response=False, unknown_type_response=True)
@@ -161,7 +161,7 @@ def test_go_empty_response_and_unknown_type_switches(aip: AipServer, http: httpx
     ],
 )
 def test_bad_run_request_is_invalid_argument(
-    aip: AipServer, http: httpx.Client, body: dict[str, Any]
+    aip: AipServer, http: httpx2.Client, body: dict[str, Any]
 ) -> None:
     answer = http.post(aip.run_url(), json=body)
     assert answer.status_code == 400
@@ -169,7 +169,7 @@ def test_bad_run_request_is_invalid_argument(
     assert aip.operations()["operations"] == []
 
 
-def test_body_that_is_not_a_json_object_is_invalid_argument(aip: AipServer, http: httpx.Client) -> None:
+def test_body_that_is_not_a_json_object_is_invalid_argument(aip: AipServer, http: httpx2.Client) -> None:
     for raw in (b"not json", b"[1]"):
         answer = http.post(aip.run_url(), content=raw)
         assert answer.status_code == 400
@@ -179,7 +179,7 @@ def test_body_that_is_not_a_json_object_is_invalid_argument(aip: AipServer, http
 # ---- get, list, delete, expiry ----------------------------------------------------------------------------
 
 
-def test_unknown_operation_is_not_found_in_the_aip193_envelope(aip: AipServer, http: httpx.Client) -> None:
+def test_unknown_operation_is_not_found_in_the_aip193_envelope(aip: AipServer, http: httpx2.Client) -> None:
     answer = get(aip, http, "projects/demo/operations/nope")
     assert answer.status_code == 404
     error = answer.json()["error"]
@@ -189,7 +189,7 @@ def test_unknown_operation_is_not_found_in_the_aip193_envelope(aip: AipServer, h
 
 
 def test_grpc_gateway_envelope_is_the_bare_status_with_the_grpc_code(
-    aip: AipServer, http: httpx.Client
+    aip: AipServer, http: httpx2.Client
 ) -> None:
     aip.faults(envelope="grpc_gateway")
     answer = get(aip, http, "projects/demo/operations/nope")
@@ -200,12 +200,12 @@ def test_grpc_gateway_envelope_is_the_bare_status_with_the_grpc_code(
     assert "not found" in body["message"]
 
 
-def test_unknown_route_is_not_found(aip: AipServer, http: httpx.Client) -> None:
+def test_unknown_route_is_not_found(aip: AipServer, http: httpx2.Client) -> None:
     assert http.get(f"{aip.root}/v1/projects/demo/widgets").status_code == 404
     assert http.put(f"{aip.root}/v1/projects/demo/operations/x").status_code == 404
 
 
-def test_list_pages_with_an_opaque_token(aip: AipServer, http: httpx.Client) -> None:
+def test_list_pages_with_an_opaque_token(aip: AipServer, http: httpx2.Client) -> None:
     proj = project()
     names = [run(aip, http, proj, seconds=30).json()["name"] for _ in range(3)]
     url = f"{aip.root}/v1/projects/{proj}/operations"
@@ -221,14 +221,14 @@ def test_list_pages_with_an_opaque_token(aip: AipServer, http: httpx.Client) -> 
     "params", [{"pageToken": "garbage!"}, {"pageSize": "-1"}, {"pageSize": "x"}, {"bogus": "1"}]
 )
 def test_bad_list_parameters_are_invalid_argument(
-    aip: AipServer, http: httpx.Client, params: dict[str, str]
+    aip: AipServer, http: httpx2.Client, params: dict[str, str]
 ) -> None:
     answer = http.get(f"{aip.root}/v1/projects/demo/operations", params=params)
     assert answer.status_code == 400
     assert answer.json()["error"]["status"] == "INVALID_ARGUMENT"
 
 
-def test_delete_forgets_without_cancelling_then_not_found(aip: AipServer, http: httpx.Client) -> None:
+def test_delete_forgets_without_cancelling_then_not_found(aip: AipServer, http: httpx2.Client) -> None:
     name = run(aip, http, seconds=30).json()["name"]
     answer = http.delete(f"{aip.root}/v1/{name}")
     assert answer.status_code == 200
@@ -239,12 +239,12 @@ def test_delete_forgets_without_cancelling_then_not_found(aip: AipServer, http: 
     assert name in aip.operations()["deleted"]
 
 
-def test_expiry_after_done_is_not_found(aip: AipServer, http: httpx.Client) -> None:
+def test_expiry_after_done_is_not_found(aip: AipServer, http: httpx2.Client) -> None:
     aip.faults(expire_after_done_s=0.3)
     name = run(aip, http, seconds=0.2).json()["name"]
     wait_done(aip, http, name)
 
-    def expired() -> httpx.Response | None:
+    def expired() -> httpx2.Response | None:
         answer = get(aip, http, name)
         return answer if answer.status_code == 404 else None
 
@@ -253,7 +253,7 @@ def test_expiry_after_done_is_not_found(aip: AipServer, http: httpx.Client) -> N
     assert name in aip.operations()["expired"]
 
 
-def test_a_running_operation_never_expires(aip: AipServer, http: httpx.Client) -> None:
+def test_a_running_operation_never_expires(aip: AipServer, http: httpx2.Client) -> None:
     aip.faults(expire_after_done_s=0)
     name = run(aip, http, seconds=30).json()["name"]
     assert get(aip, http, name).status_code == 200
@@ -262,7 +262,9 @@ def test_a_running_operation_never_expires(aip: AipServer, http: httpx.Client) -
 # ---- cancel ---------------------------------------------------------------------------------------------
 
 
-def test_cancel_of_running_answers_empty_then_done_with_cancelled(aip: AipServer, http: httpx.Client) -> None:
+def test_cancel_of_running_answers_empty_then_done_with_cancelled(
+    aip: AipServer, http: httpx2.Client
+) -> None:
     name = run(aip, http, seconds=30).json()["name"]
     answer = http.post(f"{aip.root}/v1/{name}:cancel")  # empty body, as google-api-core's REST client sends
     assert answer.status_code == 200
@@ -275,7 +277,7 @@ def test_cancel_of_running_answers_empty_then_done_with_cancelled(aip: AipServer
     assert op["metadata"]["state"] == "CANCELLED"
 
 
-def test_cancel_takes_effect_later_with_cancel_takes_ms(aip: AipServer, http: httpx.Client) -> None:
+def test_cancel_takes_effect_later_with_cancel_takes_ms(aip: AipServer, http: httpx2.Client) -> None:
     aip.faults(cancel_takes_ms=300)
     name = run(aip, http, seconds=30).json()["name"]
     assert http.post(f"{aip.root}/v1/{name}:cancel", json={}).json() == {}
@@ -283,7 +285,7 @@ def test_cancel_takes_effect_later_with_cancel_takes_ms(aip: AipServer, http: ht
     assert wait_done(aip, http, name)["error"]["code"] == 1
 
 
-def test_complete_on_cancel_lets_completion_win(aip: AipServer, http: httpx.Client) -> None:
+def test_complete_on_cancel_lets_completion_win(aip: AipServer, http: httpx2.Client) -> None:
     aip.faults(complete_on_cancel=1)
     name = run(aip, http, seconds=30).json()["name"]
     assert http.post(f"{aip.root}/v1/{name}:cancel").json() == {}
@@ -293,7 +295,7 @@ def test_complete_on_cancel_lets_completion_win(aip: AipServer, http: httpx.Clie
     assert "error" not in op
 
 
-def test_completion_before_a_slow_cancel_lands_wins(aip: AipServer, http: httpx.Client) -> None:
+def test_completion_before_a_slow_cancel_lands_wins(aip: AipServer, http: httpx2.Client) -> None:
     aip.faults(cancel_takes_ms=5000)
     name = run(aip, http, seconds=0.3).json()["name"]
     http.post(f"{aip.root}/v1/{name}:cancel")
@@ -309,7 +311,7 @@ def test_completion_before_a_slow_cancel_lands_wins(aip: AipServer, http: httpx.
     ],
 )
 def test_cancel_of_done_is_configurable(
-    aip: AipServer, http: httpx.Client, mode: str, status: int, grpc_status: str | None
+    aip: AipServer, http: httpx2.Client, mode: str, status: int, grpc_status: str | None
 ) -> None:
     aip.faults(cancel_of_done=mode)
     name = run(aip, http).json()["name"]
@@ -322,14 +324,14 @@ def test_cancel_of_done_is_configurable(
     assert "response" in get(aip, http, name).json()  # unchanged
 
 
-def test_cancel_of_unknown_operation_is_not_found(aip: AipServer, http: httpx.Client) -> None:
+def test_cancel_of_unknown_operation_is_not_found(aip: AipServer, http: httpx2.Client) -> None:
     assert http.post(f"{aip.root}/v1/projects/demo/operations/nope:cancel").status_code == 404
 
 
 # ---- request_id (AIP-155) ---------------------------------------------------------------------------------
 
 
-def test_same_request_id_returns_the_same_operation(aip: AipServer, http: httpx.Client) -> None:
+def test_same_request_id_returns_the_same_operation(aip: AipServer, http: httpx2.Client) -> None:
     rid = str(uuid.uuid4())
     first = run(aip, http, seconds=30, requestId=rid).json()
     again = run(aip, http, seconds=30, requestId=rid).json()
@@ -338,7 +340,7 @@ def test_same_request_id_returns_the_same_operation(aip: AipServer, http: httpx.
 
 
 def test_same_request_id_with_another_body_answers_the_earlier_response(
-    aip: AipServer, http: httpx.Client
+    aip: AipServer, http: httpx2.Client
 ) -> None:
     rid = str(uuid.uuid4())
     first = run(aip, http, seconds=30, requestId=rid).json()
@@ -350,7 +352,9 @@ def test_same_request_id_with_another_body_answers_the_earlier_response(
     assert len(aip.operations()["operations"]) == 1
 
 
-def test_request_id_of_a_deleted_operation_answers_its_last_state(aip: AipServer, http: httpx.Client) -> None:
+def test_request_id_of_a_deleted_operation_answers_its_last_state(
+    aip: AipServer, http: httpx2.Client
+) -> None:
     rid = str(uuid.uuid4())
     name = run(aip, http, requestId=rid).json()["name"]
     http.delete(f"{aip.root}/v1/{name}")
@@ -361,7 +365,7 @@ def test_request_id_of_a_deleted_operation_answers_its_last_state(aip: AipServer
 
 
 def test_ignore_request_id_and_the_dedupe_window_make_a_second_operation(
-    aip: AipServer, http: httpx.Client
+    aip: AipServer, http: httpx2.Client
 ) -> None:
     rid = str(uuid.uuid4())
     aip.faults(ignore_request_id=True)
@@ -377,7 +381,7 @@ def test_ignore_request_id_and_the_dedupe_window_make_a_second_operation(
     assert run(aip, http, seconds=30, requestId=rid).json()["name"] != first
 
 
-def test_missing_project_is_not_found_and_creates_nothing(aip: AipServer, http: httpx.Client) -> None:
+def test_missing_project_is_not_found_and_creates_nothing(aip: AipServer, http: httpx2.Client) -> None:
     aip.faults(missing_projects=["gone"])
     answer = run(aip, http, "gone", requestId=str(uuid.uuid4()))
     assert answer.status_code == 404
@@ -388,10 +392,10 @@ def test_missing_project_is_not_found_and_creates_nothing(aip: AipServer, http: 
 # ---- faults: lost create answers, 429/503, delays -----------------------------------------------------
 
 
-def test_lose_create_response_creates_then_drops_the_connection(aip: AipServer, http: httpx.Client) -> None:
+def test_lose_create_response_creates_then_drops_the_connection(aip: AipServer, http: httpx2.Client) -> None:
     aip.faults(lose_create_response=1)
     rid = str(uuid.uuid4())
-    with pytest.raises(httpx.RemoteProtocolError):
+    with pytest.raises(httpx2.RemoteProtocolError):
         run(aip, http, seconds=30, requestId=rid)
     ops = aip.operations()["operations"]
     assert [op["requestId"] for op in ops] == [rid]
@@ -399,7 +403,7 @@ def test_lose_create_response_creates_then_drops_the_connection(aip: AipServer, 
     assert [e["status"] for e in aip.log()] == [None, 200]
 
 
-def test_status_after_create_answers_503_after_creating(aip: AipServer, http: httpx.Client) -> None:
+def test_status_after_create_answers_503_after_creating(aip: AipServer, http: httpx2.Client) -> None:
     aip.faults(status_after_create={"count": 1})
     answer = run(aip, http, seconds=30)
     assert answer.status_code == 503
@@ -407,7 +411,7 @@ def test_status_after_create_answers_503_after_creating(aip: AipServer, http: ht
     assert len(aip.operations()["operations"]) == 1
 
 
-def test_429_carries_retry_info_and_retry_after_and_does_nothing(aip: AipServer, http: httpx.Client) -> None:
+def test_429_carries_retry_info_and_retry_after_and_does_nothing(aip: AipServer, http: httpx2.Client) -> None:
     aip.faults(status_429={"RunReport": {"count": 1, "retry_after_s": 3}})
     refused = run(aip, http)
     assert refused.status_code == 429
@@ -421,7 +425,7 @@ def test_429_carries_retry_info_and_retry_after_and_does_nothing(aip: AipServer,
     assert [e["inside_retry_after"] for e in entries] == [False, True]
 
 
-def test_503_for_any_rpc_in_the_grpc_gateway_envelope(aip: AipServer, http: httpx.Client) -> None:
+def test_503_for_any_rpc_in_the_grpc_gateway_envelope(aip: AipServer, http: httpx2.Client) -> None:
     aip.faults(envelope="grpc_gateway", status_503={"*": {"count": 2, "retry_after_s": 1}})
     name = "projects/demo/operations/whatever"
     for answer in (get(aip, http, name), http.post(f"{aip.root}/v1/{name}:cancel")):
@@ -432,7 +436,7 @@ def test_503_for_any_rpc_in_the_grpc_gateway_envelope(aip: AipServer, http: http
     assert get(aip, http, name).status_code == 404
 
 
-def test_rate_limit_window_refuses_every_request_until_it_ends(aip: AipServer, http: httpx.Client) -> None:
+def test_rate_limit_window_refuses_every_request_until_it_ends(aip: AipServer, http: httpx2.Client) -> None:
     name = run(aip, http).json()["name"]
     aip.faults(rate_limit_window={"rpc": "GetOperation", "seconds": 0.5})
     refused = get(aip, http, name)
@@ -442,13 +446,13 @@ def test_rate_limit_window_refuses_every_request_until_it_ends(aip: AipServer, h
     support.wait_for("the window to end", lambda: get(aip, http, name).status_code == 200, timeout=WAIT_S)
 
 
-def test_rate_limit_window_can_open_later(aip: AipServer, http: httpx.Client) -> None:
+def test_rate_limit_window_can_open_later(aip: AipServer, http: httpx2.Client) -> None:
     name = run(aip, http).json()["name"]
     switches = aip.faults(rate_limit_window={"seconds": 5, "start_in_s": 0.4, "retry_after_s": 3})
     assert switches["rate_limit_window"]["opens_at"] > time.time()
     assert get(aip, http, name).status_code == 200  # not open yet
 
-    def refused() -> httpx.Response | None:
+    def refused() -> httpx2.Response | None:
         answer = get(aip, http, name)
         return answer if answer.status_code == 429 else None
 
@@ -456,7 +460,7 @@ def test_rate_limit_window_can_open_later(aip: AipServer, http: httpx.Client) ->
     assert answer.headers["retry-after"] == "3"
 
 
-def test_delay_ms_holds_the_answer(aip: AipServer, http: httpx.Client) -> None:
+def test_delay_ms_holds_the_answer(aip: AipServer, http: httpx2.Client) -> None:
     name = run(aip, http).json()["name"]
     aip.faults(delay_ms={"GetOperation": 300})
     started = time.monotonic()
@@ -464,7 +468,7 @@ def test_delay_ms_holds_the_answer(aip: AipServer, http: httpx.Client) -> None:
     assert time.monotonic() - started >= 0.3
 
 
-def test_log_records_method_path_rpc_status_and_time(aip: AipServer, http: httpx.Client) -> None:
+def test_log_records_method_path_rpc_status_and_time(aip: AipServer, http: httpx2.Client) -> None:
     before = time.time()
     name = run(aip, http).json()["name"]
     get(aip, http, name)
@@ -486,11 +490,13 @@ def test_log_records_method_path_rpc_status_and_time(aip: AipServer, http: httpx
         {"expire_after_done_s": -1},
     ],
 )
-def test_bad_fault_switches_are_refused(aip: AipServer, http: httpx.Client, switches: dict[str, Any]) -> None:
+def test_bad_fault_switches_are_refused(
+    aip: AipServer, http: httpx2.Client, switches: dict[str, Any]
+) -> None:
     assert http.post(f"{aip.control}/faults", json=switches).status_code == 400
 
 
-def test_reset_restores_the_command_line_defaults(tmp_path: Path, http: httpx.Client) -> None:
+def test_reset_restores_the_command_line_defaults(tmp_path: Path, http: httpx2.Client) -> None:
     own = start_aip_server(tmp_path, "--envelope", "grpc_gateway", "--cancel-of-done", "unimplemented")
     try:
         own.faults(envelope="aip193", cancel_of_done="empty")

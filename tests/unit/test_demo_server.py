@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 
 from demo_server.command import command
@@ -51,7 +51,7 @@ class Client:
     def __init__(self, peer: McpPeer, capabilities: dict[str, Any] | None = None) -> None:
         self.url = peer.url
         self.headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
-        self.http = httpx.Client(timeout=WAIT_S)
+        self.http = httpx2.Client(timeout=WAIT_S)
         self.next_id = 1
         init = self.post(
             "initialize",
@@ -71,10 +71,10 @@ class Client:
         """A second connection in this client's session (for concurrent requests)."""
         twin = Client.__new__(Client)
         twin.url, twin.headers, twin.next_id = self.url, dict(self.headers), self.next_id + 1000
-        twin.http = httpx.Client(timeout=WAIT_S)
+        twin.http = httpx2.Client(timeout=WAIT_S)
         return twin
 
-    def send(self, method: str, params: dict[str, Any]) -> httpx.Response:
+    def send(self, method: str, params: dict[str, Any]) -> httpx2.Response:
         self.next_id += 1
         body = {"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params}
         response = self.http.post(self.url, headers=self.headers, json=body)
@@ -105,7 +105,7 @@ class Client:
         pytest.fail(f"task {task_id} did not get there within {WAIT_S} s: {status}")
 
 
-def only_message(response: httpx.Response) -> dict[str, Any]:
+def only_message(response: httpx2.Response) -> dict[str, Any]:
     assert response.status_code == 200, response.text
     if response.headers["content-type"].startswith("application/json"):
         message: dict[str, Any] = response.json()
@@ -130,7 +130,7 @@ def client(peer: McpPeer) -> Iterator[Client]:
 
 def control(peer: McpPeer, path: str, faults: dict[str, Any] | None = None) -> Any:
     assert peer.control_url is not None
-    with httpx.Client(timeout=WAIT_S) as http:
+    with httpx2.Client(timeout=WAIT_S) as http:
         if faults is None:
             response = http.get(f"{peer.control_url}/{path}")
         else:
@@ -290,7 +290,7 @@ def test_elicitation_needs_the_client_capability(peer: McpPeer) -> None:
 
 
 def test_http_rules(peer: McpPeer, client: Client) -> None:
-    with httpx.Client(timeout=WAIT_S) as http:
+    with httpx2.Client(timeout=WAIT_S) as http:
         ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
         assert (
             http.post(
@@ -313,7 +313,7 @@ def test_http_rules(peer: McpPeer, client: Client) -> None:
 
 def test_lose_create_response_creates_the_task_but_answers_nothing(peer: McpPeer, client: Client) -> None:
     control(peer, "faults", {"lose_create_response": 1})
-    with pytest.raises(httpx.RemoteProtocolError):
+    with pytest.raises(httpx2.RemoteProtocolError):
         client.send("tools/call", {"name": "slow_report", "arguments": {"seconds": 0}, "task": {"ttl": 1000}})
     tasks = control(peer, "tasks")["tasks"]
     assert [task["tool"] for task in tasks if task["session"] == client.headers["Mcp-Session-Id"]] == [
@@ -369,9 +369,9 @@ def test_drop_and_truncate_result(peer: McpPeer, client: Client) -> None:
     task_id = client.create("slow_report", {"seconds": 0})
     client.wait_for(task_id, terminal)
     control(peer, "faults", {"drop_result": 1, "truncate_result": 1})
-    with pytest.raises(httpx.RemoteProtocolError):
+    with pytest.raises(httpx2.RemoteProtocolError):
         client.send("tasks/result", {"taskId": task_id})
-    with pytest.raises(httpx.RemoteProtocolError):
+    with pytest.raises(httpx2.RemoteProtocolError):
         client.send("tasks/result", {"taskId": task_id})
     assert client.post("tasks/result", {"taskId": task_id})["result"]["isError"] is False
 
@@ -416,7 +416,7 @@ def test_finish_ends_working_tasks_now_with_their_result(peer: McpPeer, client: 
 def test_finish_needs_a_list_of_task_ids(peer: McpPeer) -> None:
     assert peer.control_url is not None
     for body in ({"task_ids": "x"}, {"task_ids": [1]}, ["x"]):
-        response = httpx.post(f"{peer.control_url}/finish", json=body, timeout=WAIT_S)
+        response = httpx2.post(f"{peer.control_url}/finish", json=body, timeout=WAIT_S)
         assert response.status_code == 400
         assert "task_ids" in response.json()["error"]
 
@@ -433,7 +433,7 @@ def test_force_input_required(peer: McpPeer, client: Client) -> None:
 
 def test_bad_fault_settings_are_refused(peer: McpPeer) -> None:
     assert peer.control_url is not None
-    with httpx.Client(timeout=WAIT_S) as http:
+    with httpx2.Client(timeout=WAIT_S) as http:
         assert http.post(f"{peer.control_url}/faults", json={"no_such_switch": 1}).status_code == 400
         assert http.post(f"{peer.control_url}/faults", json=[1]).status_code == 400
         assert http.post(f"{peer.control_url}/faults", json={"reorder": -1}).status_code == 400

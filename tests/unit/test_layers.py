@@ -230,7 +230,7 @@ def test_the_check_catches_an_import_against_the_layers(path: str, source: str, 
         ("workers/app.py", "from celery import Celery\nimport kombu\nfrom ledger.states import OpState\n"),
         ("ledger/repository.py", "from sqlalchemy import text\nfrom ledger.states import OpState\n"),
         ("ledger/repository.py", "from .records import Operation\nfrom . import states\n"),
-        ("adapters/mcp/wire.py", "import httpx\nfrom adapters.errors import Transient\n"),
+        ("adapters/mcp/wire.py", "import httpx2\nfrom adapters.errors import Transient\n"),
         ("demo_server/mcp.py", "import json\nwords = 'celery and sqlalchemy'\n"),
         (
             "console/common.py",
@@ -406,7 +406,7 @@ def test_the_face_check_catches_an_import_below_it(path: str, source: str, expec
         ("console/cli.py", "from adapters import detect_generation, redact_url\n"),
         ("adapters/registry.py", "from adapters import aip151\nfrom adapters.spec import AdapterSpec\n"),
         ("ledger/repository.py", "from adapters.base import RemoteRef\n"),  # the ledger's own rule says no
-        ("workers/steps/poll.py", "from workers.steps.context import StepContext\nimport httpx\n"),
+        ("workers/steps/poll.py", "from workers.steps.context import StepContext\nimport httpx2\n"),
     ],
 )
 def test_the_face_check_lets_the_face_be(path: str, source: str) -> None:

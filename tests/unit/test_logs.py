@@ -170,7 +170,7 @@ def test_the_format_comes_from_the_option_else_the_environment(monkeypatch: pyte
 
 @pytest.fixture
 def library_levels() -> Iterator[None]:
-    """httpx's and httpcore's logger levels, restored after."""
+    """httpx2's and httpcore2's logger levels, restored after."""
     before = {name: logging.getLogger(name).level for name in celery_logs.QUIET_LIBRARY_LOGGERS}
     try:
         yield
@@ -182,17 +182,17 @@ def library_levels() -> Iterator[None]:
 def test_httpx_request_lines_are_not_shown_at_info_unless_the_application_asks(
     info_level: None, library_levels: None
 ) -> None:
-    """A worker at INFO does not write httpx's "HTTP Request: POST ..." line for every poll; an application
-    that set httpx's level itself keeps it."""
+    """A worker at INFO does not write httpx2's "HTTP Request: POST ..." line for every poll; an application
+    that set httpx2's level itself keeps it."""
     for name in celery_logs.QUIET_LIBRARY_LOGGERS:
         logging.getLogger(name).setLevel(logging.NOTSET)
     celery_logs.install(logging.getLogger("longcall-test-install"))
-    assert not logging.getLogger("httpx").isEnabledFor(logging.INFO)
-    assert logging.getLogger("httpx").isEnabledFor(logging.WARNING)
+    assert not logging.getLogger("httpx2").isEnabledFor(logging.INFO)
+    assert logging.getLogger("httpx2").isEnabledFor(logging.WARNING)
 
-    logging.getLogger("httpx").setLevel(logging.INFO)
+    logging.getLogger("httpx2").setLevel(logging.INFO)
     celery_logs.install(logging.getLogger("longcall-test-install"))
-    assert logging.getLogger("httpx").isEnabledFor(logging.INFO)
+    assert logging.getLogger("httpx2").isEnabledFor(logging.INFO)
 
 
 def test_httpx_lines_stay_when_the_worker_logs_debug(library_levels: None) -> None:
@@ -203,6 +203,6 @@ def test_httpx_lines_stay_when_the_worker_logs_debug(library_levels: None) -> No
         for name in celery_logs.QUIET_LIBRARY_LOGGERS:
             logging.getLogger(name).setLevel(logging.NOTSET)
         celery_logs.install(logging.getLogger("longcall-test-install"))
-        assert logging.getLogger("httpx").isEnabledFor(logging.DEBUG)
+        assert logging.getLogger("httpx2").isEnabledFor(logging.DEBUG)
     finally:
         root.setLevel(before)

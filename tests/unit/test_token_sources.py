@@ -1,8 +1,10 @@
 """Where a server's bearer token comes from (issue 8, item 16): ``auth_env`` or ``auth_file``, read at every
-request through the adapter's token provider, so a rotated token needs no restart."""
+request through the adapter's token provider (the file again whenever it changed), so a rotated token needs
+no restart."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -34,6 +36,38 @@ def test_auth_file_is_read_at_every_call(tmp_path: Path) -> None:
     assert server.token() == "token-A"
     path.write_text("token-B")
     assert server.token() == "token-B"
+    path.write_text("")
+    with pytest.raises(ConfigError, match="empty"):
+        server.token()
+
+
+def test_an_unchanged_auth_file_is_not_read_again_and_a_changed_one_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A status read costs a ``stat`` of the token file, not an open and a read (issue 21); any change, even
+    to a token of the same length, is read at the next request."""
+    path = tmp_path / "token"
+    path.write_text("token-A")
+    server = ServerConfig.model_validate({**BASE, "auth_file": str(path)})
+    reads: list[Path] = []
+    read_text = Path.read_text
+
+    def counted(self: Path, encoding: str | None = None, errors: str | None = None) -> str:
+        reads.append(self)
+        return read_text(self, encoding, errors)
+
+    monkeypatch.setattr(Path, "read_text", counted)
+    assert [server.token() for _ in range(3)] == ["token-A"] * 3
+    assert reads == [path]
+    path.write_text("token-B")  # the same length
+    os.utime(path, ns=(1, 1))  # however coarse the file system's clock: another modification time
+    assert server.token() == "token-B"
+    swapped = tmp_path / "swapped"
+    swapped.write_text("token-C")
+    os.utime(swapped, ns=(1, 1))  # the same length and times as before: another file (a secret's swap)
+    swapped.replace(path)
+    assert server.token() == "token-C"
+    assert len(reads) == 3
 
 
 def test_auth_env_and_auth_file_are_exclusive(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
@@ -46,7 +46,7 @@ class Scraper:
         self.url = f"http://127.0.0.1:{self.port}/metrics"
 
     def text(self) -> str:
-        answer = httpx.get(self.url, timeout=30)
+        answer = httpx2.get(self.url, timeout=30)
         assert answer.status_code == 200, answer.text
         assert answer.headers["content-type"].startswith("text/plain")
         return answer.text
@@ -83,7 +83,7 @@ def scraper(fleet: Fleet) -> Iterator[Scraper]:
 
 def poll_requests_in(fleet: Fleet, first: int, last: int) -> int:
     """Requests charged to the poll budget that the MCP server received in the whole seconds first..last."""
-    entries = httpx.get(f"{fleet.mcp.control}/http_log", timeout=5).json()["entries"]
+    entries = httpx2.get(f"{fleet.mcp.control}/http_log", timeout=5).json()["entries"]
     return sum(1 for e in entries if e["budget"] == "poll" and first <= int(e["t"]) <= last)
 
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 import redis
 from click.testing import CliRunner
@@ -155,7 +155,7 @@ def detect_config(cli_env: Path, mcp: McpServer) -> None:
 
 
 def http_log(mcp: McpServer) -> list[dict[str, object]]:
-    entries: list[dict[str, object]] = httpx.get(f"{mcp.control}/http_log", timeout=5).json()["entries"]
+    entries: list[dict[str, object]] = httpx2.get(f"{mcp.control}/http_log", timeout=5).json()["entries"]
     return entries
 
 

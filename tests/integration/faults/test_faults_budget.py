@@ -14,7 +14,7 @@ import uuid
 from collections import Counter
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 
 from ledger.repository import Ledger
@@ -28,7 +28,7 @@ WINDOW_S = 1.0
 
 
 def http_log(fleet: Fleet) -> list[dict[str, Any]]:
-    entries: list[dict[str, Any]] = httpx.get(f"{fleet.mcp.control}/http_log", timeout=5).json()["entries"]
+    entries: list[dict[str, Any]] = httpx2.get(f"{fleet.mcp.control}/http_log", timeout=5).json()["entries"]
     return entries
 
 
@@ -75,7 +75,7 @@ def test_every_request_is_charged_to_its_steps_budget_under_429s_and_cut_results
         )
         requests = http_log(fleet)
         rpc = fleet.mcp.log()
-        switches = httpx.get(f"{fleet.mcp.control}/faults", timeout=5).json()
+        switches = httpx2.get(f"{fleet.mcp.control}/faults", timeout=5).json()
 
     # The faults were met: every 429, cut and dropped result was used up.
     assert switches["status_429"]["tasks/get"]["count"] == 0

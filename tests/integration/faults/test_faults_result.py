@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import Any
 
-import httpx
+import httpx2
 from sqlalchemy import text
 
 from ledger.digests import digest
@@ -44,7 +44,7 @@ def result_reads(fleet: Fleet) -> int:
 
 def set_payload(fleet: Fleet, payload: Any) -> None:
     """``result_payload``, sent as Python's JSON (NaN written as NaN, as a lenient server would send it)."""
-    httpx.post(
+    httpx2.post(
         f"{fleet.mcp.control}/faults",
         content=json.dumps({"result_payload": payload}),
         headers={"content-type": "application/json"},

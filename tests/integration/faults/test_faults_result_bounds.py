@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from sqlalchemy import text
 
@@ -173,12 +173,12 @@ def mcp_methods(mcp: McpServer, method: str) -> int:
 
 
 def ext_log(demo: McpServer) -> list[dict[str, Any]]:
-    entries: list[dict[str, Any]] = httpx.get(f"{demo.control}/log", timeout=5).json()["entries"]
+    entries: list[dict[str, Any]] = httpx2.get(f"{demo.control}/log", timeout=5).json()["entries"]
     return entries
 
 
 def ext_tasks(demo: McpServer) -> list[dict[str, Any]]:
-    tasks: list[dict[str, Any]] = httpx.get(f"{demo.control}/tasks", timeout=5).json()["tasks"]
+    tasks: list[dict[str, Any]] = httpx2.get(f"{demo.control}/tasks", timeout=5).json()["tasks"]
     return tasks
 
 
@@ -245,7 +245,7 @@ def test_an_mcp_tasks_extension_result_over_size_inline_in_tasks_get_goes_to_an_
     the one over size, and it sends the operation to an operator at once. Before: the poll failed and was
     tried again every second until the wait deadline."""
     with ext_rig(parts, max_result_bytes=MIB) as (demo, rig):
-        httpx.post(f"{demo.control}/faults", json={"result_payload": big_result(5 * MIB)}, timeout=5)
+        httpx2.post(f"{demo.control}/faults", json={"result_payload": big_result(5 * MIB)}, timeout=5)
         op_id = rig.submit("n/ext-over-size", "slow_report", {"seconds": 0.3})
         rig.working(op_id)
         support.wait_for(

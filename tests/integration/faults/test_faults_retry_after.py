@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 import redis
 
@@ -149,7 +149,7 @@ def test_mcp_retry_after_holds_the_whole_fleet(fleet_parts: FleetParts) -> None:
         )
         assert all(answer.get(timeout=30)["op_id"] for answer in answers)
         requests = http_log(fleet)
-        switches = httpx.get(f"{fleet.mcp.control}/faults", timeout=5).json()
+        switches = httpx2.get(f"{fleet.mcp.control}/faults", timeout=5).json()
 
     assert switches["status_429"]["tasks/get"]["count"] == 0  # the 429 was answered
     # The refused request itself is logged a moment before its JSON-RPC entry; everything after it counts.
@@ -161,7 +161,7 @@ def test_mcp_retry_after_holds_the_whole_fleet(fleet_parts: FleetParts) -> None:
 
 
 def http_log(fleet: Fleet) -> list[dict[str, Any]]:
-    entries: list[dict[str, Any]] = httpx.get(f"{fleet.mcp.control}/http_log", timeout=5).json()["entries"]
+    entries: list[dict[str, Any]] = httpx2.get(f"{fleet.mcp.control}/http_log", timeout=5).json()["entries"]
     return entries
 
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 import yaml
 from sqlalchemy import create_engine, inspect
@@ -162,8 +162,8 @@ def test_the_rabbitmq_override_names_compose_services_and_takes_its_password_fro
 
 def _answers(url: str, **options: Any) -> int | None:
     try:
-        return httpx.get(url, timeout=2, **options).status_code
-    except httpx.HTTPError:
+        return httpx2.get(url, timeout=2, **options).status_code
+    except httpx2.HTTPError:
         return None
 
 
@@ -219,7 +219,7 @@ def test_compose_commands_run(env: dict[str, str], log_dir: Path, tmp_path: Path
 
         metrics = f"http://127.0.0.1:{ports['metrics']}/metrics"
         support.wait_for("the metrics server to answer", lambda: _answers(metrics) == 200)
-        scraped = httpx.get(metrics, timeout=10).text
+        scraped = httpx2.get(metrics, timeout=10).text
         assert "# TYPE longcall_" in scraped, scraped[:2000]
         ran.add("metrics")
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from click.testing import CliRunner
 from sqlalchemy import event
@@ -217,7 +217,7 @@ class FleetB:
 
 
 def requests_of_b(fleet: Fleet) -> list[dict[str, Any]]:
-    entries: list[dict[str, Any]] = httpx.get(f"{fleet.mcp.control}/http_log", timeout=5).json()["entries"]
+    entries: list[dict[str, Any]] = httpx2.get(f"{fleet.mcp.control}/http_log", timeout=5).json()["entries"]
     return [e for e in entries if "fleet=b" in (e.get("query") or "")]
 
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from playwright.sync_api import BrowserContext, Page, expect, sync_playwright
 from playwright.sync_api import Error as PlaywrightError
@@ -59,7 +59,7 @@ class Flower:
 
     def task_names(self, **params: Any) -> list[str]:
         """The tasks Flower's task table would show (its own data endpoint, with credentials)."""
-        answer = httpx.get(
+        answer = httpx2.get(
             f"{self.url}/tasks/datatable",
             params={
                 "draw": 1,
@@ -113,10 +113,10 @@ def test_flower_asks_for_credentials_and_lists_the_longcall_tasks(
     fleet: Fleet, flower: Flower, tmp_path: Path
 ) -> None:
     # No credentials, or wrong ones: 401, with a basic-auth challenge.
-    bare = httpx.get(f"{flower.url}/tasks", timeout=10)
+    bare = httpx2.get(f"{flower.url}/tasks", timeout=10)
     assert bare.status_code == 401
     assert bare.headers["www-authenticate"].lower().startswith("basic")
-    assert httpx.get(f"{flower.url}/tasks", auth=(USER, "wrong"), timeout=10).status_code == 401
+    assert httpx2.get(f"{flower.url}/tasks", auth=(USER, "wrong"), timeout=10).status_code == 401
 
     # Flower records what happens from the moment its event receiver is connected: wait until it sees
     # beat's dispatch ticks, then run.

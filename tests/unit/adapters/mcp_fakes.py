@@ -1,4 +1,4 @@
-"""A scripted MCP server behind ``httpx.MockTransport``, and wire fixtures from reference/wire/.
+"""A scripted MCP server behind ``httpx2.MockTransport``, and wire fixtures from reference/wire/.
 
 The fake answers by JSON-RPC method from a script, echoing the request's id (the adapter uses random
 ids), in SSE (CRLF framing, no event ids, like mcp 1.30) or JSON mode, and records every request.
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 
 from adapters import AdapterConfig, Limits, McpTasksAdapter, Timeouts
 
@@ -68,7 +68,7 @@ def error_message(request_id: object, code: int, message: str, data: object = No
     return {"jsonrpc": "2.0", "id": request_id, "error": error}
 
 
-class ChunkedStream(httpx.SyncByteStream):
+class ChunkedStream(httpx2.SyncByteStream):
     """A body delivered in given chunks, optionally failing with ``fail`` after them."""
 
     def __init__(self, chunks: list[bytes], fail: Exception | None = None) -> None:
@@ -81,12 +81,12 @@ class ChunkedStream(httpx.SyncByteStream):
             raise self._fail
 
 
-Reply = Callable[[Json, httpx.Request], "httpx.Response | Json | list[Json]"]
+Reply = Callable[[Json, httpx2.Request], "httpx2.Response | Json | list[Json]"]
 
 
 @dataclass
 class FakeMcpServer:
-    """Routes each POST by method. A handler returns a full ``httpx.Response``, one message (its id is
+    """Routes each POST by method. A handler returns a full ``httpx2.Response``, one message (its id is
     replaced by the request's), or a list of messages to stream (server requests before the answer)."""
 
     mode: str = "sse"
@@ -94,7 +94,7 @@ class FakeMcpServer:
     initialize_result: Json = field(default_factory=lambda: wire_result("sse", "[A] initialize"))
     tools: list[Json] = field(default_factory=lambda: list(wire_result("sse", "[A] tools/list")["tools"]))
     handlers: dict[str, deque[Reply]] = field(default_factory=dict)
-    requests: list[httpx.Request] = field(default_factory=list)
+    requests: list[httpx2.Request] = field(default_factory=list)
     bodies: list[Json] = field(default_factory=list)
     sessions_created: int = 0
 
@@ -111,37 +111,37 @@ class FakeMcpServer:
     def calls(self, method: str) -> list[Json]:
         return [body for body in self.bodies if body.get("method") == method]
 
-    def headers_of(self, method: str) -> list[httpx.Headers]:
+    def headers_of(self, method: str) -> list[httpx2.Headers]:
         return [
             req.headers
             for req, body in zip(self.requests, self.bodies, strict=True)
             if body.get("method") == method
         ]
 
-    def transport(self) -> httpx.MockTransport:
-        return httpx.MockTransport(self)
+    def transport(self) -> httpx2.MockTransport:
+        return httpx2.MockTransport(self)
 
-    def _answer(self, request_id: object, messages: list[Json], headers: dict[str, str]) -> httpx.Response:
+    def _answer(self, request_id: object, messages: list[Json], headers: dict[str, str]) -> httpx2.Response:
         for message in messages:
             if "result" in message or "error" in message:
                 message["id"] = request_id
         if self.mode == "json":
             payload = messages[-1] if len(messages) == 1 else messages
-            return httpx.Response(200, json=payload, headers=headers)
-        return httpx.Response(
+            return httpx2.Response(200, json=payload, headers=headers)
+        return httpx2.Response(
             200, content=sse_body(messages), headers={**headers, "content-type": "text/event-stream"}
         )
 
-    def __call__(self, request: httpx.Request) -> httpx.Response:
+    def __call__(self, request: httpx2.Request) -> httpx2.Response:
         if request.method != "POST":
             self.requests.append(request)
             self.bodies.append({"http": request.method})
             queue = self.handlers.get(f"<{request.method.lower()}>")
             if not queue:
-                return httpx.Response(405)
+                return httpx2.Response(405)
             reply = queue[0] if len(queue) == 1 else queue.popleft()
             produced = reply({}, request)
-            assert isinstance(produced, httpx.Response)
+            assert isinstance(produced, httpx2.Response)
             return produced
         body: Json = json.loads(request.content)
         self.requests.append(request)
@@ -159,9 +159,9 @@ class FakeMcpServer:
             if queue:
                 reply = queue[0] if len(queue) == 1 else queue.popleft()
                 produced = reply(body, request)
-                if isinstance(produced, httpx.Response):
+                if isinstance(produced, httpx2.Response):
                     return produced
-            return httpx.Response(202)
+            return httpx2.Response(202)
         if method == "tools/list" and method not in self.handlers:
             return self._answer(body["id"], [result_message(body["id"], {"tools": self.tools})], headers)
         queue = self.handlers.get(method)
@@ -169,14 +169,14 @@ class FakeMcpServer:
             return self._answer(body["id"], [error_message(body["id"], -32601, "Method not found")], headers)
         reply = queue[0] if len(queue) == 1 else queue.popleft()
         produced = reply(body, request)
-        if isinstance(produced, httpx.Response):
+        if isinstance(produced, httpx2.Response):
             return produced
         messages = produced if isinstance(produced, list) else [produced]
         return self._answer(body["id"], [dict(m) for m in messages], headers)
 
 
 def make_adapter(
-    server: FakeMcpServer | Callable[[httpx.Request], httpx.Response],
+    server: FakeMcpServer | Callable[[httpx2.Request], httpx2.Response],
     *,
     token: str | None = None,
     timeouts: Timeouts | None = None,
@@ -192,4 +192,4 @@ def make_adapter(
         timeouts=timeouts or Timeouts(read=5.0, input_wait=0.5),
         limits=limits or Limits(),
     )
-    return McpTasksAdapter(config, httpx.Client(transport=httpx.MockTransport(server)))
+    return McpTasksAdapter(config, httpx2.Client(transport=httpx2.MockTransport(server)))

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-import httpx
+import httpx2
 import pytest
 
 from adapters import (
@@ -27,7 +27,6 @@ from adapters import (
     mcp_2025_11_25,
     mcp_2026_07_28,
 )
-from adapters.streamable_http import parse_cookies_only_when_set
 from workers.budget import label_request
 from workers.remote import RemotePool
 from workers.settings import FleetConfig, ToolConfig
@@ -158,16 +157,16 @@ def test_the_keyed_round_spec_leaves_the_answered_keys_out() -> None:
     assert without_answered(request, ["a", "b"]) is None
 
 
-def test_the_plain_client_has_the_timeouts_the_hooks_and_the_cookie_choice() -> None:
-    def hook(request: httpx.Request) -> None:
+def test_the_plain_client_has_the_timeouts_the_hooks_and_the_connections_kept() -> None:
+    def hook(request: httpx2.Request) -> None:
         del request
 
     timeouts = Timeouts(connect=1.0, read=2.0, write=3.0, pool=4.0)
-    with http_client(timeouts, (hook,)) as client, httpx.Client() as plain:
-        assert client.timeout == httpx.Timeout(connect=1.0, read=2.0, write=3.0, pool=4.0)
+    with http_client(timeouts, (hook,), connections=64) as client:
+        assert client.timeout == httpx2.Timeout(connect=1.0, read=2.0, write=3.0, pool=4.0)
+        pool = client._transport._pool  # type: ignore[attr-defined]  # httpx2 keeps its limits only there
+        assert (pool._max_keepalive_connections, pool._max_connections) == (64, 128)
         assert client.event_hooks["request"] == [hook]
-        parse_cookies_only_when_set(plain)
-        assert type(client.cookies) is type(plain.cookies) is not httpx.Cookies
 
 
 # --------------------------------------------------------- adding a version touches adapters/ only
@@ -178,7 +177,7 @@ class Built:
     """What a fake version's factory was given (it stands for the adapter)."""
 
     config: AdapterConfig
-    http: httpx.Client
+    http: httpx2.Client
     name: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -187,16 +186,19 @@ class Built:
 
 def test_a_version_added_to_a_registry_is_built_by_the_pool_with_no_change_in_workers() -> None:
     """A new MCP version (its spec only: a factory and a client maker) in a registry the pool is given:
-    the pool makes its client as the spec says (with the worker's request hook and the pool's timeouts)
-    and builds its adapter with the spec's factory; closing the pool closes the client."""
-    clients: list[tuple[Timeouts, Sequence[RequestHook], httpx.Client]] = []
+    the pool makes its client as the spec says (with the worker's request hook, the pool's timeouts and the
+    connections it keeps) and builds its adapter with the spec's factory; closing the pool closes the
+    client."""
+    clients: list[tuple[Timeouts, Sequence[RequestHook], int, httpx2.Client]] = []
 
-    def make_client(timeouts: Timeouts, request_hooks: Sequence[RequestHook]) -> httpx.Client:
-        client = httpx.Client()
-        clients.append((timeouts, request_hooks, client))
+    def make_client(
+        timeouts: Timeouts, request_hooks: Sequence[RequestHook], *, connections: int
+    ) -> httpx2.Client:
+        client = httpx2.Client()
+        clients.append((timeouts, request_hooks, connections, client))
         return client
 
-    def factory(config: AdapterConfig, http: httpx.Client) -> ToolAdapter:
+    def factory(config: AdapterConfig, http: httpx2.Client) -> ToolAdapter:
         return cast(ToolAdapter, Built(config, http))
 
     registry = default_registry()
@@ -219,15 +221,16 @@ def test_a_version_added_to_a_registry_is_built_by_the_pool_with_no_change_in_wo
         }
     )
     timeouts = Timeouts(connect=1.5)
-    pool = RemotePool(fleet, registry=registry, timeouts=timeouts)
+    pool = RemotePool(fleet, registry=registry, timeouts=timeouts, connections=7)
     try:
         built = pool.adapter("future")
         assert isinstance(built, Built)
         assert pool.adapter("future") is built  # one per server and version
         assert (built.config.protocol, built.config.protocol_version) == ("mcp", "2099-01-01")
         assert built.config.timeouts is timeouts
-        [(given_timeouts, hooks, client)] = clients
+        [(given_timeouts, hooks, connections, client)] = clients
         assert given_timeouts is timeouts
+        assert connections == 7
         assert list(hooks) == [label_request]
         assert built.http is client
         exports = pool.adapter("exports")  # a shipped version beside it, as before

@@ -1,6 +1,6 @@
 """The AIP-151 adapter against longcall's faithful AIP-151 server (one real process for the module, its
 switches, operations and request log reset before each test), built the standard way
-(``default_registry().build``), plus the credentials through an httpx mock transport."""
+(``default_registry().build``), plus the credentials through an httpx2 mock transport."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 
 from adapters import (
@@ -80,7 +80,7 @@ def aip(server: AipServer) -> AipServer:
 
 @pytest.fixture
 def adapter(aip: AipServer) -> Iterator[ToolAdapter]:
-    with httpx.Client() as client:
+    with httpx2.Client() as client:
         yield default_registry().build(
             AdapterConfig(
                 name="reports", url=aip.root, protocol="aip151", protocol_version="v1", tools=TOOLS
@@ -388,16 +388,16 @@ def test_a_name_that_is_not_a_resource_path_is_never_followed(aip: AipServer, ad
 # ----------------------------------------------------------------------------------- credentials
 
 
-def _mock(seen: list[httpx.Request]) -> httpx.Client:
-    def answer(request: httpx.Request) -> httpx.Response:
+def _mock(seen: list[httpx2.Request]) -> httpx2.Client:
+    def answer(request: httpx2.Request) -> httpx2.Response:
         seen.append(request)
-        return httpx.Response(200, json={"name": "operations/1"})
+        return httpx2.Response(200, json={"name": "operations/1"})
 
-    return httpx.Client(transport=httpx.MockTransport(answer))
+    return httpx2.Client(transport=httpx2.MockTransport(answer))
 
 
 def test_the_bearer_token_is_read_before_every_request() -> None:
-    seen: list[httpx.Request] = []
+    seen: list[httpx2.Request] = []
     tokens = iter(["one", "two"])
     config = AdapterConfig(
         name="s",
@@ -416,7 +416,7 @@ def test_the_bearer_token_is_read_before_every_request() -> None:
 
 
 def test_userinfo_in_the_url_is_basic_auth_and_never_in_the_url() -> None:
-    seen: list[httpx.Request] = []
+    seen: list[httpx2.Request] = []
     config = AdapterConfig(name="s", url="http://u:secret@h/", protocol="aip151", protocol_version="v1")
     with _mock(seen) as client:
         AipOperationsAdapter(config, client).get(RemoteRef("operations/1", None, "v1", "aip151"))
@@ -425,7 +425,7 @@ def test_userinfo_in_the_url_is_basic_auth_and_never_in_the_url() -> None:
 
 
 def test_a_wrong_pair_is_refused() -> None:
-    with httpx.Client() as client, pytest.raises(ValueError, match="speaks aip151 v1"):
+    with httpx2.Client() as client, pytest.raises(ValueError, match="speaks aip151 v1"):
         AipOperationsAdapter(
             AdapterConfig(name="s", url="http://h", protocol="mcp", protocol_version="v1"), client
         )

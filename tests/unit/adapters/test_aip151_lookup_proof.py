@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 
 from adapters import AdapterConfig, LookupResult, Rejected
@@ -25,35 +25,35 @@ TOOLS = {
 ARGUMENTS = {"project": "demo", "seconds": 1}
 
 
-def adapter(answer: Callable[[httpx.Request], httpx.Response]) -> AipOperationsAdapter:
+def adapter(answer: Callable[[httpx2.Request], httpx2.Response]) -> AipOperationsAdapter:
     config = AdapterConfig(
         name="exports", url="http://aip.test", protocol="aip151", protocol_version="v1", tools=TOOLS
     )
-    return AipOperationsAdapter(config, httpx.Client(transport=httpx.MockTransport(answer)))
+    return AipOperationsAdapter(config, httpx2.Client(transport=httpx2.MockTransport(answer)))
 
 
-def lookup(answer: httpx.Response) -> LookupResult:
-    def handler(request: httpx.Request) -> httpx.Response:
+def lookup(answer: httpx2.Response) -> LookupResult:
+    def handler(request: httpx2.Request) -> httpx2.Response:
         assert (request.method, request.url.path) == ("POST", CREATE)
         return answer
 
     return adapter(handler).lookup_by_key(str(uuid.uuid4()), tool="run_report", arguments=ARGUMENTS)
 
 
-def json_404(body: Any) -> httpx.Response:
-    return httpx.Response(
+def json_404(body: Any) -> httpx2.Response:
+    return httpx2.Response(
         404, content=json.dumps(body).encode(), headers={"content-type": "application/json"}
     )
 
 
 PLAIN_404S = {
-    "proxy-text": httpx.Response(404, text="404 page not found\n"),
-    "proxy-html": httpx.Response(
+    "proxy-text": httpx2.Response(404, text="404 page not found\n"),
+    "proxy-html": httpx2.Response(
         404,
         text="<html><body><h1>404 Not Found</h1>nginx</body></html>",
         headers={"content-type": "text/html"},
     ),
-    "empty": httpx.Response(404),
+    "empty": httpx2.Response(404),
     "json-no-status": json_404({"error": {"code": 404, "message": "Not Found"}}),
     "json-string-error": json_404({"error": "not found"}),
     "json-other-status": json_404({"error": {"code": 404, "status": "UNIMPLEMENTED", "message": "no route"}}),
@@ -89,7 +89,7 @@ def test_a_google_rpc_status_not_found_to_the_repeated_create_is_the_proof(name:
 def test_a_plain_404_to_the_first_create_is_still_a_refusal(name: str) -> None:
     """The first create is not a lookup: any 404 to it is a refusal, as before (nothing to prove)."""
 
-    def handler(request: httpx.Request) -> httpx.Response:
+    def handler(request: httpx2.Request) -> httpx2.Response:
         del request
         return PLAIN_404S[name]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-import httpx
+import httpx2
 import pytest
 
 from adapters import (
@@ -52,7 +52,7 @@ def built_configs(max_result_bytes: int | None = None) -> dict[str, AdapterConfi
     pairs = default_registry().keys()
     for protocol, version in pairs:
 
-        def factory(config: AdapterConfig, http: httpx.Client) -> ToolAdapter:
+        def factory(config: AdapterConfig, http: httpx2.Client) -> ToolAdapter:
             seen[config.name] = config
             return default_registry().build(config, http)
 
@@ -95,7 +95,7 @@ def test_a_runtime_builds_its_pool_with_the_settings_max_result_bytes() -> None:
         runtime.close()
 
 
-def aip(answer: httpx.Response, limit: int) -> AipOperationsAdapter:
+def aip(answer: httpx2.Response, limit: int) -> AipOperationsAdapter:
     config = AdapterConfig(
         name="exports",
         url="http://aip.test",
@@ -104,7 +104,7 @@ def aip(answer: httpx.Response, limit: int) -> AipOperationsAdapter:
         limits=Limits(max_body_bytes=limit),
         tools={"run_report": ToolRoute(create="POST /v1/x:run", request_id_field="r")},
     )
-    return AipOperationsAdapter(config, httpx.Client(transport=httpx.MockTransport(lambda _: answer)))
+    return AipOperationsAdapter(config, httpx2.Client(transport=httpx2.MockTransport(lambda _: answer)))
 
 
 def ref() -> RemoteRef:
@@ -120,7 +120,7 @@ def done_operation(padding: int) -> bytes:
 def test_a_done_operation_over_the_cap_is_answer_too_large_with_its_declared_size() -> None:
     body = done_operation(5000)
     with pytest.raises(AnswerTooLarge) as caught:
-        aip(httpx.Response(200, content=body, headers={"content-type": "application/json"}), 4096).get(ref())
+        aip(httpx2.Response(200, content=body, headers={"content-type": "application/json"}), 4096).get(ref())
     assert (caught.value.declared_bytes, caught.value.read_bytes, caught.value.limit) == (len(body), 0, 4096)
     assert caught.value.size_seen == f"{len(body)} bytes"
     assert isinstance(caught.value, ProtocolViolation)
@@ -128,7 +128,7 @@ def test_a_done_operation_over_the_cap_is_answer_too_large_with_its_declared_siz
 
 def test_a_streamed_answer_over_the_cap_says_more_than_the_cap() -> None:
     chunks = [done_operation(5000)[i : i + 1000] for i in range(0, 6000, 1000)]
-    answer = httpx.Response(200, content=iter(chunks), headers={"content-type": "application/json"})
+    answer = httpx2.Response(200, content=iter(chunks), headers={"content-type": "application/json"})
     with pytest.raises(AnswerTooLarge) as caught:
         aip(answer, 4096).get(ref())
     assert caught.value.declared_bytes is None
@@ -138,7 +138,7 @@ def test_a_streamed_answer_over_the_cap_says_more_than_the_cap() -> None:
 
 def test_a_done_operation_under_the_cap_is_read() -> None:
     body = done_operation(3000)
-    status = aip(httpx.Response(200, content=body), 4096).get(ref())
+    status = aip(httpx2.Response(200, content=body), 4096).get(ref())
     assert status.terminal == "completed"
 
 
@@ -146,5 +146,5 @@ def test_an_error_answer_is_never_refused_for_its_size() -> None:
     """A 500 with a 1 MiB page: a Transient by its status, not a result too large (its body is read only
     for its words, at most 64 KiB of it)."""
     with pytest.raises(Transient) as caught:
-        aip(httpx.Response(500, content=b"<html>" + b"x" * 1024 * 1024), 4096).get(ref())
+        aip(httpx2.Response(500, content=b"<html>" + b"x" * 1024 * 1024), 4096).get(ref())
     assert not isinstance(caught.value, AnswerTooLarge)

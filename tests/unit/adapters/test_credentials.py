@@ -1,5 +1,5 @@
 """Credentials (issue 8, item 16): the bearer token is read per request, a password in the server URL is
-sent as basic auth and never shown (not in the URL httpx logs, not in ``url``)."""
+sent as basic auth and never shown (not in the URL httpx2 logs, not in ``url``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import base64
 import logging
 from collections.abc import Iterator
 
-import httpx
+import httpx2
 import pytest
 
 from adapters.base import Limits, Timeouts, redact_url
@@ -17,12 +17,12 @@ from adapters.streamable_http import StreamableHttpClient
 PASSWORD = "pw-s3cret-7Qx"
 
 
-def client(url: str, token: object, seen: list[httpx.Request]) -> StreamableHttpClient:
-    def answer(request: httpx.Request) -> httpx.Response:
+def client(url: str, token: object, seen: list[httpx2.Request]) -> StreamableHttpClient:
+    def answer(request: httpx2.Request) -> httpx2.Response:
         seen.append(request)
-        return httpx.Response(202)
+        return httpx2.Response(202)
 
-    http = httpx.Client(transport=httpx.MockTransport(answer))
+    http = httpx2.Client(transport=httpx2.MockTransport(answer))
     return StreamableHttpClient(http, url, bearer_token=token, timeouts=Timeouts(), limits=Limits())  # type: ignore[arg-type]
 
 
@@ -31,7 +31,7 @@ def tokens() -> Iterator[str]:
 
 
 def test_the_token_provider_is_called_for_every_request() -> None:
-    seen: list[httpx.Request] = []
+    seen: list[httpx2.Request] = []
     rotating = tokens()
     sender = client("http://127.0.0.1:9/mcp", lambda: next(rotating), seen)
     for _ in range(2):
@@ -40,7 +40,7 @@ def test_the_token_provider_is_called_for_every_request() -> None:
 
 
 def test_a_token_that_cannot_be_read_sends_nothing() -> None:
-    seen: list[httpx.Request] = []
+    seen: list[httpx2.Request] = []
 
     def missing() -> str:
         raise LookupError("REPORTS_TOKEN is empty")
@@ -54,7 +54,7 @@ def test_a_token_that_cannot_be_read_sends_nothing() -> None:
 def test_a_password_in_the_url_is_sent_as_basic_auth_and_never_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    seen: list[httpx.Request] = []
+    seen: list[httpx2.Request] = []
     sender = client(f"http://lc-user:{PASSWORD}@127.0.0.1:9/mcp", None, seen)
     with caplog.at_level(logging.DEBUG):
         sender.post_message({"jsonrpc": "2.0", "method": "notifications/initialized"}, session=None, what="n")
@@ -65,12 +65,12 @@ def test_a_password_in_the_url_is_sent_as_basic_auth_and_never_logged(
     )
     assert PASSWORD not in str(request.url)
     assert PASSWORD not in caplog.text
-    assert "127.0.0.1:9/mcp" in caplog.text  # httpx did log the request
+    assert "127.0.0.1:9/mcp" in caplog.text  # httpx2 did log the request
     assert sender.url == "http://lc-user:***@127.0.0.1:9/mcp"
 
 
 def test_a_bearer_token_wins_over_the_urls_basic_auth() -> None:
-    seen: list[httpx.Request] = []
+    seen: list[httpx2.Request] = []
     sender = client(f"http://lc-user:{PASSWORD}@127.0.0.1:9/mcp", "token-A", seen)
     sender.post_message({"jsonrpc": "2.0", "method": "notifications/initialized"}, session=None, what="n")
     assert seen[0].headers["authorization"] == "Bearer token-A"

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 from types import MappingProxyType
 
-import httpx
+import httpx2
 
-from adapters import Limits, Timeouts
+from adapters import UNMETERED, AdapterConfig, Limits, Timeouts
+from adapters.aip151.transport import RestClient
+from adapters.mcp_2026_07_28.transport import ExtHttp
 from adapters.sse import SseDecoder, SseEvent
 from adapters.streamable_http import Session, StreamableHttpClient
 from tests.unit.adapters.mcp_fakes import URL, result_message
@@ -16,9 +18,9 @@ from tests.unit.adapters.mcp_fakes import URL, result_message
 SESSION = Session(session_id="abc", protocol_version="2025-11-25")
 
 
-def adapter_client(handler: httpx.MockTransport, *, read_s: float = 2.0) -> StreamableHttpClient:
+def adapter_client(handler: httpx2.MockTransport, *, read_s: float = 2.0) -> StreamableHttpClient:
     return StreamableHttpClient(
-        httpx.Client(transport=handler),
+        httpx2.Client(transport=handler),
         URL,
         bearer_token=None,
         timeouts=Timeouts(read=read_s),
@@ -28,17 +30,17 @@ def adapter_client(handler: httpx.MockTransport, *, read_s: float = 2.0) -> Stre
 
 
 def test_the_body_is_the_json_httpx_would_send_and_the_timeouts_are_per_request() -> None:
-    seen: list[httpx.Request] = []
+    seen: list[httpx2.Request] = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
+    def handler(request: httpx2.Request) -> httpx2.Response:
         seen.append(request)
-        return httpx.Response(200, json=result_message("req-1", {}))
+        return httpx2.Response(200, json=result_message("req-1", {}))
 
-    client = adapter_client(httpx.MockTransport(handler), read_s=2.0)
+    client = adapter_client(httpx2.MockTransport(handler), read_s=2.0)
     params = {"taskId": "tâche-1", "n": [1, 2.5, None]}
     client.request("tasks/get", params, session=SESSION, idempotent=True)
     client.request("tasks/get", params, session=SESSION, idempotent=True, read_timeout=7.0)
-    reference = httpx.Request(
+    reference = httpx2.Request(
         "POST", URL, json={"jsonrpc": "2.0", "id": "req-1", "method": "tasks/get", "params": params}
     )
     assert seen[0].content == reference.content  # compact, UTF-8 (not \\u escapes)
@@ -49,13 +51,13 @@ def test_the_body_is_the_json_httpx_would_send_and_the_timeouts_are_per_request(
 
 
 def test_a_message_given_as_any_mapping_is_posted() -> None:
-    seen: list[httpx.Request] = []
+    seen: list[httpx2.Request] = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
+    def handler(request: httpx2.Request) -> httpx2.Response:
         seen.append(request)
-        return httpx.Response(202)
+        return httpx2.Response(202)
 
-    client = adapter_client(httpx.MockTransport(handler))
+    client = adapter_client(httpx2.MockTransport(handler))
     message = MappingProxyType({"jsonrpc": "2.0", "method": "notifications/initialized"})
     client.post_message(message, session=SESSION, what="initialized")
     assert seen[0].content == b'{"jsonrpc":"2.0","method":"notifications/initialized"}'
@@ -63,7 +65,7 @@ def test_a_message_given_as_any_mapping_is_posted() -> None:
 
 def test_a_json_answer_says_its_content_type() -> None:
     client = adapter_client(
-        httpx.MockTransport(lambda _: httpx.Response(200, json=result_message("req-1", {})))
+        httpx2.MockTransport(lambda _: httpx2.Response(200, json=result_message("req-1", {})))
     )
     exchange = client.request("ping", {}, session=SESSION, idempotent=True)
     assert exchange.content_type == "application/json"
@@ -94,3 +96,42 @@ def test_a_large_event_in_small_chunks_is_decoded_whole() -> None:
 def test_lone_crs_and_lfs_mixed_in_one_chunk() -> None:
     events = feed_all([b"data: a\rdata: b\n\rdata: c\r\n\n: comment\r\r\ndata: d\n\n"])
     assert [event.data for event in events] == ["a\nb", "c", "d"]
+
+
+def test_the_extension_and_aip_transports_send_what_httpx_would_with_per_request_timeouts() -> None:
+    """Issue 21: their timeouts and constant headers built once, the body encoded as ``json=`` would."""
+    seen: list[httpx2.Request] = []
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        seen.append(request)
+        if request.method == "GET":
+            return httpx2.Response(200, json={"name": "operations/op-1", "done": False})
+        return httpx2.Response(200, json=result_message(json.loads(request.content)["id"], {"ok": True}))
+
+    timeouts = Timeouts(read=2.0)
+    ext = ExtHttp(
+        httpx2.Client(transport=httpx2.MockTransport(handler)),
+        URL,
+        server="s",
+        bearer_token="tok",
+        timeouts=timeouts,
+        limits=Limits(),
+    )
+    for read_s in (None, 7.0, None):
+        params = {"taskId": "tâche"}
+        ext.call("tasks/get", params, name="t1", idempotent=True, budget=UNMETERED, read_timeout=read_s)
+    body = json.loads(seen[0].content)
+    reference = httpx2.Request("POST", URL, json=body)
+    assert seen[0].content == reference.content
+    assert seen[0].headers["mcp-method"] == "tasks/get"
+    assert seen[0].headers["mcp-protocol-version"] == "2026-07-28"
+    assert seen[0].headers["authorization"] == "Bearer tok"
+    assert [r.extensions["timeout"]["read"] for r in seen] == [2.0, 7.0, 2.0]
+    assert seen[0].extensions["timeout"] is not seen[2].extensions["timeout"]  # each request its own
+
+    config = AdapterConfig(
+        name="s", url="http://ops.test", protocol="aip151", protocol_version="v1", timeouts=timeouts
+    )
+    rest = RestClient(httpx2.Client(transport=httpx2.MockTransport(handler)), config)
+    rest.send("GET", "/v1/operations/op-1", what="get", effect=False, budget=UNMETERED)
+    assert seen[-1].extensions["timeout"] == {"connect": 5.0, "read": 2.0, "write": 10.0, "pool": 5.0}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 
 from adapters import InputRequest, RemoteRef, Timeouts, ToolAdapter
@@ -121,7 +121,7 @@ def test_a_status_with_its_question_read_no_longer_awaits_it() -> None:
     }
     server.on(
         "tasks/result",
-        lambda _b, _r: httpx.Response(
+        lambda _b, _r: httpx2.Response(
             200, content=sse_body([question]), headers={"content-type": "text/event-stream"}
         ),
     )
@@ -133,7 +133,7 @@ def test_a_status_with_its_question_read_no_longer_awaits_it() -> None:
 def test_a_status_whose_question_could_not_be_read_awaits_input() -> None:
     server = FakeMcpServer()
     server.on_result("tasks/get", task("input_required"))
-    server.on("tasks/result", lambda _b, _r: httpx.Response(503))
+    server.on("tasks/result", lambda _b, _r: httpx2.Response(503))
     status = make_adapter(server, timeouts=Timeouts(read=5.0, input_wait=0.2)).get(REF)
     assert status.input_request is None
     assert status.awaiting_input

@@ -1,4 +1,4 @@
-"""The MCP adapter end to end over ``httpx.MockTransport``, against a scripted server built from the
+"""The MCP adapter end to end over ``httpx2.MockTransport``, against a scripted server built from the
 real transcripts."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 
 from adapters import (
@@ -165,9 +165,9 @@ def test_create_of_a_forbidden_tool_with_a_bound_runs_synchronously() -> None:
 def test_a_synchronous_call_over_its_bound_is_outcome_unknown() -> None:
     server = FakeMcpServer()
 
-    def slow(_body: Json, request: httpx.Request) -> httpx.Response:
+    def slow(_body: Json, request: httpx2.Request) -> httpx2.Response:
         assert request.extensions["timeout"]["read"] == 1.5
-        raise httpx.ReadTimeout("bound reached", request=request)
+        raise httpx2.ReadTimeout("bound reached", request=request)
 
     server.on("tools/call", slow)
     with pytest.raises(OutcomeUnknown):
@@ -206,7 +206,7 @@ def test_create_after_the_session_ended_reinitializes_and_sends_once_more() -> N
     server = FakeMcpServer()
     server.on(
         "tools/call",
-        lambda _b, _r: httpx.Response(404, json=error_message("server-error", -32600, "Session not found")),
+        lambda _b, _r: httpx2.Response(404, json=error_message("server-error", -32600, "Session not found")),
         lambda body, _r: result_message(body["id"], created_answer()),
     )
     created = make_adapter(server).create("slow_count", {}, submission_key="k", ttl_ms=1000)
@@ -218,19 +218,19 @@ def test_create_after_the_session_ended_reinitializes_and_sends_once_more() -> N
 def test_a_lost_create_answer_is_outcome_unknown_and_never_repeated() -> None:
     server = FakeMcpServer()
 
-    def lost(_body: Json, request: httpx.Request) -> httpx.Response:
-        raise httpx.RemoteProtocolError("Server disconnected without sending a response.", request=request)
+    def lost(_body: Json, request: httpx2.Request) -> httpx2.Response:
+        raise httpx2.RemoteProtocolError("Server disconnected without sending a response.", request=request)
 
     server.on("tools/call", lost)
     with pytest.raises(OutcomeUnknown) as caught:
         make_adapter(server).create("slow_count", {}, submission_key="k", ttl_ms=1000)
-    assert isinstance(caught.value.__cause__, httpx.RemoteProtocolError)
+    assert isinstance(caught.value.__cause__, httpx2.RemoteProtocolError)
     assert len(server.calls("tools/call")) == 1
 
 
 def test_a_429_to_a_create_says_no_work_was_done_and_carries_retry_after() -> None:
     server = FakeMcpServer()
-    server.on("tools/call", lambda _b, _r: httpx.Response(429, headers={"Retry-After": "4"}))
+    server.on("tools/call", lambda _b, _r: httpx2.Response(429, headers={"Retry-After": "4"}))
     with pytest.raises(TooManyRequests) as caught:
         make_adapter(server).create("slow_count", {}, submission_key="k", ttl_ms=1000)
     assert isinstance(caught.value, NoWorkDone)
@@ -241,7 +241,7 @@ def test_a_429_to_a_create_says_no_work_was_done_and_carries_retry_after() -> No
 def test_a_gateway_error_to_a_create_is_an_unknown_outcome(status: int) -> None:
     """Rule 1: a gateway may answer 503 (or 408, or another 5xx) after the origin created the task."""
     server = FakeMcpServer()
-    server.on("tools/call", lambda _b, _r: httpx.Response(status, headers={"Retry-After": "4"}))
+    server.on("tools/call", lambda _b, _r: httpx2.Response(status, headers={"Retry-After": "4"}))
     with pytest.raises(OutcomeUnknown) as caught:
         make_adapter(server).create("slow_count", {}, submission_key="k", ttl_ms=1000)
     assert not isinstance(caught.value, NoWorkDone)
@@ -253,7 +253,7 @@ def test_a_gateway_error_to_a_create_is_an_unknown_outcome(status: int) -> None:
 def test_a_create_whose_tool_list_failed_was_not_sent(status: int) -> None:
     """The tools/call never left when what it needs first failed: the one other "no work done"."""
     server = FakeMcpServer()
-    server.on("tools/list", lambda _b, _r: httpx.Response(status, headers={"Retry-After": "2"}))
+    server.on("tools/list", lambda _b, _r: httpx2.Response(status, headers={"Retry-After": "2"}))
     with pytest.raises(NotSent) as caught:
         make_adapter(server).create("slow_count", {}, submission_key="k", ttl_ms=1000)
     assert caught.value.retry_after == 2.0
@@ -264,14 +264,14 @@ VERSION = "2025-11-25"
 
 
 def test_a_create_whose_connection_failed_was_not_sent() -> None:
-    def refused(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("connection refused", request=request)
+    def refused(request: httpx2.Request) -> httpx2.Response:
+        raise httpx2.ConnectError("connection refused", request=request)
 
     adapter = McpTasksAdapter(
         AdapterConfig(
             name="demo", url="http://127.0.0.1:9/mcp", protocol="mcp", protocol_version="2025-11-25"
         ),
-        httpx.Client(transport=httpx.MockTransport(refused)),
+        httpx2.Client(transport=httpx2.MockTransport(refused)),
     )
     with pytest.raises(NotSent):
         adapter.create("slow_count", {}, submission_key="k", ttl_ms=1000)
@@ -308,7 +308,7 @@ def test_get_from_a_stateless_reference_sends_no_session() -> None:
 def test_get_on_an_ended_session_is_not_found_and_reinitializes() -> None:
     server = FakeMcpServer(session_id="fresh")
     server.on(
-        "tasks/get", lambda _b, _r: httpx.Response(404, json=error_message("server-error", -32600, "gone"))
+        "tasks/get", lambda _b, _r: httpx2.Response(404, json=error_message("server-error", -32600, "gone"))
     )
     adapter = make_adapter(server)
     with pytest.raises(NotFound) as caught:
@@ -329,7 +329,7 @@ def test_get_of_an_unknown_task_is_not_found() -> None:
 def test_get_rate_limited_with_an_http_date() -> None:
     server = FakeMcpServer()
     later = datetime(2099, 1, 1, tzinfo=UTC).strftime("%a, %d %b %Y %H:%M:%S GMT")
-    server.on("tasks/get", lambda _b, _r: httpx.Response(429, headers={"Retry-After": later}))
+    server.on("tasks/get", lambda _b, _r: httpx2.Response(429, headers={"Retry-After": later}))
     with pytest.raises(RateLimited) as caught:
         make_adapter(server).get(REF)
     assert caught.value.retry_after is not None
@@ -340,8 +340,8 @@ def test_input_required_reads_the_request_from_the_result_stream() -> None:
     server = FakeMcpServer()
     server.on_result("tasks/get", task("input_required", ASK_TASK))
 
-    def stream(_body: Json, _request: httpx.Request) -> httpx.Response:
-        return httpx.Response(
+    def stream(_body: Json, _request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(
             200, content=sse_body([elicitation()]), headers={"content-type": "text/event-stream"}
         )
 
@@ -363,7 +363,7 @@ def test_input_required_in_json_mode_reads_the_get_stream_first() -> None:
     }
     server.on(
         "<get>",
-        lambda _b, _r: httpx.Response(
+        lambda _b, _r: httpx2.Response(
             200,
             content=sse_body([notification, elicitation("someone-else"), elicitation()]),
             headers={"content-type": "text/event-stream"},
@@ -381,8 +381,8 @@ def test_no_input_request_within_the_wait_gives_none() -> None:
     server = FakeMcpServer()
     server.on_result("tasks/get", task("input_required", ASK_TASK))
 
-    def blocked(_body: Json, request: httpx.Request) -> httpx.Response:
-        raise httpx.ReadTimeout("waiting", request=request)
+    def blocked(_body: Json, request: httpx2.Request) -> httpx2.Response:
+        raise httpx2.ReadTimeout("waiting", request=request)
 
     server.on("tasks/result", blocked)
     adapter = make_adapter(server, timeouts=Timeouts(read=5.0, input_wait=0.2))
@@ -452,7 +452,7 @@ def test_a_truncated_result_stream_is_transient() -> None:
     whole = sse_body([result_message("x", {"content": []})])
     server.on(
         "tasks/result",
-        lambda _b, _r: httpx.Response(
+        lambda _b, _r: httpx2.Response(
             200, content=whole[: len(whole) // 2], headers={"content-type": "text/event-stream"}
         ),
     )
@@ -503,8 +503,8 @@ def test_a_lost_cancel_answer_is_outcome_unknown() -> None:
     server = FakeMcpServer()
     server.on_result("tasks/get", task("working"))
 
-    def lost(_body: Json, request: httpx.Request) -> httpx.Response:
-        raise httpx.ReadTimeout("no answer", request=request)
+    def lost(_body: Json, request: httpx2.Request) -> httpx2.Response:
+        raise httpx2.ReadTimeout("no answer", request=request)
 
     server.on("tasks/cancel", lost)
     with pytest.raises(OutcomeUnknown):
@@ -544,7 +544,7 @@ def test_a_numeric_request_id_stays_numeric() -> None:
 
 def test_a_reply_to_a_gone_session_is_not_found() -> None:
     server = FakeMcpServer()
-    server.on("<post>", lambda _b, _r: httpx.Response(404))
+    server.on("<post>", lambda _b, _r: httpx2.Response(404))
     request = InputRequest(
         request_id="r", method="elicitation/create", params={}, schema=None, task_id=ASK_TASK
     )
@@ -617,7 +617,7 @@ def test_minus_32602_from_the_result_of_a_failed_task_that_is_gone_is_not_found(
 def test_a_failed_input_read_still_returns_the_status() -> None:
     server = FakeMcpServer()
     server.on_result("tasks/get", task("input_required", ASK_TASK))
-    server.on("tasks/result", lambda _b, _r: httpx.Response(503, headers={"Retry-After": "1"}))
+    server.on("tasks/result", lambda _b, _r: httpx2.Response(503, headers={"Retry-After": "1"}))
     status = make_adapter(server).get(ASK_REF)
     assert status.server_state == "input_required"
     assert status.input_request is None
@@ -651,7 +651,7 @@ def test_a_result_without_the_related_task_meta_is_accepted_unverified() -> None
 
 def test_an_unreadable_create_answer_is_outcome_unknown() -> None:
     server = FakeMcpServer()
-    server.on("tools/call", lambda _b, _r: httpx.Response(200, text="<html>oops</html>"))
+    server.on("tools/call", lambda _b, _r: httpx2.Response(200, text="<html>oops</html>"))
     with pytest.raises(OutcomeUnknown) as caught:
         make_adapter(server).create("slow_count", {}, submission_key="k", ttl_ms=1000)
     assert isinstance(caught.value.__cause__, ProtocolViolation)

@@ -1,4 +1,4 @@
-"""The MCP tasks extension adapter (2026-07-28) over ``httpx.MockTransport``: the wire shapes the text
+"""The MCP tasks extension adapter (2026-07-28) over ``httpx2.MockTransport``: the wire shapes the text
 allows (flat and nested create results), the headers and ``_meta`` on every request, and the error
 mapping (-32021, -32602, 429, 5xx, cut answers) that a real peer cannot be made to show on demand."""
 
@@ -8,7 +8,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 
 from adapters import (
@@ -27,7 +27,7 @@ from adapters.mcp_2026_07_28.wire import parse_task, round_id
 URL = "http://ext.test/mcp"
 TASK = "tsk-1"
 Json = dict[str, Any]
-Handler = Callable[[Json], httpx.Response]
+Handler = Callable[[Json], httpx2.Response]
 
 
 def task_fields(status: str = "working", **extra: Any) -> Json:
@@ -42,12 +42,12 @@ def task_fields(status: str = "working", **extra: Any) -> Json:
     }
 
 
-def ok(body: Json, result: Json) -> httpx.Response:
-    return httpx.Response(200, json={"jsonrpc": "2.0", "id": body["id"], "result": result})
+def ok(body: Json, result: Json) -> httpx2.Response:
+    return httpx2.Response(200, json={"jsonrpc": "2.0", "id": body["id"], "result": result})
 
 
-def rpc_error(body: Json, code: int, message: str, status: int = 400) -> httpx.Response:
-    return httpx.Response(
+def rpc_error(body: Json, code: int, message: str, status: int = 400) -> httpx2.Response:
+    return httpx2.Response(
         status, json={"jsonrpc": "2.0", "id": body["id"], "error": {"code": code, "message": message}}
     )
 
@@ -57,9 +57,9 @@ class Fake:
 
     def __init__(self, handlers: Mapping[str, Handler]) -> None:
         self.handlers = dict(handlers)
-        self.requests: list[httpx.Request] = []
+        self.requests: list[httpx2.Request] = []
 
-    def __call__(self, request: httpx.Request) -> httpx.Response:
+    def __call__(self, request: httpx2.Request) -> httpx2.Response:
         self.requests.append(request)
         body = json.loads(request.content)
         return self.handlers[body["method"]](body)
@@ -72,7 +72,7 @@ def make(fake: Fake) -> McpExtTasksAdapter:
     config = AdapterConfig(
         name="ext", url=URL, protocol="mcp", protocol_version="2026-07-28", bearer_token="tok-1"
     )
-    return McpExtTasksAdapter(config, httpx.Client(transport=httpx.MockTransport(fake)))
+    return McpExtTasksAdapter(config, httpx2.Client(transport=httpx2.MockTransport(fake)))
 
 
 REF = RemoteRef(TASK, None, "2026-07-28")
@@ -149,10 +149,10 @@ def test_input_asked_before_a_task_exists_is_refused() -> None:
 @pytest.mark.parametrize(
     ("answer", "error"),
     [
-        (lambda b: httpx.Response(429, headers={"Retry-After": "3"}), TooManyRequests),
-        (lambda b: httpx.Response(503), OutcomeUnknown),
+        (lambda b: httpx2.Response(429, headers={"Retry-After": "3"}), TooManyRequests),
+        (lambda b: httpx2.Response(503), OutcomeUnknown),
         (
-            lambda b: httpx.Response(
+            lambda b: httpx2.Response(
                 200, json={"jsonrpc": "2.0", "id": b["id"], "result": {"resultType": "??"}}
             ),
             OutcomeUnknown,
@@ -167,8 +167,8 @@ def test_a_create_is_only_made_again_after_a_429(answer: Handler, error: type[Ex
 
 
 def test_a_cut_create_answer_is_an_unknown_outcome() -> None:
-    def cut(body: Json) -> httpx.Response:
-        raise httpx.ReadError("connection reset")
+    def cut(body: Json) -> httpx2.Response:
+        raise httpx2.ReadError("connection reset")
 
     with pytest.raises(OutcomeUnknown):
         make(Fake({"tools/call": cut})).create("slow", {}, submission_key="k", ttl_ms=1000)

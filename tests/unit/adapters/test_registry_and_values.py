@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -34,7 +34,7 @@ def config(protocol: str = "mcp", version: str = "2025-11-25", url: str = "http:
 def test_the_default_registry_builds_the_mcp_2025_11_25_adapter() -> None:
     registry = default_registry()
     assert registry.keys() == [("aip151", "v1"), ("mcp", "2025-11-25"), ("mcp", "2026-07-28")]
-    with httpx.Client() as client:
+    with httpx2.Client() as client:
         adapter = registry.build(config(), client)
     assert isinstance(adapter, McpTasksAdapter)
     assert isinstance(adapter, ToolAdapter)
@@ -56,7 +56,7 @@ def test_unknown_pairs_are_refused_clearly(protocol: str, version: str) -> None:
 
 def test_the_same_url_never_makes_two_protocols_the_same_adapter() -> None:
     registry = default_registry()
-    with httpx.Client() as client:
+    with httpx2.Client() as client:
         aip = registry.build(config(protocol="aip151", version="v1", url="http://h/mcp"), client)
         mcp = registry.build(config(url="http://h/mcp"), client)
         with pytest.raises(UnknownAdapter):
@@ -73,7 +73,7 @@ def test_a_pair_cannot_be_registered_twice() -> None:
 
 
 def test_the_mcp_adapter_refuses_a_config_for_another_version() -> None:
-    with httpx.Client() as client, pytest.raises(ValueError, match="2026-07-28"):
+    with httpx2.Client() as client, pytest.raises(ValueError, match="2026-07-28"):
         McpTasksAdapter(config(version="2026-07-28"), client)
 
 

@@ -8,7 +8,7 @@ import json
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-import httpx
+import httpx2
 import pytest
 
 from adapters import (
@@ -81,8 +81,8 @@ def elicitation(task_id: str = TASK) -> Json:
     }
 
 
-def stream(*messages: Json) -> Callable[[Json, httpx.Request], httpx.Response]:
-    return lambda _b, _r: httpx.Response(
+def stream(*messages: Json) -> Callable[[Json, httpx2.Request], httpx2.Response]:
+    return lambda _b, _r: httpx2.Response(
         200, content=sse_body(list(messages)), headers={"content-type": "text/event-stream"}
     )
 
@@ -91,14 +91,14 @@ def resumed_get(server: FakeMcpServer) -> None:
     """tasks/get answers with a stream that closes after an event id; the GET resuming it has the answer."""
     server.on(
         "tasks/get",
-        lambda _b, _r: httpx.Response(
+        lambda _b, _r: httpx2.Response(
             200, content=b"id: e1\ndata:\n\n", headers={"content-type": "text/event-stream"}
         ),
     )
 
-    def resume(_b: Json, _r: httpx.Request) -> httpx.Response:
+    def resume(_b: Json, _r: httpx2.Request) -> httpx2.Response:
         answer = result_message(server.calls("tasks/get")[-1]["id"], task("working"))
-        return httpx.Response(200, content=sse_body([answer]), headers={"content-type": "text/event-stream"})
+        return httpx2.Response(200, content=sse_body([answer]), headers={"content-type": "text/event-stream"})
 
     server.on("<get>", resume)
 
@@ -152,7 +152,7 @@ def script(name: str, server: FakeMcpServer) -> None:
     if name == "create a task after the session ended":
         server.on(
             "tools/call",
-            lambda _b, _r: httpx.Response(404, json=error_message("e", -32600, "Session not found")),
+            lambda _b, _r: httpx2.Response(404, json=error_message("e", -32600, "Session not found")),
             lambda body, _r: result_message(
                 body["id"], wire_result("sse", "[A] tools/call (task-augmented)")
             ),
@@ -182,7 +182,7 @@ def script(name: str, server: FakeMcpServer) -> None:
     elif name == "get, the answer on a resumed stream":
         resumed_get(server)
     elif name == "get on an ended session":
-        server.on("tasks/get", lambda _b, _r: httpx.Response(404))
+        server.on("tasks/get", lambda _b, _r: httpx2.Response(404))
     elif name == "result after one poll":
         server.on_result("tasks/get", task("completed"))
         server.on_result("tasks/result", {"content": [], "_meta": {RELATED: {"taskId": TASK}}})
@@ -338,13 +338,13 @@ def test_a_refused_resumption_of_an_idempotent_read_passes_the_refusal_on() -> N
     assert [r.method for r in server.requests] == ["POST"]
 
 
-def resumable_client(answers: list[httpx.Response], seen: list[httpx.Request]) -> StreamableHttpClient:
-    def handler(request: httpx.Request) -> httpx.Response:
+def resumable_client(answers: list[httpx2.Response], seen: list[httpx2.Request]) -> StreamableHttpClient:
+    def handler(request: httpx2.Request) -> httpx2.Response:
         seen.append(request)
         return answers.pop(0)
 
     return StreamableHttpClient(
-        httpx.Client(transport=httpx.MockTransport(handler)),
+        httpx2.Client(transport=httpx2.MockTransport(handler)),
         URL,
         bearer_token=None,
         timeouts=Timeouts(read=2.0),
@@ -354,8 +354,8 @@ def resumable_client(answers: list[httpx.Response], seen: list[httpx.Request]) -
 
 
 def test_a_refused_resumption_of_a_tools_call_is_outcome_unknown() -> None:
-    seen: list[httpx.Request] = []
-    closed = httpx.Response(200, content=b"id: e1\ndata:\n\n", headers={"content-type": "text/event-stream"})
+    seen: list[httpx2.Request] = []
+    closed = httpx2.Response(200, content=b"id: e1\ndata:\n\n", headers={"content-type": "text/event-stream"})
     client = resumable_client([closed], seen)
 
     class RefuseSecond:
@@ -375,11 +375,11 @@ def test_a_refused_resumption_of_a_tools_call_is_outcome_unknown() -> None:
 
 
 def test_a_resumed_stream_charges_its_get() -> None:
-    seen: list[httpx.Request] = []
+    seen: list[httpx2.Request] = []
     final = json.dumps(result_message("req-1", {"ok": True}))
     answers = [
-        httpx.Response(200, content=b"id: e1\ndata:\n\n", headers={"content-type": "text/event-stream"}),
-        httpx.Response(
+        httpx2.Response(200, content=b"id: e1\ndata:\n\n", headers={"content-type": "text/event-stream"}),
+        httpx2.Response(
             200, content=f"id: e2\ndata: {final}\n\n".encode(), headers={"content-type": "text/event-stream"}
         ),
     ]
@@ -398,8 +398,8 @@ def test_a_resumed_stream_charges_its_get() -> None:
 
 
 def test_listen_and_post_message_charge_before_sending() -> None:
-    seen: list[httpx.Request] = []
-    client = resumable_client([httpx.Response(405), httpx.Response(202)], seen)
+    seen: list[httpx2.Request] = []
+    client = resumable_client([httpx2.Response(405), httpx2.Response(202)], seen)
     session = Session("abc", "2025-11-25")
     refusing = CountingBudget(FakeMcpServer(), refuse=frozenset({1, 2}))
     with pytest.raises(Refusal):

@@ -4,7 +4,7 @@ import itertools
 import json
 from collections.abc import Callable, Iterator
 
-import httpx
+import httpx2
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -31,14 +31,14 @@ from adapters.streamable_http import (
 from tests.unit.adapters.mcp_fakes import URL, ChunkedStream, error_message, result_message, sse_body
 
 SESSION = Session(session_id="abc", protocol_version="2025-11-25")
-Handler = Callable[[httpx.Request], httpx.Response]
+Handler = Callable[[httpx2.Request], httpx2.Response]
 
 
 def client(
     handler: Handler, *, limits: Limits | None = None, token: str | None = None
 ) -> StreamableHttpClient:
     return StreamableHttpClient(
-        httpx.Client(transport=httpx.MockTransport(handler)),
+        httpx2.Client(transport=httpx2.MockTransport(handler)),
         URL,
         bearer_token=token,
         timeouts=Timeouts(read=2.0),
@@ -47,18 +47,18 @@ def client(
     )
 
 
-def sse(messages: list[dict[str, object]], **headers: str) -> httpx.Response:
-    return httpx.Response(
+def sse(messages: list[dict[str, object]], **headers: str) -> httpx2.Response:
+    return httpx2.Response(
         200, content=sse_body(messages), headers={"content-type": "text/event-stream", **headers}
     )
 
 
 def test_every_post_carries_accept_version_session_and_token() -> None:
-    seen: list[httpx.Request] = []
+    seen: list[httpx2.Request] = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
+    def handler(request: httpx2.Request) -> httpx2.Response:
         seen.append(request)
-        return httpx.Response(200, json=result_message("req-1", {}))
+        return httpx2.Response(200, json=result_message("req-1", {}))
 
     client(handler, token="s3cret").request("ping", {}, session=SESSION, idempotent=True)
     headers = seen[0].headers
@@ -70,11 +70,11 @@ def test_every_post_carries_accept_version_session_and_token() -> None:
 
 
 def test_a_stateless_session_sends_no_session_header() -> None:
-    seen: list[httpx.Request] = []
+    seen: list[httpx2.Request] = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
+    def handler(request: httpx2.Request) -> httpx2.Response:
         seen.append(request)
-        return httpx.Response(200, json=result_message("req-1", {}))
+        return httpx2.Response(200, json=result_message("req-1", {}))
 
     client(handler).request("ping", {}, session=Session(None, "2025-11-25"), idempotent=True)
     assert "mcp-session-id" not in seen[0].headers
@@ -82,7 +82,7 @@ def test_a_stateless_session_sends_no_session_header() -> None:
 
 def test_json_answer_returns_the_response_and_the_session_header() -> None:
     answer = client(
-        lambda _: httpx.Response(
+        lambda _: httpx2.Response(
             200, json=result_message("req-1", {"ok": 1}), headers={"mcp-session-id": "new"}
         )
     ).request("initialize", {}, session=None, idempotent=True)
@@ -108,7 +108,7 @@ def test_sse_events_without_data_and_priming_events_are_skipped() -> None:
         [result_message("req-1", {})]
     )
     answer = client(
-        lambda _: httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
+        lambda _: httpx2.Response(200, content=body, headers={"content-type": "text/event-stream"})
     ).request("tasks/get", {}, session=SESSION, idempotent=True)
     assert answer.response == Response(id="req-1", result={})
 
@@ -116,10 +116,10 @@ def test_sse_events_without_data_and_priming_events_are_skipped() -> None:
 def test_until_stops_reading_at_the_awaited_server_request() -> None:
     messages = [{"jsonrpc": "2.0", "id": "srv-1", "method": "elicitation/create", "params": {}}]
 
-    def fail_after(_: httpx.Request) -> httpx.Response:
+    def fail_after(_: httpx2.Request) -> httpx2.Response:
         # The stream would fail if read past the request: stopping early must not read on.
-        stream = ChunkedStream([sse_body(messages)], fail=httpx.ReadTimeout("blocked"))
-        return httpx.Response(200, stream=stream, headers={"content-type": "text/event-stream"})
+        stream = ChunkedStream([sse_body(messages)], fail=httpx2.ReadTimeout("blocked"))
+        return httpx2.Response(200, stream=stream, headers={"content-type": "text/event-stream"})
 
     def is_request(message: Message) -> bool:
         return isinstance(message, Request)
@@ -132,10 +132,10 @@ def test_until_stops_reading_at_the_awaited_server_request() -> None:
 
 
 def test_patient_read_that_times_out_returns_waited_out() -> None:
-    def blocked(_: httpx.Request) -> httpx.Response:
-        return httpx.Response(
+    def blocked(_: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(
             200,
-            stream=ChunkedStream([], fail=httpx.ReadTimeout("no bytes")),
+            stream=ChunkedStream([], fail=httpx2.ReadTimeout("no bytes")),
             headers={"content-type": "text/event-stream"},
         )
 
@@ -146,14 +146,14 @@ def test_patient_read_that_times_out_returns_waited_out() -> None:
 
 def test_a_response_for_another_id_is_a_protocol_violation() -> None:
     with pytest.raises(ProtocolViolation, match="another request id"):
-        client(lambda _: httpx.Response(200, json=result_message("other", {}))).request(
+        client(lambda _: httpx2.Response(200, json=result_message("other", {}))).request(
             "tasks/get", {}, session=SESSION, idempotent=True
         )
 
 
 def test_an_unknown_content_type_is_a_protocol_violation() -> None:
     with pytest.raises(ProtocolViolation, match="content type"):
-        client(lambda _: httpx.Response(200, text="<html>")).request(
+        client(lambda _: httpx2.Response(200, text="<html>")).request(
             "tasks/get", {}, session=SESSION, idempotent=True
         )
 
@@ -162,8 +162,8 @@ def test_an_unknown_content_type_is_a_protocol_violation() -> None:
 def test_an_oversized_answer_is_a_protocol_violation(mode: str) -> None:
     big = result_message("req-1", {"blob": "x" * 5000})
 
-    def handler(_: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, json=big) if mode == "json" else sse([big])
+    def handler(_: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, json=big) if mode == "json" else sse([big])
 
     # Its own error (issue 19): an answer over the cap is a result too large to store, not a read to retry.
     with pytest.raises(AnswerTooLarge, match=r"the 1024-byte cap") as caught:
@@ -192,7 +192,7 @@ def test_a_stream_that_ends_without_the_response(idempotent: bool, error: type[E
 @pytest.mark.parametrize(("idempotent", "error"), [(True, Transient), (False, OutcomeUnknown)])
 def test_a_202_to_a_request_means_accepted_and_nothing_more(idempotent: bool, error: type[Exception]) -> None:
     with pytest.raises(error, match="accepted without an answer"):
-        client(lambda _: httpx.Response(202)).request(
+        client(lambda _: httpx2.Response(202)).request(
             "tools/call", {}, session=SESSION, idempotent=idempotent
         )
 
@@ -200,7 +200,7 @@ def test_a_202_to_a_request_means_accepted_and_nothing_more(idempotent: bool, er
 def test_404_on_a_session_is_session_gone() -> None:
     body = {"jsonrpc": "2.0", "id": "server-error", "error": {"code": -32600, "message": "Session not found"}}
     with pytest.raises(SessionGone) as caught:
-        client(lambda _: httpx.Response(404, json=body)).request(
+        client(lambda _: httpx2.Response(404, json=body)).request(
             "tasks/get", {}, session=SESSION, idempotent=True
         )
     assert isinstance(caught.value, NotFound)
@@ -209,29 +209,29 @@ def test_404_on_a_session_is_session_gone() -> None:
 
 def test_404_without_a_session_is_a_rejection_of_the_endpoint() -> None:
     with pytest.raises(Rejected):
-        client(lambda _: httpx.Response(404)).request("initialize", {}, session=None, idempotent=True)
+        client(lambda _: httpx2.Response(404)).request("initialize", {}, session=None, idempotent=True)
 
 
 def test_429_with_retry_after_is_rate_limited() -> None:
     with pytest.raises(RateLimited) as caught:
-        client(lambda _: httpx.Response(429, headers={"retry-after": "3"})).request(
+        client(lambda _: httpx2.Response(429, headers={"retry-after": "3"})).request(
             "tasks/get", {}, session=SESSION, idempotent=True
         )
     assert caught.value.retry_after == 3.0
 
 
 def test_post_message_accepts_202_and_maps_404_to_session_gone() -> None:
-    client(lambda _: httpx.Response(202)).post_message(
+    client(lambda _: httpx2.Response(202)).post_message(
         {"jsonrpc": "2.0", "method": "n"}, session=SESSION, what="n"
     )
     with pytest.raises(SessionGone):
-        client(lambda _: httpx.Response(404)).post_message(
+        client(lambda _: httpx2.Response(404)).post_message(
             {"jsonrpc": "2.0", "method": "n"}, session=SESSION, what="n"
         )
 
 
 def raising(exc: Exception) -> Handler:
-    def handler(_: httpx.Request) -> httpx.Response:
+    def handler(_: httpx2.Request) -> httpx2.Response:
         raise exc
 
     return handler
@@ -240,16 +240,16 @@ def raising(exc: Exception) -> Handler:
 @pytest.mark.parametrize(
     ("exc", "idempotent", "expected"),
     [
-        (httpx.ConnectError("refused"), False, NotSent),
-        (httpx.ConnectTimeout("slow"), False, NotSent),
-        (httpx.PoolTimeout("busy"), False, NotSent),
-        (httpx.ReadTimeout("slow"), True, Transient),
-        (httpx.ReadTimeout("slow"), False, OutcomeUnknown),
-        (httpx.WriteTimeout("slow"), False, OutcomeUnknown),
-        (httpx.RemoteProtocolError("peer closed"), False, OutcomeUnknown),
-        (httpx.ReadError("reset"), True, Transient),
-        (httpx.UnsupportedProtocol("ftp"), True, Rejected),
-        (httpx.DecodingError("gzip"), True, ProtocolViolation),
+        (httpx2.ConnectError("refused"), False, NotSent),
+        (httpx2.ConnectTimeout("slow"), False, NotSent),
+        (httpx2.PoolTimeout("busy"), False, NotSent),
+        (httpx2.ReadTimeout("slow"), True, Transient),
+        (httpx2.ReadTimeout("slow"), False, OutcomeUnknown),
+        (httpx2.WriteTimeout("slow"), False, OutcomeUnknown),
+        (httpx2.RemoteProtocolError("peer closed"), False, OutcomeUnknown),
+        (httpx2.ReadError("reset"), True, Transient),
+        (httpx2.UnsupportedProtocol("ftp"), True, Rejected),
+        (httpx2.DecodingError("gzip"), True, ProtocolViolation),
     ],
 )
 def test_httpx_exceptions_are_mapped_at_the_edge_with_their_cause(
@@ -262,19 +262,19 @@ def test_httpx_exceptions_are_mapped_at_the_edge_with_their_cause(
 
 
 def test_connection_dropped_mid_stream_on_a_create_is_outcome_unknown() -> None:
-    def dropped(_: httpx.Request) -> httpx.Response:
+    def dropped(_: httpx2.Request) -> httpx2.Response:
         stream = ChunkedStream(
-            [b'event: message\r\ndata: {"jsonrpc"'], fail=httpx.RemoteProtocolError("dropped")
+            [b'event: message\r\ndata: {"jsonrpc"'], fail=httpx2.RemoteProtocolError("dropped")
         )
-        return httpx.Response(200, stream=stream, headers={"content-type": "text/event-stream"})
+        return httpx2.Response(200, stream=stream, headers={"content-type": "text/event-stream"})
 
     with pytest.raises(OutcomeUnknown) as caught:
         client(dropped).request("tools/call", {}, session=SESSION, idempotent=False)
-    assert isinstance(caught.value.__cause__, httpx.RemoteProtocolError)
+    assert isinstance(caught.value.__cause__, httpx2.RemoteProtocolError)
 
 
 def test_map_transport_error_names_the_method() -> None:
-    error = map_transport_error(httpx.ReadTimeout("slow"), idempotent=False, method="tools/call")
+    error = map_transport_error(httpx2.ReadTimeout("slow"), idempotent=False, method="tools/call")
     assert "tools/call" in str(error)
 
 
@@ -286,20 +286,20 @@ def test_error_responses_in_a_stream_are_returned_for_the_caller_to_classify() -
     assert not isinstance(answer.response, Response)
 
 
-def resumable(*legs: httpx.Response) -> tuple[Handler, list[httpx.Request]]:
+def resumable(*legs: httpx2.Response) -> tuple[Handler, list[httpx2.Request]]:
     """A server whose POST stream closes early; each later GET (with Last-Event-ID) gets the next leg."""
-    seen: list[httpx.Request] = []
+    seen: list[httpx2.Request] = []
     answers = list(legs)
 
-    def handler(request: httpx.Request) -> httpx.Response:
+    def handler(request: httpx2.Request) -> httpx2.Response:
         seen.append(request)
         return answers.pop(0)
 
     return handler, seen
 
 
-def sse_raw(text: str) -> httpx.Response:
-    return httpx.Response(200, content=text.encode(), headers={"content-type": "text/event-stream"})
+def sse_raw(text: str) -> httpx2.Response:
+    return httpx2.Response(200, content=text.encode(), headers={"content-type": "text/event-stream"})
 
 
 def test_a_stream_closed_after_an_event_id_is_resumed_with_last_event_id() -> None:
@@ -331,7 +331,7 @@ def test_server_requests_before_the_break_are_kept_across_resumption() -> None:
 
 @pytest.mark.parametrize(("idempotent", "error"), [(True, Transient), (False, OutcomeUnknown)])
 def test_a_stream_the_server_cannot_resume_is_lost(idempotent: bool, error: type[Exception]) -> None:
-    handler, seen = resumable(sse_raw("id: e1\ndata:\n\n"), httpx.Response(405))
+    handler, seen = resumable(sse_raw("id: e1\ndata:\n\n"), httpx2.Response(405))
     with pytest.raises(error, match="could not be resumed"):
         client(handler).request("tools/call", {}, session=SESSION, idempotent=idempotent)
     assert len(seen) == 2
@@ -381,8 +381,8 @@ def test_the_response_is_found_among_any_interleaving_and_chunking(
     bounds = sorted({c % (len(raw) + 1) for c in cuts} | {0, len(raw)})
     chunks = [raw[a:b] for a, b in itertools.pairwise(bounds)]
 
-    def handler(_: httpx.Request) -> httpx.Response:
-        return httpx.Response(
+    def handler(_: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(
             200, stream=ChunkedStream(chunks), headers={"content-type": "text/event-stream"}
         )
 
@@ -395,7 +395,7 @@ def test_the_response_is_found_among_any_interleaving_and_chunking(
 SSE_HEADERS = {"content-type": "text/event-stream"}
 
 
-class _CutStream(httpx.SyncByteStream):
+class _CutStream(httpx2.SyncByteStream):
     """An event stream whose connection breaks after ``text``."""
 
     def __init__(self, text: str) -> None:
@@ -403,7 +403,7 @@ class _CutStream(httpx.SyncByteStream):
 
     def __iter__(self) -> Iterator[bytes]:
         yield self._text.encode()
-        raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
+        raise httpx2.RemoteProtocolError("peer closed connection without sending complete message body")
 
 
 def _asks(message: Message) -> bool:
@@ -415,7 +415,7 @@ def test_a_patient_read_resumes_a_stream_cut_under_a_server_request() -> None:
     resuming it (Last-Event-ID) brings the question back, patient read or not."""
     ask = json.dumps({"jsonrpc": "2.0", "id": "srv-1", "method": "elicitation/create", "params": {}})
     handler, seen = resumable(
-        httpx.Response(200, stream=_CutStream("id: s-0\r\ndata: \r\n\r\n"), headers=SSE_HEADERS),
+        httpx2.Response(200, stream=_CutStream("id: s-0\r\ndata: \r\n\r\n"), headers=SSE_HEADERS),
         sse_raw(f"id: s-1\r\nevent: message\r\ndata: {ask}\r\n\r\n"),
     )
     answer = client(handler).request(
@@ -439,7 +439,7 @@ def test_a_patient_read_of_a_stream_closed_after_an_event_id_resumes_it() -> Non
 
 
 def test_a_patient_read_of_a_cut_stream_without_event_ids_is_not_resumed() -> None:
-    handler, seen = resumable(httpx.Response(200, stream=_CutStream("data: \r\n\r\n"), headers=SSE_HEADERS))
+    handler, seen = resumable(httpx2.Response(200, stream=_CutStream("data: \r\n\r\n"), headers=SSE_HEADERS))
     with pytest.raises(Transient):
         client(handler).request(
             "tasks/result", {}, session=SESSION, idempotent=True, read_timeout=1.0, until=_asks, patient=True

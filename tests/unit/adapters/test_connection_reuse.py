@@ -1,0 +1,137 @@
+"""A server's connections are reused from one poll batch to the next (issue 21): the client of a server keeps
+as many connections alive as a batch has members, so the members of every batch after the first find theirs
+open. httpx and httpx2 keep 20 by default: a batch of 32 closed 12 of its connections and opened 12 again
+every batch.
+
+A real HTTP server on loopback counts the TCP connections it accepts, and answers nothing until the whole
+batch is waiting for its answer (as over a real network, where every member's request is in flight at once).
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from adapters import Limits, RemoteRef, Timeouts, http_client
+from adapters.streamable_http import Session, StreamableHttpClient
+from tests.unit.adapters.mcp_fakes import result_message
+from workers.runtime import Runtime
+from workers.settings import FleetConfig, Settings
+
+#: A batch larger than the 20 connections an httpx2 client keeps alive by default (``poll_batch``'s default).
+BATCH = 32
+ROUNDS = 3
+#: The longest a request waits for the rest of its batch to arrive before the server gives up on it.
+BATCH_WAIT_S = 20.0
+SERVER_STOP_S = 5.0
+
+
+class _CountingServer(http.server.ThreadingHTTPServer):
+    """Counts the connections it accepts; holds each answer until ``BATCH`` requests are waiting."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _BatchHandler)
+        self.connections = 0
+        self.batch = threading.Barrier(BATCH, timeout=BATCH_WAIT_S)
+
+    def process_request(
+        self, request: socket.socket | tuple[bytes, socket.socket], client_address: Any
+    ) -> None:
+        self.connections += 1  # called in the serving thread alone, once per connection accepted
+        super().process_request(request, client_address)
+
+
+class _BatchHandler(http.server.BaseHTTPRequestHandler):
+    """An MCP ``tasks/get`` answer to a POST, an AIP-151 Operation to a GET, once the batch is all here."""
+
+    protocol_version = "HTTP/1.1"
+    server: _CountingServer
+
+    def do_POST(self) -> None:
+        request = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        task = {
+            "taskId": request["params"]["taskId"],
+            "status": "working",
+            "createdAt": "2026-01-01T00:00:00Z",
+        }
+        self._answer(result_message(request["id"], task))
+
+    def do_GET(self) -> None:
+        self._answer({"name": self.path.removeprefix("/v1/"), "done": False})
+
+    def _answer(self, message: dict[str, Any]) -> None:
+        self.server.batch.wait()
+        body = json.dumps(message).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        del format, args
+
+
+@dataclass
+class Served:
+    url: str
+    server: _CountingServer
+
+
+@pytest.fixture
+def counting_server() -> Iterator[Served]:
+    server = _CountingServer()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield Served(f"http://127.0.0.1:{server.server_address[1]}", server)
+    finally:
+        server.batch.abort()  # a request still waiting (a failed test) is answered with an error
+        server.shutdown()
+        server.server_close()
+        thread.join(SERVER_STOP_S)
+
+
+def in_batches(read: Callable[[], object]) -> None:
+    """``ROUNDS`` batches of ``BATCH`` status reads side by side, as a worker runs a poll batch."""
+    with ThreadPoolExecutor(BATCH) as threads:
+        for _ in range(ROUNDS):
+            for future in [threads.submit(read) for _ in range(BATCH)]:
+                future.result()
+
+
+def test_the_adapters_client_keeps_a_batchs_connections_alive(counting_server: Served) -> None:
+    with http_client(Timeouts(), connections=BATCH) as http:
+        client = StreamableHttpClient(
+            http, counting_server.url + "/mcp", bearer_token=None, timeouts=Timeouts(), limits=Limits()
+        )
+        session = Session(session_id="s1", protocol_version="2025-11-25")
+        in_batches(lambda: client.request("tasks/get", {"taskId": "t1"}, session=session, idempotent=True))
+    assert counting_server.server.connections == BATCH  # 56 with the default 20 kept: 32, then 12 a batch
+
+
+def test_a_workers_clients_keep_as_many_connections_as_its_poll_batch(counting_server: Served) -> None:
+    """Through the worker's own pool of adapters: ``poll_batch`` sets how many connections each keeps."""
+    fleet = FleetConfig.model_validate(
+        {"servers": {"ops": {"protocol": "aip151", "protocol_version": "v1", "url": counting_server.url}}}
+    )
+    runtime = Runtime(settings=Settings(poll_batch=BATCH), fleet=fleet)
+    try:
+        adapter = runtime.remote.adapter("ops")
+        ref = RemoteRef(
+            remote_id="operations/op-1", session_ref=None, protocol_version="v1", protocol="aip151"
+        )
+        in_batches(lambda: adapter.get(ref))
+    finally:
+        runtime.close()
+    assert counting_server.server.connections == BATCH
