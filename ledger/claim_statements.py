@@ -38,6 +38,7 @@ def _delay(due_at: Any) -> Any:
 
 
 CLAIM_DELAY = _delay(OP.c.next_poll_at)
+#: What a claim returns, in this order (``ledger.records.Claim.from_row`` reads them by position).
 CLAIM_COLUMNS = (
     OP.c.id,
     OP.c.state,

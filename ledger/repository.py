@@ -130,7 +130,7 @@ class Ledger(
             rows = conn.execute(STATEMENTS.get(select_operations_by_ids), {"op_ids": list(op_ids)}).all()
         if rows:
             self._saw_ownership(rows[0].control_epoch, rows[0].control_epoch_owner)
-        return {row.id: Operation.from_row(row, with_body=False) for row in rows}
+        return {op.id: op for op in Operation.from_rows(rows, with_body=False)}
 
     def find_by_call_node(self, call_node_id: str) -> Operation | None:
         with self._tx() as conn:

@@ -20,6 +20,7 @@ import datetime as dt
 import json
 import logging
 import re
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar, Token
 from typing import Any
@@ -87,9 +88,13 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def _clean(value: object) -> str | None:
-    """A value fit for a log line: a string, no control characters (no forged lines), bounded."""
+    """A value fit for a log line: a string, no control characters (no forged lines), bounded. An operation
+    id (a UUID: hex digits and hyphens) is that already: it is only written out (a member of every batched
+    poll binds its own)."""
     if value is None:
         return None
+    if isinstance(value, uuid.UUID):
+        return str(value)
     return _CONTROL.sub("?", str(value))[:200]
 
 
