@@ -272,17 +272,17 @@ class BookedSlots:
         self._lock = threading.Lock()
         self._held_at = -HOLD_RECHECK_S
         self._held_s = 0.0
+        # One meter for the batch's requests (a request that takes a token of its own counts itself).
+        self._meter = RequestMeter(budgets.hot.client, budgets.hot.prefix, server, bucket)
 
     def budget(self, index: int) -> TokenBudget:
         """The :class:`TokenBudget` of the batch's ``index``-th request (in the order the offsets were
         booked): its first charge is its slot (:meth:`first_charge`), any later one a token of its own (a
         follow-up, as :meth:`ServerBudgets.per_request`'s)."""
-        budgets = self.budgets
-        meter = RequestMeter(budgets.hot.client, budgets.hot.prefix, self.server, self.bucket)
         return TokenBudget(
             self.bucket,
-            functools.partial(budgets.take, self.server, self.bucket),
-            meter=meter,
+            functools.partial(self.budgets.take, self.server, self.bucket),
+            meter=self._meter,
             first=functools.partial(self.first_charge, index),
         )
 
