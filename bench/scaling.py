@@ -11,7 +11,7 @@ second per budget (its HTTP log, by the ``Longcall-Budget`` header each request 
 One more run (``--cap-qps``) puts the most processes under a budget far below what they can poll, so the cap
 is tested where it binds. Targets: in every run, the highest requests/s of each budget <= that budget;
 polls/s with as many processes as the machine has cores (at most 4) >= 1.5 x polls/s with one, unless it is
-at the cap already (>= 0.95 x the 0.9 x ``poll_qps`` the buckets hand out).
+at the cap already (>= 0.95 x the RATE_HEADROOM x ``poll_qps`` the buckets hand out).
 
 Run: ``.venv/bin/python bench/scaling.py [--quick] [--json]``
 """
@@ -129,7 +129,7 @@ def report(args: argparse.Namespace, runs: list[dict[str, Any]]) -> bool:
     wide = [r for r in runs if r["processes"] <= min(cores, 4) and r["qps"] == args.qps]
     if one is not None and len(wide) > 1:
         top = max(wide, key=lambda r: r["processes"])
-        at_cap = top["polls_per_s"] >= 0.95 * RATE_HEADROOM * args.qps  # the buckets hand out 0.9 x qps
+        at_cap = top["polls_per_s"] >= 0.95 * RATE_HEADROOM * args.qps  # what the buckets hand out
         growth = top["polls_per_s"] / one["polls_per_s"] if one["polls_per_s"] else 0.0
         if at_cap:
             print(

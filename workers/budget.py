@@ -326,7 +326,7 @@ class BookedSlots:
 def late_slot_s(rate_per_s: float) -> float:
     """How late after its slot a request may still be sent on it: half the lateness the bucket's bound
     absorbs (at ``rate`` with its burst, the slots of any one second plus those up to ``D`` before it stay
-    within ``rate`` while ``D < (rate - burst) / (RATE_HEADROOM * rate) - 1``: 111 ms at 10/s, 58 ms at
+    within ``rate`` while ``D < (rate - burst) / (RATE_HEADROOM * rate) - 1``: 250 ms at 10/s, 190 ms at
     500/s); the other half is left to the network's jitter between worker and server."""
     absorbed = (rate_per_s - burst_for(rate_per_s)) / (RATE_HEADROOM * rate_per_s) - 1
     return max(0.0, absorbed / 2)

@@ -16,7 +16,7 @@ import redis.cluster
 
 from tests import support
 from workers.budget import RequestMeter, peak_key, rate_key, slot_meter
-from workers.hot import HotState, bucket_key, connect
+from workers.hot import RATE_HEADROOM, HotState, bucket_key, connect
 
 SERVERS = ("reports", "billing", "search", "mail", "maps", "chat")
 
@@ -59,9 +59,9 @@ def test_each_servers_bucket_works_and_servers_spread_over_the_nodes(hot: HotSta
         booked = hot.take(server, "poll", 2.0, horizon_s=1.0)
         assert (first.granted, first.wait_s) == (True, 0.0), server
         assert not refused.granted
-        assert 0.4 < refused.wait_s <= 1 / (2.0 * 0.9)
+        assert 0.4 < refused.wait_s <= 1 / (2.0 * RATE_HEADROOM)
         assert booked.granted
-        assert 0.4 < booked.wait_s <= 1 / (2.0 * 0.9)
+        assert 0.4 < booked.wait_s <= 1 / (2.0 * RATE_HEADROOM)
         assert hot.client.exists(bucket_key(hot.prefix, server, "poll")) == 1
         # The server's bucket and hold live on the node its tag names, whichever that is.
         assert node_of(hot, hot.hold_key(server)) == nodes[server]
@@ -109,7 +109,7 @@ def test_the_request_is_counted_in_the_takes_own_call_and_the_readers_read_one_s
 
 def test_take_slots_books_what_the_horizon_reaches_on_a_cluster(hot: HotState) -> None:
     tokens = hot.take_slots("billing", "control", 2.0, [0.0] * 5, horizon_s=1.0)
-    interval = 1 / (2.0 * 0.9)
+    interval = 1 / (2.0 * RATE_HEADROOM)
     assert tokens.granted == 2
     assert tokens.delays_s[0] == 0.0
     assert tokens.delays_s[1] == pytest.approx(interval, abs=0.02)

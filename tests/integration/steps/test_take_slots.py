@@ -84,8 +84,10 @@ def test_no_slot_is_before_its_own_time_and_late_ones_stay_spaced(
         assert delay >= offset - 0.005
     gaps = [b - a for a, b in zip(tokens.delays_s, tokens.delays_s[1:], strict=False)]
     assert min(gaps) == pytest.approx(interval, abs=0.005)
-    # 0, 0.11, 0.22, 0.33, 0.44, 0.6: the fourth waits for its spacing, the sixth for its own time.
-    assert tokens.delays_s[-1] == pytest.approx(0.6, abs=0.01)
+    # Each slot is its time or the one after the slot before it, whichever is later: the sixth, asked at
+    # 0.6 s, waits for its spacing if the five before it reach past 0.6 - interval.
+    assert tokens.delays_s[-1] == pytest.approx(max(0.6, 5 * interval), abs=0.01)
+    assert tokens.delays_s[3] == pytest.approx(max(0.3, 3 * interval), abs=0.01)
 
 
 def test_a_hold_refuses_every_slot(redis_client: redis.Redis, broker_prefix: str) -> None:
