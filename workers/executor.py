@@ -98,6 +98,14 @@ class PollMember:
     wait_s: float = 0.0
 
 
+def _then_leave(run: Callable[[], None], server: str) -> None:
+    """Run an admitted member, then free its room (``workers.members.leave``)."""
+    try:
+        run()
+    finally:
+        member_threads.leave(server)
+
+
 def _deferred(op_id: uuid.UUID, fault: BaseException) -> StepOutcome:
     """A batch member's step that failed: its row stays claimed until the lease runs out."""
     return StepOutcome(op_id, StepAction.DEFERRED, None, detail={"fault": describe_fault(fault)})
@@ -277,16 +285,52 @@ class Executor:
             for index, member in enumerate(members):
                 batch.done(index, _deferred(member.op_id, exc))
             return batch
-        slots = self._book_status_reads(members, rows, started)
+        admitted = self._admit(batch, members, rows)
+        slots = self._book_status_reads([members[i] for i in admitted], rows, started)
         threads = member_threads.server_threads(self.rt.settings.poll_batch)
-        for index, member in enumerate(members):
+        for index in admitted:
+            member = members[index]
             row = rows.get(member.op_id)
+            server = row.server if row is not None else ""
             budget = slots.get(member.op_id)
             run = functools.partial(
                 self._run_member, batch, index, member, row=row, budget=budget, started=started
             )
-            member_threads.submit(row.server if row is not None else "", threads, run)
+            member_threads.submit(server, threads, functools.partial(_then_leave, run, server))
         return batch
+
+    def _admit(
+        self, batch: PollBatch, members: Sequence[PollMember], rows: Mapping[uuid.UUID, Operation]
+    ) -> list[int]:
+        """The members this process starts now, by server within its room (``workers.members.admit``);
+        the others are answered DEFERRED (``shed``) at once, their claims left to run out (the dispatcher
+        claims them again then), and the process says so (once per ten seconds and server)."""
+        poll_batch = self.rt.settings.poll_batch
+        by_server: dict[str, list[int]] = {}
+        for index, member in enumerate(members):
+            row = rows.get(member.op_id)
+            by_server.setdefault(row.server if row is not None else "", []).append(index)
+        admitted: list[int] = []
+        for server, indexes in by_server.items():
+            room = member_threads.admit(
+                server,
+                len(indexes),
+                per_server=member_threads.server_threads(poll_batch),
+                per_process=member_threads.process_members(poll_batch),
+            )
+            admitted += indexes[:room]
+            shed = indexes[room:]
+            if shed and member_threads.say_shed(server):
+                log.warning(
+                    "this process runs all the polls it can (%s: %d shed); they are due again when their"
+                    " leases run out",
+                    server,
+                    len(shed),
+                )
+            for index in shed:
+                step = StepOutcome(members[index].op_id, StepAction.DEFERRED, None, detail={"shed": True})
+                batch.done(index, step)
+        return sorted(admitted)
 
     def _book_status_reads(
         self, members: Sequence[PollMember], rows: Mapping[uuid.UUID, Operation], started: float

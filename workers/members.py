@@ -34,10 +34,14 @@ from typing import TypeVar
 
 __all__ = [
     "Stragglers",
+    "admit",
     "hold_claim",
     "in_flight",
+    "leave",
     "let_go",
+    "process_members",
     "run_side_by_side",
+    "say_shed",
     "server_threads",
     "submit",
     "wait_for_members",
@@ -53,9 +57,56 @@ THREAD_PREFIX = "longcall-member"
 
 
 def server_threads(poll_batch: int) -> int:
-    """How many status reads of one server a worker process runs at once: four batches' worth. More members
-    of that server wait for a thread in its own queue (the others' polls do not)."""
+    """How many members of one server a worker process runs at once (waiting for their due time and slot,
+    or for their answer): two batches' worth. A member past it is not started (:func:`admit`)."""
+    return 2 * max(1, poll_batch)
+
+
+def process_members(poll_batch: int) -> int:
+    """How many members of every server a worker process runs at once: four batches' worth."""
     return 4 * max(1, poll_batch)
+
+
+def admit(server: str, wanted: int, *, per_server: int, per_process: int) -> int:
+    """Reserve room for up to ``wanted`` members of ``server`` in this process: how many may start now,
+    within ``per_server`` of that server and ``per_process`` in all. The others are not started: a process
+    that has more polls than it can run sheds them (their claims run out, and the dispatcher claims them
+    again) rather than queueing them behind each other past their leases, which costs each one twice and
+    slows every other poll of the process. Each admitted member calls :func:`leave` when it is done."""
+    with _process.lock:
+        room = min(
+            wanted,
+            per_server - _process.running.get(server, 0),
+            per_process - sum(_process.running.values()),
+        )
+        room = max(0, room)
+        if room:
+            _process.running[server] = _process.running.get(server, 0) + room
+        return room
+
+
+#: How often a process says, per server, that it shed polls.
+SHED_WARNING_EVERY_S = 10.0
+
+
+def say_shed(server: str) -> bool:
+    """Whether to say now that polls of ``server`` were shed: once per :data:`SHED_WARNING_EVERY_S`."""
+    now = time.monotonic()
+    with _process.lock:
+        if now - _process.shed_said.get(server, -SHED_WARNING_EVERY_S) < SHED_WARNING_EVERY_S:
+            return False
+        _process.shed_said[server] = now
+        return True
+
+
+def leave(server: str) -> None:
+    """An admitted member of ``server`` is done."""
+    with _process.lock:
+        left = _process.running.get(server, 0) - 1
+        if left > 0:
+            _process.running[server] = left
+        else:
+            _process.running.pop(server, None)
 
 
 class _Process:
@@ -69,6 +120,8 @@ class _Process:
         self.lock = threading.Lock()
         self.pools: dict[str, ThreadPoolExecutor] = {}
         self.claims: dict[tuple[uuid.UUID, int], int] = {}
+        self.running: dict[str, int] = {}
+        self.shed_said: dict[str, float] = {}
         self.stragglers: Stragglers | None = None
 
     def pool(self, server: str, size: int) -> ThreadPoolExecutor:
