@@ -303,8 +303,9 @@ class Executor:
         self, batch: PollBatch, members: Sequence[PollMember], rows: Mapping[uuid.UUID, Operation]
     ) -> list[int]:
         """The members this process starts now, by server within its room (``workers.members.admit``);
-        the others are answered DEFERRED (``shed``) at once, their claims left to run out (the dispatcher
-        claims them again then), and the process says so (once per ten seconds and server)."""
+        the others are answered DEFERRED (``shed``) at once, their claims handed back (each row is due
+        when its claim set it: the poll skips one round; through a fault, when its lease runs out), and
+        the process says so (once per ten seconds and server)."""
         poll_batch = self.rt.settings.poll_batch
         by_server: dict[str, list[int]] = {}
         for index, member in enumerate(members):
@@ -323,12 +324,17 @@ class Executor:
             if shed and member_threads.say_shed(server):
                 log.warning(
                     "this process runs all the polls it can (%s: %d shed); they are due again when their"
-                    " leases run out",
+                    " claims said",
                     server,
                     len(shed),
                 )
             for index in shed:
-                step = StepOutcome(members[index].op_id, StepAction.DEFERRED, None, detail={"shed": True})
+                member = members[index]
+                try:
+                    self.ledger.hand_back_claim(member.op_id, member.cursor)
+                except INFRASTRUCTURE as exc:
+                    log.warning("handing back the claim of %s met %s", member.op_id, describe_fault(exc))
+                step = StepOutcome(member.op_id, StepAction.DEFERRED, None, detail={"shed": True})
                 batch.done(index, step)
         return sorted(admitted)
 

@@ -58,21 +58,22 @@ THREAD_PREFIX = "longcall-member"
 
 def server_threads(poll_batch: int) -> int:
     """How many members of one server a worker process runs at once (waiting for their due time and slot,
-    or for their answer): two batches' worth. A member past it is not started (:func:`admit`)."""
-    return 2 * max(1, poll_batch)
+    or for their answer): four batches' worth. A member past it is not started (:func:`admit`)."""
+    return 4 * max(1, poll_batch)
 
 
 def process_members(poll_batch: int) -> int:
-    """How many members of every server a worker process runs at once: four batches' worth."""
-    return 4 * max(1, poll_batch)
+    """How many members of every server a worker process runs at once: eight batches' worth."""
+    return 8 * max(1, poll_batch)
 
 
 def admit(server: str, wanted: int, *, per_server: int, per_process: int) -> int:
     """Reserve room for up to ``wanted`` members of ``server`` in this process: how many may start now,
     within ``per_server`` of that server and ``per_process`` in all. The others are not started: a process
-    that has more polls than it can run sheds them (their claims run out, and the dispatcher claims them
-    again) rather than queueing them behind each other past their leases, which costs each one twice and
-    slows every other poll of the process. Each admitted member calls :func:`leave` when it is done."""
+    that has more polls than it can run sheds them (their claims are handed back, and each is polled when
+    its claim said) rather than queueing them behind each other past their leases, which costs each one
+    twice and slows every other poll of the process. Each admitted member calls :func:`leave` when it is
+    done."""
     with _process.lock:
         room = min(
             wanted,
