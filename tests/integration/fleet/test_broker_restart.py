@@ -282,10 +282,16 @@ def test_workers_and_beat_survive_their_redis_going_away_and_lose_nothing(
                     fleet.submit_nowait(node, "slow_report", {"seconds": seconds})
                 for node in before:
                     fleet.wait_operation(node, S.WORKING, *FINAL, timeout=60)
+                # A batch of polls is answered when its members start, so its message leaves the workers'
+                # hands at once; its members are on their way, on the workers' threads, held by the server.
+                held_from = time.time()
                 fleet.mcp.faults(delay_ms={"tasks/get": HELD_POLL_MS})
                 support.wait_for(
-                    "polls in the workers' hands (received, held by the server)",
-                    lambda: list(unacked(client, broker_prefix).values()).count("longcall.poll") >= 2,
+                    "polls on their way (received by the server, held)",
+                    lambda: (
+                        sum(1 for e in fleet.mcp.log() if e["method"] == "tasks/get" and e["t"] > held_from)
+                        >= 2
+                    ),
                     timeout=30,
                 )
                 in_hand = unacked(client, broker_prefix)
