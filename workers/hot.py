@@ -177,6 +177,21 @@ class HotState:
         horizon_s: float,
         meter: MeterCount | None,
     ) -> Tokens:
+        interval_us, keys, args = self._bucket_call(server, budget, rate_per_s, horizon_s)
+        args.append(k)
+        if meter is not None:
+            keys.extend(meter.keys)
+            args.extend(meter.keep_s)
+        granted, first_us, wait_us, counted = (int(v) for v in self._call(self._bucket, keys, args))
+        delays = tuple(max(0, first_us + i * interval_us) / 1_000_000 for i in range(granted))
+        return Tokens(delays, wait_us / 1_000_000, counted)
+
+    def _bucket_call(
+        self, server: str, budget: Budget, rate_per_s: float, horizon_s: float
+    ) -> tuple[int, list[str], list[int]]:
+        """The interval, and the keys and first four arguments both bucket scripts take (``token_bucket.lua``
+        and ``token_slots.lua``): the bucket and hold keys; interval, burst tolerance, horizon, longest
+        hold."""
         interval_us = max(1, math.ceil(1_000_000 / (rate_per_s * RATE_HEADROOM)))
         keys = [bucket_key(self.prefix, server, budget), self.hold_key(server)]
         args = [
@@ -184,14 +199,8 @@ class HotState:
             burst_for(rate_per_s) * interval_us,
             math.floor(max(0.0, horizon_s) * 1_000_000),
             math.ceil(MAX_SERVER_WAIT_S * 1_000_000),
-            k,
         ]
-        if meter is not None:
-            keys.extend(meter.keys)
-            args.extend(meter.keep_s)
-        granted, first_us, wait_us, counted = (int(v) for v in self._call(self._bucket, keys, args))
-        delays = tuple(max(0, first_us + i * interval_us) / 1_000_000 for i in range(granted))
-        return Tokens(delays, wait_us / 1_000_000, counted)
+        return interval_us, keys, args
 
     def take_slots(
         self,
@@ -213,18 +222,8 @@ class HotState:
         (``Tokens.counted``)."""
         if not offsets_s:
             raise ValueError("take_slots books at least one slot")
-        interval_us = max(1, math.ceil(1_000_000 / (rate_per_s * RATE_HEADROOM)))
-        keys = [bucket_key(self.prefix, server, budget), self.hold_key(server)]
-        args = [
-            interval_us,
-            burst_for(rate_per_s) * interval_us,
-            math.floor(max(0.0, horizon_s) * 1_000_000),
-            math.ceil(MAX_SERVER_WAIT_S * 1_000_000),
-            0,
-            0,
-            0,
-            0,
-        ]
+        _, keys, args = self._bucket_call(server, budget, rate_per_s, horizon_s)
+        args.extend([0, 0, 0, 0])
         if meter is not None:
             keys.extend(meter.keys)
             args[4:8] = [*meter.keep_s, 0, meter.into_second_us]

@@ -123,20 +123,26 @@ class PollBatch:
             if not taken:
                 return
             try:
-                written = self._record([(op_id, fence) for _, op_id, fence, _ in taken])
-            except INFRASTRUCTURE as exc:
-                log.warning(
-                    "recording %d unchanged polls met %s; they are due again when their leases run out",
-                    len(taken),
-                    describe_fault(exc),
-                )
-                written = None
-            with self._lock:
-                for index, op_id, _, _ in taken:
-                    if written is not None and op_id not in written:
-                        self._outcomes[index] = StepOutcome(
-                            op_id, StepAction.STALE, None, detail={"unchanged": "not recorded"}
-                        )
-            for *_, let_go in taken:
-                if let_go is not None:
-                    let_go()
+                self._record_taken(taken)
+            finally:
+                # Whatever the record met, the claims are this process's no more (a copy may run them).
+                for *_, let_go in taken:
+                    if let_go is not None:
+                        let_go()
+
+    def _record_taken(self, taken: list[Unchanged]) -> None:
+        try:
+            written = self._record([(op_id, fence) for _, op_id, fence, _ in taken])
+        except INFRASTRUCTURE as exc:
+            log.warning(
+                "recording %d unchanged polls met %s; they are due again when their leases run out",
+                len(taken),
+                describe_fault(exc),
+            )
+            return
+        with self._lock:
+            for index, op_id, _, _ in taken:
+                if op_id not in written:
+                    self._outcomes[index] = StepOutcome(
+                        op_id, StepAction.STALE, None, detail={"unchanged": "not recorded"}
+                    )
