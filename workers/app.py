@@ -18,6 +18,7 @@ from workers.broker import CONSUMER as REDIS_CONSUMER
 from workers.broker import TRANSPORT as REDIS_TRANSPORT
 from workers.delivery import CELERY_DELIVERY
 from workers.errors import ConfigError
+from workers.faults import describe_fault
 from workers.fencing import ConsumptionFence
 from workers.runtime import RuntimeHolder
 from workers.settings import Settings
@@ -45,6 +46,10 @@ ROUTES = {
 
 #: Seconds a broker command (a publish, an ack, a confirm) or connect may take before it fails and is retried.
 BROKER_SOCKET_TIMEOUT_S = 15.0
+#: How many times a task's answer is stored through a fault of the result backend (Celery's own retry, on
+#: the backend's connection errors), the pauses growing from 0.1 s to 2 s with full jitter: about a minute
+#: in all, two at most, each try bounded by :data:`BROKER_SOCKET_TIMEOUT_S`.
+RESULT_STORE_TRIES = 60
 
 
 def is_amqp(broker_url: str) -> bool:
@@ -108,6 +113,19 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "result_backend_transport_options": (
             {"global_keyprefix": settings.broker_keyprefix} if settings.broker_keyprefix else {}
         ),
+        # The answer of a task a caller waits on (submit, cancel, provide_input) is stored once it ran. Celery
+        # stores it after the task's body, outside its retries: a Redis that restarts then would lose the
+        # answer for good (the message is acknowledged as a failure "outside body", nothing stored: the
+        # caller's AsyncResult stays PENDING). It is tried again through the fault instead, in bounds; past
+        # them the task's end is logged at ERROR (``report_unstored_answer``); the ledger keeps the outcome.
+        "result_backend_always_retry": True,
+        "result_backend_max_retries": RESULT_STORE_TRIES,
+        "result_backend_base_sleep_between_retries_ms": 100,
+        "result_backend_max_sleep_between_retries_ms": 2000,
+        # A Redis gone silent (a host down, a frozen process) fails a store instead of holding it (Celery's
+        # default waits two minutes for a reply and the operating system's for a connect).
+        "redis_socket_timeout": BROKER_SOCKET_TIMEOUT_S,
+        "redis_socket_connect_timeout": BROKER_SOCKET_TIMEOUT_S,
         "broker_transport_options": transport_options,
         "broker_connection_retry_on_startup": True,
         # A worker whose broker connection drops reconnects (kombu's backoff: 2 s, 4 s, ... 30 s between
@@ -207,6 +225,21 @@ def create_app(settings: Settings | None = None) -> Celery:
         if not members.wait_for_members(MEMBERS_SHUTDOWN_S):
             log.warning("a worker process stopped with %d polls still on their way", members.in_flight())
 
+    def report_unstored_answer(sender: Any = None, **kwargs: Any) -> None:
+        # Celery tells of an error outside a task's body (its answer not stored past RESULT_STORE_TRIES) only
+        # with a RuntimeWarning; the message is acknowledged all the same. An operator is told at ERROR, with
+        # where the outcome is kept.
+        if getattr(sender, "app", None) is app:
+            exc = kwargs.get("exception")
+            log.error(
+                "%s[%s] failed outside its body (%s): its answer is not stored in the result backend, and a "
+                "caller waiting on it gets none; the ledger keeps the outcome (longcall status <call node>)",
+                getattr(sender, "name", "?"),
+                kwargs.get("task_id"),
+                describe_fault(exc) if isinstance(exc, BaseException) else "no exception given",
+            )
+
+    signals.task_internal_error.connect(report_unstored_answer, weak=False)
     signals.worker_process_shutdown.connect(let_members_finish, weak=False)
     signals.worker_shutdown.connect(let_members_finish, weak=False)
     celery_logs.connect_signals()

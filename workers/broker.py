@@ -37,6 +37,15 @@ Celery itself forgets, on the loss, the tasks it had received and not started (`
 messages, which the closing channel could not give back while Redis was down, go back to their queues as
 soon as the worker is connected again, instead of an hour later.
 
+**A message taken off its queue as Redis goes is not lost.** kombu takes a message off its queue (BRPOP),
+then records it in the unacked hash (a second command). Redis going between the two left the message in no
+queue and no hash: only in the worker's memory, which kombu then dropped with the connection (a submission
+sent by name, popped as Redis shut down, never ran). ``RedisQoS.append`` keeps such a message
+(:data:`UNRECORDED`), and the worker's consumer puts it back at the front of its queue once it is connected
+again. A worker killed in that instant (between two Redis replies, well under a millisecond) still loses it:
+kombu's Redis transport has no atomic take; a broker that must hold every message through a worker's kill
+is RabbitMQ (README, "Brokers").
+
 Used for ``redis://`` brokers (``workers.app.celery_config``); other transports (``rediss://``,
 ``sentinel://``, AMQP) are kombu's own. A connection over it still shows itself as ``redis://...`` (its
 ``as_uri``, the worker's banner, the URL Flower reads the broker's queues from): the class is registered
@@ -66,6 +75,12 @@ CONSUMER = "workers.broker:WorkerConsumer"
 logger = logging.getLogger(__name__)
 
 
+#: Messages this process took off a queue whose record in the unacked hash failed (Redis went as it answered):
+#: (payload, exchange, routing key, delivery tag). Only here until the consumer, connected again, gives them
+#: back (``WorkerConsumer.give_back_dropped``). A worker's consumer runs on one thread, its event loop.
+UNRECORDED: list[tuple[dict[str, Any], str, str, str]] = []
+
+
 class RedisQoS(kombu_redis.QoS):
     """kombu's Redis acknowledgement emulation, safe for a channel that closed with messages in hand.
 
@@ -74,6 +89,39 @@ class RedisQoS(kombu_redis.QoS):
     is, so after a restore that failed half-way (Redis down) it holds exactly the messages whose entries in
     the unacked hash are still this channel's.
     """
+
+    def append(self, message: Any, delivery_tag: str) -> None:
+        lost: tuple[type[BaseException], ...] = getattr(self.channel, "connection_errors")  # noqa: B009
+        try:
+            super().append(message, delivery_tag)
+        except lost:
+            # Off its queue (the BRPOP that delivered it), not in the unacked hash: kept, or it is lost. (Had
+            # the record reached Redis after all, giving it back moves it out of the hash: one delivery.)
+            delivery = message.delivery_info
+            UNRECORDED.append((message._raw, delivery["exchange"], delivery["routing_key"], delivery_tag))
+            logger.warning(
+                "A message taken off queue %s as the broker went is kept, to be given back on reconnection",
+                delivery["routing_key"],
+            )
+            raise
+
+    def give_back_unrecorded(self) -> int:
+        """Put the messages in :data:`UNRECORDED` back at the front of their queues, each out of the unacked
+        hash in the same transaction; how many went back. A connection error leaves the rest for the next
+        connect."""
+        channel = cast("RedisChannel", self.channel)
+        given = 0
+        with channel.conn_or_acquire() as client:
+            while UNRECORDED:
+                payload, exchange, routing_key, tag = UNRECORDED[0]
+                with client.pipeline() as pipe:
+                    getattr(self, "_remove_from_indices")(tag, pipe)  # noqa: B009 - kombu's, not in its stubs
+                    restore = getattr(channel, "_do_restore_message")  # noqa: B009
+                    restore(payload, exchange, routing_key, pipe, False)
+                    pipe.execute()
+                UNRECORDED.pop(0)
+                given += 1
+        return given
 
     def restore_unacked(self, client: Any | None = None) -> None:
         delivered = self._delivered
@@ -186,7 +234,7 @@ class WorkerConsumer(Consumer):
         if not isinstance(channel, RedisChannel):
             self.dropped.clear()
             return 0
-        given = 0
+        given = cast(RedisQoS, channel.qos).give_back_unrecorded()
         while self.dropped:
             request = self.dropped[0]
             message = request.message
@@ -202,7 +250,7 @@ class WorkerConsumer(Consumer):
                 given += 1
             self.dropped.pop(0)
         if given:
-            logger.warning("Gave back %d message(s) received before the connection loss, not started", given)
+            logger.warning("Gave back %d message(s) taken before the connection loss and not started", given)
         return given
 
 

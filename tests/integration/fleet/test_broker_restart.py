@@ -6,12 +6,13 @@ Redis, and Celery's consumer handles the loss as it does in a worker (``on_conne
 ``collect()``, then ``close()``); kombu used to raise ``AttributeError: 'NoneType' object has no attribute
 'hostname'`` there and on the late acknowledgement, which Celery calls an unrecoverable error (the worker
 exits). The fleet: two longcall workers and beat on a Redis of this test's own, started with the compose
-file's command (append-only file, fsync always), operations in flight and status reads held by the server,
-so polls are in the workers' hands when Redis goes: it crashes (kill -9) and comes back, shuts down and
-comes back, stays down for ten seconds, or freezes for ten seconds (SIGSTOP: nothing answers, nothing
-closes). Every process is still the one that started, beat's ticks reach the workers again, operations sent
-after the fault run to their end, every message in a worker's hand at the fault has run, and nothing is
-lost: every call node has one task on the server, and its receipt reaches the pipeline.
+file's command (append-only file, fsync always), operations in flight, and status reads and creates held by
+the server, so polls and submissions are in the workers' hands when Redis goes: it crashes (kill -9) and comes
+back, shuts down and comes back, stays down for ten seconds, or freezes for ten seconds (SIGSTOP: nothing
+answers, nothing closes). Every process is still the one that started, beat's ticks reach the workers again,
+operations sent after the fault run to their end, every message in a worker's hand at the fault has run, and
+nothing is lost: every call node has one task on the server, its receipt reaches the pipeline, and every
+submission in hand answers its caller (its answer stored through the fault, not dropped "outside body").
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from tests import support
 from tests.integration.faults.test_faults_durability import compose_redis_flags
 from tests.support.fleet import Fleet, FleetParts, running_fleet
 from workers.app import create_app
-from workers.broker import RedisChannel, RedisTransport
+from workers.broker import RedisChannel, RedisQoS, RedisTransport, WorkerConsumer
 from workers.settings import Settings
 
 S = OpState
@@ -180,6 +181,68 @@ def test_a_message_given_back_on_close_is_not_acknowledged_again_by_the_closed_c
             assert client.hlen(f"{PREFIX}unacked") == 0
 
 
+def test_a_message_taken_off_its_queue_as_redis_goes_is_given_back_once_redis_is_back(
+    tmp_path: Path, log_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kombu takes a message off its queue (BRPOP), then records it in the unacked hash. Redis goes between
+    the two (killed at that instant): the message is in no queue and no hash, only in this process. The
+    consumer, connected again, gives it back to the front of its queue (on main: lost; the fleet test below
+    lost a submission sent by name that way)."""
+    with support.private_redis(tmp_path / "redis", log_dir, *compose_redis_flags()) as server:
+        app = create_app(Settings(redis_url=server.url, broker_keyprefix=PREFIX))
+        client = redis.Redis.from_url(server.url, socket_timeout=5)
+        connection = app.connection_for_read()
+        hub = Hub()
+        try:
+            connection.ensure_connection(max_retries=3)
+            exchange = Exchange("lc-test", type="direct")
+            held = Queue("held", exchange, routing_key="held")
+            connection.register_with_event_loop(hub)
+            received: list[Message] = []
+            consumer = connection.Consumer(
+                [held], callbacks=[lambda _body, m: received.append(m)], accept=["json"]
+            )
+            consumer.consume()
+            record = RedisQoS.append
+
+            def redis_goes_first(self: RedisQoS, message: Any, delivery_tag: str) -> None:
+                server.stop(signal.SIGKILL)
+                record(self, message, delivery_tag)
+
+            monkeypatch.setattr(RedisQoS, "append", redis_goes_first)
+            with app.producer_or_acquire() as producer:
+                producer.publish(
+                    {"n": 1}, exchange=exchange, routing_key="held", declare=[held], serializer="json"
+                )
+            loop = hub.create_loop()
+            # What the worker's consumer takes for a lost connection.
+            with pytest.raises(redis.ConnectionError):
+                support.wait_for("the delivery", lambda: next(loop) or received, timeout=20)
+            monkeypatch.setattr(RedisQoS, "append", record)
+            assert not received
+            lose_the_connection_as_a_worker_does(app, connection)
+
+            server.start()
+            # Off its queue, not in the hash: only in this process.
+            assert (client.llen(f"{PREFIX}held"), client.hlen(f"{PREFIX}unacked")) == (0, 0)
+            with app.connection_for_read() as again:
+                again.ensure_connection(max_retries=3)
+                consumer_state = cast(WorkerConsumer, SimpleNamespace(dropped=[]))
+                assert WorkerConsumer.give_back_dropped(consumer_state, again) == 1
+                assert client.llen(f"{PREFIX}held") == 1
+                channel = again.default_channel
+                assert isinstance(channel, RedisChannel)
+                redelivered = channel.basic_get("held")
+                assert redelivered is not None
+                assert redelivered.decode() == {"n": 1}
+                redelivered.ack()
+            assert (client.llen(f"{PREFIX}held"), client.hlen(f"{PREFIX}unacked")) == (0, 0)
+        finally:
+            client.close()
+            connection.release()
+            hub.close()
+
+
 # ------------------------------------------------------------------ a fleet
 
 #: How long the server holds each status read while Redis goes away: the polls are in a worker's hand.
@@ -271,8 +334,9 @@ def test_workers_and_beat_survive_their_redis_going_away_and_lose_nothing(
     with a short visibility timeout on the same keys would give longcall's unacknowledged messages back
     itself, hiding what the workers do with them)."""
     before = {f"n/before-{i}": round(4.0 + 0.5 * i, 1) for i in range(6)}
+    held = {f"n/held-{i}": 1.0 for i in range(4)}
     after = {f"n/after-{i}": 0.5 for i in range(4)}
-    nodes = {**before, **after}
+    nodes = {**before, **held, **after}
     with support.private_redis(tmp_path / "redis", log_dir, *compose_redis_flags()) as hot:
         client = redis.Redis.from_url(hot.url, socket_timeout=5)
         parts = FleetParts(ledger, database_url, broker_prefix, client, tmp_path, log_dir, hot.url)
@@ -290,6 +354,22 @@ def test_workers_and_beat_survive_their_redis_going_away_and_lose_nothing(
                     "polls on their way (received by the server, held)",
                     lambda: (
                         sum(1 for e in fleet.mcp.log() if e["method"] == "tasks/get" and e["t"] > held_from)
+                        >= 2
+                    ),
+                    timeout=30,
+                )
+                # Submissions in the workers' hands too: their creates held by the server, so their answers
+                # are stored as Redis goes.
+                fleet.mcp.faults(delay_ms={"tasks/get": HELD_POLL_MS, "tools/call": HELD_POLL_MS})
+                held_at = time.time()
+                answers = {
+                    node: fleet.submit_nowait(node, "slow_report", {"seconds": seconds})
+                    for node, seconds in held.items()
+                }
+                support.wait_for(
+                    "creates on their way (received by the server, held)",
+                    lambda: (
+                        sum(1 for e in fleet.mcp.log() if e["method"] == "tools/call" and e["t"] > held_at)
                         >= 2
                     ),
                     timeout=30,
@@ -332,6 +412,10 @@ def test_workers_and_beat_survive_their_redis_going_away_and_lose_nothing(
                 assert sorted(t["arguments"]["seconds"] for t in tasks) == sorted(nodes.values())
                 receipts = {r["call_node_id"]: r for r in fleet.receipts()}
                 assert {r["terminal_state"] for r in receipts.values()} == {"completed"}
+                # The submissions running as Redis went answered their callers: each answer was stored through
+                # the fault, not lost with the message acknowledged as a failure "outside body".
+                for node, answer in answers.items():
+                    assert answer.get(timeout=30)["call_node_id"] == node
                 # Every message in a worker's hand as Redis went has run: those it was running, and those it
                 # had received and not started, which Celery drops on the loss and the worker's consumer gives
                 # back (workers/broker.py); none waits in the unacked hash for the visibility timeout.
