@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 import redis
+from celery import Celery
+from celery import _state as celery_state
 
 from ledger.migrate import upgrade
 from ledger.repository import Ledger
@@ -74,6 +76,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         callspec = getattr(item, "callspec", None)
         if callspec is not None and "mcp_peer" in callspec.params:
             item.add_marker(pytest.mark.xdist_group(f"peer-{callspec.params['mcp_peer']}"))
+
+
+@pytest.fixture(autouse=True)
+def release_celery_apps() -> Iterator[None]:
+    """The Celery apps a test built in this process have their connections closed as it ends
+    (``support.release_app``): left to the garbage collector, their sockets are reported unclosed in
+    whichever later test it runs, which then fails (warnings are errors)."""
+    before = _celery_apps()
+    yield
+    for app in _celery_apps() - before:
+        support.release_app(app)
+
+
+def _celery_apps() -> set[Celery]:
+    """Every Celery app alive in this process (Celery's own registry of them, not in its stubs)."""
+    return set(getattr(celery_state, "_apps"))  # noqa: B009
 
 
 @pytest.fixture(scope="session")

@@ -23,6 +23,7 @@ from typing import TypeVar
 import psycopg
 import redis
 import redis.cluster
+from celery import Celery
 
 REPO = Path(__file__).resolve().parents[2]
 ADMIN_URL = os.environ.get("LONGCALL_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -161,6 +162,28 @@ class CeleryProcess:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         return children
+
+
+def release_app(app: Celery) -> None:
+    """Close the connections a Celery app opened in this process: its broker connections and producers, and
+    its result backend's Redis (the pub/sub an ``AsyncResult.get`` subscribes on included). Celery's own
+    ``close()`` only drops its pool; left to the garbage collector, their sockets are reported unclosed
+    (a ResourceWarning, an error here) in whichever later test the collector happens to run."""
+    producers = getattr(app.amqp, "_producer_pool", None)
+    if producers is not None:
+        producers.force_close_all()
+    pool = getattr(app, "_pool", None)
+    if pool is not None:
+        pool.force_close_all()
+    backend = getattr(app, "_backend", None)
+    consumer = getattr(backend, "result_consumer", None)
+    if consumer is not None and getattr(consumer, "_pubsub", None) is not None:
+        consumer.stop()
+        consumer._pubsub = None  # a later wait subscribes anew (Celery's consumer starts when it has none)
+    client = getattr(backend, "__dict__", {}).get("client")
+    if client is not None:
+        client.connection_pool.disconnect()
+    app.close()
 
 
 def child_pids(pid: int) -> list[int]:

@@ -24,6 +24,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -52,50 +53,73 @@ PREFIX = "lc-broker:"
 # ------------------------------------------------------------------ the channel, in this process
 
 
+#: A direct exchange of the queues' own, as Celery publishes a task (its queues share one).
+EXCHANGE = Exchange("lc-test", type="direct")
+HELD = Queue("held", EXCHANGE, routing_key="held")
+IDLE = Queue("idle", EXCHANGE, routing_key="idle")
+
+
+@dataclass
+class Consuming:
+    """A longcall broker connection consuming ``held`` through an event loop as a worker does (what it
+    delivers lands in ``received``), and a second channel consuming ``idle`` (a worker has several)."""
+
+    app: Celery
+    connection: Connection
+    client: redis.Redis
+    received: list[Message]
+    loop: Iterator[Any]
+
+    def publish(self) -> None:
+        with self.app.producer_or_acquire() as producer:
+            producer.publish(
+                {"n": 1}, exchange=EXCHANGE, routing_key="held", declare=[HELD, IDLE], serializer="json"
+            )
+
+    def deliver(self) -> Message:
+        support.wait_for("the message to be delivered", lambda: next(self.loop) or self.received, timeout=20)
+        return self.received[0]
+
+
 @contextmanager
-def consumer_holding_a_message(
-    server: support.PrivateRedis,
-) -> Iterator[tuple[Celery, Connection, Message, redis.Redis]]:
-    """A longcall broker connection on ``server`` consuming through an event loop as a worker does, with one
-    message delivered and not acknowledged, a second channel consuming an empty queue (a worker has several),
-    and a BRPOP in flight on both (what the worker's loop keeps sent while it waits)."""
+def consuming(server: support.PrivateRedis) -> Iterator[Consuming]:
     app = create_app(Settings(redis_url=server.url, broker_keyprefix=PREFIX))
     client = redis.Redis.from_url(server.url, socket_timeout=5)
     connection = app.connection_for_read()
     hub = Hub()
     try:
         connection.ensure_connection(max_retries=3)
-        # A direct exchange of the queues' own, as Celery publishes a task (its queues share one).
-        exchange = Exchange("lc-test", type="direct")
-        held = Queue("held", exchange, routing_key="held")
-        idle = Queue("idle", exchange, routing_key="idle")
-        with app.producer_or_acquire() as producer:
-            producer.publish(
-                {"n": 1}, exchange=exchange, routing_key="held", declare=[held, idle], serializer="json"
-            )
         connection.register_with_event_loop(hub)
         received: list[Message] = []
-        consumer = connection.Consumer(
-            [held], callbacks=[lambda _body, m: received.append(m)], accept=["json"]
-        )
-        consumer.consume()
-        other = connection.Consumer(
-            [idle], channel=connection.channel(), callbacks=[lambda _body, _m: None], accept=["json"]
-        )
-        other.consume()
-        loop = hub.create_loop()
-        support.wait_for("the message to be delivered", lambda: next(loop) or received, timeout=20)
-        transport = connection.transport
-        assert isinstance(transport, RedisTransport)
-        assert transport.cycle is not None
-        transport.cycle.on_poll_start()  # the loop's next tick: a BRPOP on every consuming channel
-        assert isinstance(received[0].channel, RedisChannel)
-        assert client.hlen(f"{PREFIX}unacked") == 1
-        yield app, connection, received[0], client
+        connection.Consumer(
+            [HELD], callbacks=[lambda _body, m: received.append(m)], accept=["json"]
+        ).consume()
+        connection.Consumer(
+            [IDLE], channel=connection.channel(), callbacks=[lambda _body, _m: None], accept=["json"]
+        ).consume()
+        yield Consuming(app, connection, client, received, hub.create_loop())
     finally:
         client.close()
         connection.release()
         hub.close()
+
+
+@contextmanager
+def consumer_holding_a_message(
+    server: support.PrivateRedis,
+) -> Iterator[tuple[Celery, Connection, Message, redis.Redis]]:
+    """:class:`Consuming` on ``server``, with one message delivered and not acknowledged, and a BRPOP in
+    flight on both channels (what the worker's loop keeps sent while it waits)."""
+    with consuming(server) as broker:
+        broker.publish()
+        message = broker.deliver()
+        transport = broker.connection.transport
+        assert isinstance(transport, RedisTransport)
+        assert transport.cycle is not None
+        transport.cycle.on_poll_start()  # the loop's next tick: a BRPOP on every consuming channel
+        assert isinstance(message.channel, RedisChannel)
+        assert broker.client.hlen(f"{PREFIX}unacked") == 1
+        yield broker.app, broker.connection, message, broker.client
 
 
 def lose_the_connection_as_a_worker_does(app: Celery, connection: Connection) -> None:
@@ -188,59 +212,40 @@ def test_a_message_taken_off_its_queue_as_redis_goes_is_given_back_once_redis_is
     the two (killed at that instant): the message is in no queue and no hash, only in this process. The
     consumer, connected again, gives it back to the front of its queue (on main: lost; the fleet test below
     lost a submission sent by name that way)."""
-    with support.private_redis(tmp_path / "redis", log_dir, *compose_redis_flags()) as server:
-        app = create_app(Settings(redis_url=server.url, broker_keyprefix=PREFIX))
-        client = redis.Redis.from_url(server.url, socket_timeout=5)
-        connection = app.connection_for_read()
-        hub = Hub()
-        try:
-            connection.ensure_connection(max_retries=3)
-            exchange = Exchange("lc-test", type="direct")
-            held = Queue("held", exchange, routing_key="held")
-            connection.register_with_event_loop(hub)
-            received: list[Message] = []
-            consumer = connection.Consumer(
-                [held], callbacks=[lambda _body, m: received.append(m)], accept=["json"]
-            )
-            consumer.consume()
-            record = RedisQoS.append
+    with (
+        support.private_redis(tmp_path / "redis", log_dir, *compose_redis_flags()) as server,
+        consuming(server) as broker,
+    ):
+        record = RedisQoS.append
 
-            def redis_goes_first(self: RedisQoS, message: Any, delivery_tag: str) -> None:
-                server.stop(signal.SIGKILL)
-                record(self, message, delivery_tag)
+        def redis_goes_first(self: RedisQoS, message: Any, delivery_tag: str) -> None:
+            server.stop(signal.SIGKILL)
+            record(self, message, delivery_tag)
 
-            monkeypatch.setattr(RedisQoS, "append", redis_goes_first)
-            with app.producer_or_acquire() as producer:
-                producer.publish(
-                    {"n": 1}, exchange=exchange, routing_key="held", declare=[held], serializer="json"
-                )
-            loop = hub.create_loop()
-            # What the worker's consumer takes for a lost connection.
-            with pytest.raises(redis.ConnectionError):
-                support.wait_for("the delivery", lambda: next(loop) or received, timeout=20)
-            monkeypatch.setattr(RedisQoS, "append", record)
-            assert not received
-            lose_the_connection_as_a_worker_does(app, connection)
+        monkeypatch.setattr(RedisQoS, "append", redis_goes_first)
+        broker.publish()
+        with pytest.raises(redis.ConnectionError):  # what the worker's consumer takes for a lost connection
+            broker.deliver()
+        monkeypatch.setattr(RedisQoS, "append", record)
+        assert not broker.received
+        lose_the_connection_as_a_worker_does(broker.app, broker.connection)
 
-            server.start()
-            # Off its queue, not in the hash: only in this process.
-            assert (client.llen(f"{PREFIX}held"), client.hlen(f"{PREFIX}unacked")) == (0, 0)
-            with app.connection_for_read() as again:
-                again.ensure_connection(max_retries=3)
-                consumer_state = cast(WorkerConsumer, SimpleNamespace(dropped=[]))
-                assert WorkerConsumer.give_back_dropped(consumer_state, again) == 1
-                assert client.llen(f"{PREFIX}held") == 1
-                channel = again.default_channel
-                assert isinstance(channel, RedisChannel)
-                redelivered = channel.basic_get("held")
-                assert redelivered is not None
-                assert redelivered.decode() == {"n": 1}
-                redelivered.ack()
-            assert (client.llen(f"{PREFIX}held"), client.hlen(f"{PREFIX}unacked")) == (0, 0)
-        finally:
-            client.close()
-            connection.release()
-            hub.close()
+        server.start()
+        client = broker.client
+        # Off its queue, not in the hash: only in this process.
+        assert (client.llen(f"{PREFIX}held"), client.hlen(f"{PREFIX}unacked")) == (0, 0)
+        with broker.app.connection_for_read() as again:
+            again.ensure_connection(max_retries=3)
+            consumer_state = cast(WorkerConsumer, SimpleNamespace(dropped=[]))
+            assert WorkerConsumer.give_back_dropped(consumer_state, again) == 1
+            assert client.llen(f"{PREFIX}held") == 1
+            channel = again.default_channel
+            assert isinstance(channel, RedisChannel)
+            redelivered = channel.basic_get("held")
+            assert redelivered is not None
+            assert redelivered.decode() == {"n": 1}
+            redelivered.ack()
+        assert (client.llen(f"{PREFIX}held"), client.hlen(f"{PREFIX}unacked")) == (0, 0)
 
 
 # ------------------------------------------------------------------ a fleet

@@ -135,7 +135,7 @@ class Sender:
         )
 
     def close(self) -> None:
-        self.app.close()
+        support.release_app(self.app)
 
 
 class Supervisor:
