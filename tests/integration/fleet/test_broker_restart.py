@@ -307,6 +307,15 @@ def unacked(client: redis.Redis, prefix: str) -> dict[str, str]:
     return held
 
 
+def held_by_the_server(fleet: Fleet, method: str, *, since: float) -> None:
+    """Wait until the server has received (and holds) at least two ``method`` requests since ``since``."""
+    support.wait_for(
+        f"{method} requests on their way (received by the server, held)",
+        lambda: sum(1 for e in fleet.mcp.log() if e["method"] == method and e["t"] > since) >= 2,
+        timeout=30,
+    )
+
+
 def break_redis(server: support.PrivateRedis, fault: str) -> None:
     if fault == "crash":
         server.restart(signal.SIGKILL)
@@ -355,14 +364,7 @@ def test_workers_and_beat_survive_their_redis_going_away_and_lose_nothing(
                 # hands at once; its members are on their way, on the workers' threads, held by the server.
                 held_from = time.time()
                 fleet.mcp.faults(delay_ms={"tasks/get": HELD_POLL_MS})
-                support.wait_for(
-                    "polls on their way (received by the server, held)",
-                    lambda: (
-                        sum(1 for e in fleet.mcp.log() if e["method"] == "tasks/get" and e["t"] > held_from)
-                        >= 2
-                    ),
-                    timeout=30,
-                )
+                held_by_the_server(fleet, "tasks/get", since=held_from)
                 # Submissions in the workers' hands too: their creates held by the server, so their answers
                 # are stored as Redis goes.
                 fleet.mcp.faults(delay_ms={"tasks/get": HELD_POLL_MS, "tools/call": HELD_POLL_MS})
@@ -371,14 +373,7 @@ def test_workers_and_beat_survive_their_redis_going_away_and_lose_nothing(
                     node: fleet.submit_nowait(node, "slow_report", {"seconds": seconds})
                     for node, seconds in held.items()
                 }
-                support.wait_for(
-                    "creates on their way (received by the server, held)",
-                    lambda: (
-                        sum(1 for e in fleet.mcp.log() if e["method"] == "tools/call" and e["t"] > held_at)
-                        >= 2
-                    ),
-                    timeout=30,
-                )
+                held_by_the_server(fleet, "tools/call", since=held_at)
                 in_hand = unacked(client, broker_prefix)
 
                 break_redis(hot, fault)
