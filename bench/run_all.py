@@ -128,6 +128,14 @@ def model(inputs: dict[str, float], in_flight: int = 100_000, interval_s: float 
         f"  MODEL redis_cores = {redis_cores:,.2f}  (redis_calls_per_s x redis_cpu_us_per_call)",
         f"  MODEL broker_messages_per_s = {broker:,.0f}  (polls/s x broker_messages_per_poll)",
         f"  MODEL dispatchers = {dispatchers:,.1f}  (polls/s / dispatch_rows_per_s_one_dispatcher)",
+        *(
+            [
+                f"  MODEL dispatchers_one_row_per_server = {polls / spread:,.1f}  (polls/s /"
+                " dispatch_rows_per_s_one_row_per_server: every due row on a server of its own)"
+            ]
+            if (spread := inputs.get("dispatch_rows_per_s_one_row_per_server"))
+            else []
+        ),
         f"  MODEL saturates_first = {first}: {single[first]:.1f} x one instance's capacity"
         f" (others: {', '.join(f'{k} {v:.1f} x' for k, v in single.items() if k != first)})",
     ]
