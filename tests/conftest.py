@@ -4,13 +4,14 @@ import contextlib
 import fcntl
 import time
 import uuid
+import weakref
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 import redis
 from celery import Celery
-from celery import _state as celery_state
+from celery.app import base as celery_base
 
 from ledger.migrate import upgrade
 from ledger.repository import Ledger
@@ -79,19 +80,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(autouse=True)
-def release_celery_apps() -> Iterator[None]:
+def release_celery_apps(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The Celery apps a test built in this process have their connections closed as it ends
-    (``support.release_app``): left to the garbage collector, their sockets are reported unclosed in
-    whichever later test it runs, which then fails (warnings are errors)."""
-    before = _celery_apps()
+    (``support.release_app``; ``Celery.close`` leaves them open): left to the garbage collector, their
+    sockets are reported unclosed in whichever later test it runs, which then fails (warnings are errors)."""
+    built: list[weakref.ref[Celery]] = []
+    register = getattr(celery_base, "_register_app")  # noqa: B009 - Celery's, not in its stubs
+
+    def registered(app: Celery) -> None:
+        built.append(weakref.ref(app))
+        register(app)
+
+    monkeypatch.setattr(celery_base, "_register_app", registered)
     yield
-    for app in _celery_apps() - before:
-        support.release_app(app)
-
-
-def _celery_apps() -> set[Celery]:
-    """Every Celery app alive in this process (Celery's own registry of them, not in its stubs)."""
-    return set(getattr(celery_state, "_apps"))  # noqa: B009
+    for ref in built:
+        app = ref()
+        if app is not None:
+            support.release_app(app)
 
 
 @pytest.fixture(scope="session")

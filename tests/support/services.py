@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 import redis
@@ -176,10 +176,16 @@ def release_app(app: Celery) -> None:
     if pool is not None:
         pool.force_close_all()
     backend = getattr(app, "_backend", None)
-    consumer = getattr(backend, "result_consumer", None)
-    if consumer is not None and getattr(consumer, "_pubsub", None) is not None:
+    consumer: Any = getattr(backend, "result_consumer", None)
+    # The Redis backend's consumer waits on a pub/sub, the rpc:// one on a broker connection of its own.
+    if getattr(consumer, "_pubsub", None) is not None:
         consumer.stop()
         consumer._pubsub = None  # a later wait subscribes anew (Celery's consumer starts when it has none)
+    if getattr(consumer, "_connection", None) is not None:
+        with contextlib.suppress(Exception):  # its broker may be gone with the test: closed all the same
+            consumer._consumer.cancel()
+        consumer._connection.close()
+        consumer._connection = consumer._consumer = None
     client = getattr(backend, "__dict__", {}).get("client")
     if client is not None:
         client.connection_pool.disconnect()
