@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from sqlalchemy import (
     ARRAY,
+    BigInteger,
     Float,
     Integer,
     Interval,
@@ -272,14 +273,23 @@ def update_claim_one(with_epoch: bool, cancel_before_create: bool = False) -> An
     )
 
 
-def update_release_claim() -> Any:
-    """Let go of the claim ``claim_cursor`` on ``claim_id`` (its lease cleared, nothing else): the row is
-    due again as it was."""
+def update_release_claims() -> Any:
+    """Let go of the claims ``(:claim_ids[i], :claim_cursors[i])`` in one statement (each lease cleared,
+    nothing else): each row is due again as it was. Returns the ids let go (a claim no longer the row's is
+    left alone)."""
+    claims = (
+        func.unnest(
+            bindparam("claim_ids", type_=ARRAY(OP.c.id.type)),
+            bindparam("claim_cursors", type_=ARRAY(BigInteger())),
+        )
+        .table_valued("id", "cursor")
+        .render_derived(name="claims")
+    )
     return (
         update(OP)
         .where(
-            OP.c.id == bindparam("claim_id"),
-            OP.c.poll_cursor == bindparam("claim_cursor"),
+            OP.c.id == claims.c.id,
+            OP.c.poll_cursor == claims.c.cursor,
             OP.c.lease_until.is_not(None),
         )
         .values(lease_until=None)

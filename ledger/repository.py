@@ -24,7 +24,7 @@ from ledger.claim_statements import (
     update_claim_due,
     update_claim_due_by_server,
     update_claim_one,
-    update_release_claim,
+    update_release_claims,
 )
 from ledger.control import ExecutorControlTransactions
 from ledger.engine import make_engine
@@ -268,11 +268,19 @@ class Ledger(
         fleet that does not own the epoch does with a step message of the owner's it took from a shared
         broker (rule 13): the owner's dispatcher claims the row again at its next tick instead of waiting
         for the lease to run out. False when the claim is not the row's any more."""
+        return op_id in self.hand_back_claims([(op_id, poll_cursor)])
+
+    def hand_back_claims(self, claims: Sequence[tuple[uuid.UUID, int]]) -> set[uuid.UUID]:
+        """:meth:`hand_back_claim` for many ``(op_id, poll_cursor)`` in one statement (the polls a worker
+        process sheds from a batch); the ids let go."""
+        if not claims:
+            return set()
         with self._one_statement() as conn:
-            row = conn.execute(
-                STATEMENTS.get(update_release_claim), {"claim_id": op_id, "claim_cursor": poll_cursor}
-            ).first()
-        return row is not None
+            rows = conn.execute(
+                STATEMENTS.get(update_release_claims),
+                {"claim_ids": [op_id for op_id, _ in claims], "claim_cursors": [c for _, c in claims]},
+            ).all()
+        return {row.id for row in rows}
 
     # accept_terminal: ledger/acceptance.py
 

@@ -26,7 +26,7 @@ from ledger.claim_statements import (
     update_claim_due,
     update_claim_due_by_server,
     update_claim_one,
-    update_release_claim,
+    update_release_claims,
 )
 from ledger.events import EventKind
 from ledger.reasons import ReconciliationReason
@@ -349,9 +349,10 @@ HOT = (
         for before_create in (False, True)
     ),
     Hot(
-        "update_release_claim()",
-        "Hand a claim back without running its step: its lease cleared, nothing else.",
-        update_release_claim,
+        "update_release_claims()",
+        "Hand claims back without running their steps (one, or the polls a worker process sheds): each "
+        "lease cleared, nothing else.",
+        update_release_claims,
     ),
     *(
         Hot(

@@ -303,9 +303,9 @@ class Executor:
         self, batch: PollBatch, members: Sequence[PollMember], rows: Mapping[uuid.UUID, Operation]
     ) -> list[int]:
         """The members this process starts now, by server within its room (``workers.members.admit``);
-        the others are answered DEFERRED (``shed``) at once, their claims handed back (each row is due
-        when its claim set it: the poll skips one round; through a fault, when its lease runs out), and
-        the process says so (once per ten seconds and server)."""
+        the others are answered DEFERRED (``shed``) at once, their claims handed back in one statement per
+        server (each row is due when its claim set it: the poll skips one round; through a fault, when its
+        lease runs out), and the process says so (once per ten seconds and server)."""
         poll_batch = self.rt.settings.poll_batch
         by_server: dict[str, list[int]] = {}
         for index, member in enumerate(members):
@@ -328,13 +328,14 @@ class Executor:
                     server,
                     len(shed),
                 )
-            for index in shed:
-                member = members[index]
+            if shed:
                 try:
-                    self.ledger.hand_back_claim(member.op_id, member.cursor)
+                    self.ledger.hand_back_claims([(members[i].op_id, members[i].cursor) for i in shed])
                 except INFRASTRUCTURE as exc:
-                    log.warning("handing back the claim of %s met %s", member.op_id, describe_fault(exc))
-                step = StepOutcome(member.op_id, StepAction.DEFERRED, None, detail={"shed": True})
+                    # Their leases run out instead: each row is claimed again then.
+                    log.warning("handing back %d shed claims met %s", len(shed), describe_fault(exc))
+            for index in shed:
+                step = StepOutcome(members[index].op_id, StepAction.DEFERRED, None, detail={"shed": True})
                 batch.done(index, step)
         return sorted(admitted)
 

@@ -266,3 +266,35 @@ def test_a_batch_books_its_status_reads_in_one_redis_call(
     )
     assert counted == 12  # both batches' reads, each counted once
     client.close()
+
+
+def test_polls_past_the_process_room_are_shed_and_handed_back_in_one_statement(
+    mcp_executor: tuple[McpServer, Executor], database_url: str, broker_prefix: str
+) -> None:
+    """A worker process runs at most four batches' worth of one server's polls (``workers/members.py``):
+    with a ``poll_batch`` of 1, four. The rest of a batch is answered DEFERRED at once, its claims handed
+    back in one statement: not polled, each row's cursor as claimed and its lease cleared, so the next tick
+    claims it when its claim said."""
+    mcp, executor = mcp_executor
+    ids = _submit(executor, 6)
+    _due_now(executor, ids)
+    claims = _claim(executor, 6)
+    config = executor.rt.settings.config
+    assert config is not None
+    small = Executor(in_process_runtime(database_url, broker_prefix, config, lease_s=30, poll_batch=1))
+    reads_before = sum(1 for e in mcp.log() if e["method"] == "tasks/get")
+    try:
+        with _statements(small) as sent:
+            steps = small.advance_batch([PollMember(d.op_id, d.cursor) for d in claims])
+    finally:
+        small.rt.close()
+
+    shed = [s.op_id for s in steps if s.detail.get("shed")]
+    assert len(shed) == 2, steps
+    assert all(s.action is StepAction.DEFERRED for s in steps if s.op_id in shed)
+    assert sum(1 for e in mcp.log() if e["method"] == "tasks/get") == reads_before + 4
+    assert sum(1 for s in sent if "claim_ids" in s) == 1, [s[:60] for s in sent]  # one hand-back for both
+    cursors = {d.op_id: d.cursor for d in claims}
+    for op_id in shed:
+        op = executor.ledger.get(op_id)
+        assert (op.poll_cursor, op.lease_until, op.last_polled_at) == (cursors[op_id], None, None)
