@@ -165,16 +165,12 @@ class CeleryProcess:
 
 
 def release_app(app: Celery) -> None:
-    """Close the connections a Celery app opened in this process: its broker connections and producers, and
-    its result backend's Redis (the pub/sub an ``AsyncResult.get`` subscribes on included). Celery's own
-    ``close()`` only drops its pool; left to the garbage collector, their sockets are reported unclosed
-    (a ResourceWarning, an error here) in whichever later test the collector happens to run."""
-    producers = getattr(app.amqp, "_producer_pool", None)
-    if producers is not None:
-        producers.force_close_all()
-    pool = getattr(app, "_pool", None)
-    if pool is not None:
-        pool.force_close_all()
+    """Close the connections a Celery app owns in this process: its result backend's Redis (the pub/sub an
+    ``AsyncResult.get`` subscribes on included) or its ``rpc://`` consumer's broker connection. Left to the
+    garbage collector with the app, their sockets are reported unclosed (a ResourceWarning, an error here)
+    in whichever later test it runs. (Its broker connections and producers are kombu's, in pools shared by
+    every app of the same URL in the process, which keep them: those are not the app's to close.) The app
+    stays usable: a later wait connects again."""
     backend = getattr(app, "_backend", None)
     consumer: Any = getattr(backend, "result_consumer", None)
     # The Redis backend's consumer waits on a pub/sub, the rpc:// one on a broker connection of its own.
@@ -186,10 +182,9 @@ def release_app(app: Celery) -> None:
             consumer._consumer.cancel()
         consumer._connection.close()
         consumer._connection = consumer._consumer = None
-    client = getattr(backend, "__dict__", {}).get("client")
-    if client is not None:
-        client.connection_pool.disconnect()
-    app.close()
+    pool = getattr(getattr(backend, "__dict__", {}).get("client"), "connection_pool", None)
+    if pool is not None:
+        pool.disconnect()
 
 
 def child_pids(pid: int) -> list[int]:
