@@ -58,6 +58,7 @@ from workers.hot import (
     RedisClient,
     SlotMeter,
     burst_for,
+    hold_key,
     server_tag,
 )
 from workers.settings import ServerConfig
@@ -102,7 +103,9 @@ REDIS_PAUSE_S = 1.0
 #: not one Redis call each. A hold recorded by this process (:meth:`ServerBudgets.hold`) is seen at once.
 HOLD_RECHECK_S = 0.1
 
-#: The holds this process recorded: server -> when its hold ends (``time.monotonic``).
+#: The holds this process recorded: the hold's key (its fleet's prefix and server, ``workers.hot.hold_key``)
+#: -> when it ends (``time.monotonic``). Two fleets in one process (an embedding app, the tests) do not share
+#: their servers' holds.
 _held_here: dict[str, float] = {}
 
 #: The header naming the bucket a request was charged to (``poll`` or ``control``).
@@ -210,9 +213,13 @@ class ServerBudgets:
         config = self.server(server)
         return config.poll_qps if bucket == "poll" else config.control_qps
 
+    def held_here(self, server: str) -> float:
+        """When the hold this process recorded for ``server`` ends (``time.monotonic``; 0: none)."""
+        return _held_here.get(hold_key(self.hot.prefix, server), 0.0)
+
     def held_s(self, server: str) -> float:
         """The seconds ``server``'s hold has left: this process's own record of one first, else Redis's."""
-        here = _held_here.get(server, 0.0) - time.monotonic()
+        here = self.held_here(server) - time.monotonic()
         if here > 0:
             return here
         return self.hot.held_s(server)
@@ -235,7 +242,8 @@ class ServerBudgets:
         wait = server_wait_s(exc)
         if wait is None:
             return
-        _held_here[server] = max(_held_here.get(server, 0.0), time.monotonic() + wait)
+        key = hold_key(self.hot.prefix, server)
+        _held_here[key] = max(_held_here.get(key, 0.0), time.monotonic() + wait)
         try:
             left = self.hot.hold(server, wait)
         except redis.RedisError:
@@ -320,7 +328,7 @@ class BookedSlots:
                     raise NoToken(REDIS_PAUSE_S) from exc
                 self._held_at = now
                 return self._held_s
-            return max(self._held_s - (now - self._held_at), _held_here.get(self.server, 0.0) - now)
+            return max(self._held_s - (now - self._held_at), self.budgets.held_here(self.server) - now)
 
 
 def late_slot_s(rate_per_s: float) -> float:

@@ -233,3 +233,20 @@ def test_a_member_that_comes_too_late_to_its_slot_takes_a_token_of_its_own(
     started = time.monotonic()
     on_time.budget(0).charge()  # its slot, about one interval on: waited for, then sent on it
     assert time.monotonic() - started == pytest.approx(on_time.delays_s[0], abs=0.05)
+
+
+def test_a_hold_this_process_recorded_is_its_fleets_not_another_fleets(
+    redis_client: redis.Redis, broker_prefix: str
+) -> None:
+    """A process keeps the holds it recorded, so that its own requests meet them at once; two fleets in one
+    process (an embedding app; the tests' fleets, one prefix each) name the same server, and one's hold is
+    not the other's (before: kept by server name alone, a hold one test recorded refused a later test's
+    slot: CI's failure of the late-slot test)."""
+    held = _budgets(redis_client, broker_prefix, poll_qps=2.0)
+    other = _budgets(redis_client, f"{broker_prefix}other:", poll_qps=2.0)
+    held.hold("reports", RateLimited("429", retry_after=5))
+    assert held.held_s("reports") > 4
+    assert other.held_s("reports") == 0
+    booked = other.book_slots("reports", "poll", [0.0, 0.0])
+    for index in range(len(booked.delays_s)):
+        booked.budget(index).charge()  # none refused for the other fleet's hold
