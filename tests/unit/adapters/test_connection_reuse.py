@@ -38,6 +38,10 @@ class _CountingServer(http.server.ThreadingHTTPServer):
     """Counts the connections it accepts; holds each answer until ``BATCH`` requests are waiting."""
 
     daemon_threads = True
+    # The listen backlog: a batch's connections arrive at once (socketserver's default of 5 drops the rest
+    # of the SYNs, retried a second and more later: under CI's load, past the batch's wait, which then
+    # fails every request of the batch with "Server disconnected").
+    request_queue_size = 4 * BATCH
 
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _BatchHandler)
