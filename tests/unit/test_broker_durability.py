@@ -5,10 +5,10 @@ from __future__ import annotations
 import warnings
 
 import pytest
-from celery import Celery
+from celery import Celery, signals
 from kombu.transport.redis import Transport
 
-from workers.app import BROKER_SOCKET_TIMEOUT_S, celery_config, create_app, is_amqp
+from workers.app import BROKER_SOCKET_TIMEOUT_S, RESULT_STORE_TRIES, celery_config, create_app, is_amqp
 from workers.settings import Settings
 
 
@@ -53,3 +53,25 @@ def test_each_app_runs_its_own_tasks_and_no_other_app_gets_them() -> None:
     assert first.tasks["longcall.submit"].app is first
     assert second.tasks["longcall.submit"].app is second
     assert not [name for name in other.tasks if name.startswith("longcall.")]
+
+
+def test_an_answer_not_stored_past_its_retries_is_reported_at_error(caplog: pytest.LogCaptureFixture) -> None:
+    """Celery stores a task's answer after its body, tried again through a result backend fault for
+    ``RESULT_STORE_TRIES``; past them it only warns ("Exception raised outside body") and acknowledges the
+    message. The app tells an operator at ERROR which task's answer is missing and where the outcome is."""
+    settings = Settings(broker_url="redis://127.0.0.1:6379/0")
+    config = celery_config(settings)
+    assert config["result_backend_always_retry"] is True
+    assert config["result_backend_max_retries"] == RESULT_STORE_TRIES
+    assert config["redis_socket_timeout"] == config["redis_socket_connect_timeout"] == BROKER_SOCKET_TIMEOUT_S
+    app, other = create_app(settings), create_app(settings)
+    with caplog.at_level("ERROR", logger="longcall"):
+        signals.task_internal_error.send(
+            sender=app.tasks["longcall.submit"], task_id="t-1", exception=ConnectionError("Redis is away")
+        )
+    [record] = [r for r in caplog.records if "failed outside its body" in r.getMessage()]
+    assert record.levelname == "ERROR"
+    assert "longcall.submit[t-1]" in record.getMessage()
+    assert "ConnectionError: Redis is away" in record.getMessage()
+    assert "the ledger keeps the outcome" in record.getMessage()
+    del other  # another app's handler says nothing of this app's task: one line, not two
