@@ -109,6 +109,8 @@ class RedisQoS(kombu_redis.QoS):
         """Put the messages in :data:`UNRECORDED` back at the front of their queues, each out of the unacked
         hash in the same transaction; how many went back. A connection error leaves the rest for the next
         connect."""
+        if not UNRECORDED:
+            return 0
         channel = cast("RedisChannel", self.channel)
         given = 0
         with channel.conn_or_acquire() as client:

@@ -321,14 +321,14 @@ class Executor:
             )
             admitted += indexes[:room]
             shed = indexes[room:]
-            if shed and member_threads.say_shed(server):
-                log.warning(
-                    "this process runs all the polls it can (%s: %d shed); they are due again when their"
-                    " claims said",
-                    server,
-                    len(shed),
-                )
             if shed:
+                if member_threads.say_shed(server):
+                    log.warning(
+                        "this process runs all the polls it can (%s: %d shed); they are due again when"
+                        " their claims said",
+                        server,
+                        len(shed),
+                    )
                 try:
                     self.ledger.hand_back_claims([(members[i].op_id, members[i].cursor) for i in shed])
                 except INFRASTRUCTURE as exc:

@@ -368,4 +368,3 @@ def running_fleet(
     finally:
         for process in [*fleet.processes, mcp.process]:
             process.stop()
-        support.release_app(fleet.pipeline)
