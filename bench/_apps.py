@@ -247,6 +247,27 @@ def count_redis_commands(directory: str, port: int) -> None:
     AbstractConnection.pack_commands = counted_pack_commands  # type: ignore[method-assign]
 
 
+def record_sends(directory: str) -> None:
+    """Record the moment each request charged to a budget leaves this worker's processes (``soak.py``: the
+    requests per second the workers sent, beside the server's log of when it handled them): one line per
+    request, ``<time> <budget>``, in ``<pid>.sent``, taken as httpx2's transport is handed the request (its
+    ``Longcall-Budget`` header names the budget; requests without one are not recorded)."""
+    import httpx2  # noqa: PLC0415 - only when asked
+
+    from workers.budget import BUDGET_HEADER  # noqa: PLC0415
+
+    log = _LineLog(directory, ".sent")
+    handle_request: Any = httpx2.HTTPTransport.handle_request
+
+    def recorded_handle_request(self: Any, request: httpx2.Request) -> Any:
+        budget = request.headers.get(BUDGET_HEADER)
+        if budget is not None:
+            log.add(f"{time.time():.6f} {budget}\n")
+        return handle_request(self, request)
+
+    httpx2.HTTPTransport.handle_request = recorded_handle_request  # type: ignore[method-assign]
+
+
 if "BENCH_PROFILE_DIR" in os.environ:
     profile_worker_processes(os.environ["BENCH_PROFILE_DIR"])
 
@@ -259,6 +280,9 @@ if "BENCH_REDIS_COUNT_DIR" in os.environ:
     count_redis_commands(
         os.environ["BENCH_REDIS_COUNT_DIR"], urlsplit(os.environ["LONGCALL_REDIS_URL"]).port or 6379
     )
+
+if "BENCH_SEND_DIR" in os.environ:
+    record_sends(os.environ["BENCH_SEND_DIR"])
 
 if "BENCH_LONGCALL_NOOP" in os.environ:
     from workers.app import app as longcall

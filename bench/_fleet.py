@@ -219,6 +219,12 @@ def fleet_config(server_url: str, qps: float) -> str:
     )
 
 
+def send_dir(log_dir: Path) -> Path:
+    """Where the longcall workers' processes write one line per request they send (``bench/_apps.py``
+    ``record_sends``)."""
+    return log_dir / "sent"
+
+
 def tx_dir(log_dir: Path) -> Path:
     """Where the longcall workers' processes write one line per ledger commit (``bench/_apps.py``
     ``count_ledger_commits``)."""
@@ -289,11 +295,17 @@ def longcall_env(svc: Services, config: Path) -> dict[str, str]:
 
 @contextlib.contextmanager
 def running_fleet(
-    args: argparse.Namespace, log_dir: Path, svc: Services, *, count_calls: bool = False
+    args: argparse.Namespace,
+    log_dir: Path,
+    svc: Services,
+    *,
+    count_calls: bool = False,
+    record_sends: bool = False,
 ) -> Iterator[Fleet]:
     """The MCP server, the longcall workers and beat, and the pipeline worker; all stopped on the way out.
     With ``count_calls``, the longcall workers' processes record every ledger transaction and every command
-    they send to longcall's Redis (:func:`tx_dir`; about 5 us of worker CPU each)."""
+    they send to longcall's Redis (:func:`tx_dir`; about 5 us of worker CPU each). With ``record_sends``, the
+    moment each request charged to a budget leaves them (:func:`send_dir`)."""
     children: dict[str, Child] = {}
     client: Celery | None = None
     try:
@@ -306,10 +318,13 @@ def running_fleet(
             name="mcp",
             ready=listening(control),
         )
-        counting = {}
+        counting: dict[str, str] = {}
         if count_calls:
             tx_dir(log_dir).mkdir(exist_ok=True)
             counting = {"BENCH_TX_DIR": str(tx_dir(log_dir)), "BENCH_REDIS_COUNT_DIR": str(tx_dir(log_dir))}
+        if record_sends:
+            send_dir(log_dir).mkdir(exist_ok=True)
+            counting["BENCH_SEND_DIR"] = str(send_dir(log_dir))
         config = log_dir / "longcall.toml"
         config.write_text(fleet_config(f"http://127.0.0.1:{port}/mcp", args.qps))
         sink = f"{svc.prefix}sink"

@@ -21,13 +21,16 @@ Over the window:
   fetch and a receipt each, are in it too); every other part's CPU per poll is printed beside it;
 * detection lag: ``--sample`` operations WORKING are completed on the server at instants spread over the
   window (``bench/_lag.py``), each lag from the server's completion to the ledger's ``terminal_observed``;
-* the QPS caps: the most requests of each budget (the ``Longcall-Budget`` header) the server received in
-  any one-second window (sliding), against ``--qps``;
+* the QPS caps: the most requests of each budget (the ``Longcall-Budget`` header) the workers sent in any
+  one-second window (sliding), against ``--qps`` (the moment each request is handed to httpx2's transport,
+  ``bench/_apps.py`` ``record_sends``), and beside it the most the server's log stamped in one: the demo
+  server stamps a request when it handles it, and sharing two cores with the fleet it falls behind and
+  handles a backlog at once (a tcpdump of the loopback found the wire within 1 % of the workers' figure);
 * the fleet's RSS (the longcall worker processes with their children, and beat), read every few seconds:
   the mean of the window's last third against the mean of its first third.
 
 Targets: ``soak.in_flight >= --ops``, ``soak.lag_p99 <= interval + 1 s``, ``soak.qps_cap`` (the highest
-requests/s of each budget over its cap: <= 1), ``soak.rss_flat`` (growth <= 10 %).
+requests/s sent of each budget over its cap: <= 1), ``soak.rss_flat`` (growth <= 10 %).
 
 Run: ``.venv/bin/python bench/soak.py [--quick] [--json]`` (``--quick``: 1,000 in flight at 5 s for 40 s)
 """
@@ -48,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
-from _fleet import Fleet, running_fleet, services
+from _fleet import Fleet, running_fleet, send_dir, services
 from _harness import alarm, log_directory, percentile, raise_on_sigterm, target, wait_for
 from _lag import Sample, finish_spread, lags, working, working_count
 from scaling import peak_per_second
@@ -61,8 +64,9 @@ SERVER = "reports"
 RSS_GROWTH = 0.10
 #: How often the in-flight count and the RSS are read in the window.
 READ_EVERY_S = 5.0
-#: A ``longcall.poll`` answer in a worker's log: a batch's actions, or one operation's.
-BATCH_ACTIONS = re.compile(r"'actions': \{([^}]*)\}")
+#: A batch's actions in a worker's log (``workers/tasks.py``, logged once its members are done), or a
+#: one-operation ``longcall.poll``'s answer.
+BATCH_ACTIONS = re.compile(r"a batch of \d+ polls is done: \{([^}]*)\}")
 ACTION_COUNT = re.compile(r"'(\w+)': (\d+)")
 SINGLE_ACTION = re.compile(r"'action': '(\w+)'")
 
@@ -117,12 +121,10 @@ def poll_actions(fleet: Fleet) -> collections.Counter[str]:
         if not name.startswith("longcall"):
             continue
         for line in child.log().splitlines():
-            if "Task longcall.poll[" not in line or " succeeded in " not in line:
-                continue
             if batch := BATCH_ACTIONS.search(line):
                 for action, count in ACTION_COUNT.findall(batch.group(1)):
                     actions[action] += int(count)
-            elif single := SINGLE_ACTION.search(line):
+            elif "Task longcall.poll[" in line and (single := SINGLE_ACTION.search(line)):
                 actions[single.group(1)] += 1
     return actions
 
@@ -150,7 +152,10 @@ def ramp(fleet: Fleet, prefix: str, total: int, timeout: float) -> float:
 def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     prefix = f"soak{uuid.uuid4().hex[:6]}-"
     interval_s = args.poll_interval_ms / 1000
-    with services(args, log_dir) as svc, running_fleet(args, log_dir, svc) as fleet:
+    with (
+        services(args, log_dir) as svc,
+        running_fleet(args, log_dir, svc, record_sends=True) as fleet,
+    ):
         print(f"fleet up: {args.workers} longcall workers x {args.concurrency}, beat, pipeline", flush=True)
         time.sleep(2.0)  # beat's first ticks
         idle0, idle_t0 = fleet.cpu()["longcall workers"], time.time()
@@ -195,6 +200,7 @@ def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     for entry in log:
         if started <= entry["t"] <= ended:
             by_budget.setdefault(str(entry["budget"]), []).append(float(entry["t"]))
+    sent = sent_by_budget(send_dir(log_dir), started, ended)
     return {
         "ops": args.ops,
         "sample": len(members),
@@ -219,10 +225,22 @@ def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         "unobserved": sample_lags.unobserved,
         "refused": len(sample.refused),
         "peak_per_s": {budget: peak_per_second(times) for budget, times in by_budget.items()},
+        "sent_peak_per_s": {budget: peak_per_second(times) for budget, times in sent.items()},
         "rss": [size for _, size in readings.rss],
         "server_rss": readings.server_rss,
         "load_average": load,
     }
+
+
+def sent_by_budget(directory: Path, start: float, end: float) -> dict[str, list[float]]:
+    """When the workers sent each request of the window, by budget (``bench/_apps.py`` ``record_sends``)."""
+    sent: dict[str, list[float]] = {}
+    for path in directory.glob("*.sent"):
+        for line in path.read_text().splitlines():
+            moment, budget = line.split()
+            if start <= float(moment) <= end:
+                sent.setdefault(budget, []).append(float(moment))
+    return sent
 
 
 def per_second(times: list[float], start: float, end: float) -> list[int]:
@@ -247,7 +265,10 @@ def report(r: dict[str, Any]) -> bool:
     p50, p99 = percentile(lags_s, 50), percentile(lags_s, 99)
     first, last = thirds(r["rss"])
     growth = last / first - 1 if first else float("inf")
-    caps = {budget: peak / r["qps"] for budget, peak in r["peak_per_s"].items()}
+    # The cap is held to what the workers sent (the moment httpx2's transport is handed each request). On this
+    # machine the server's own stamps are no measure of it: a tcpdump of a 5,000 run found the requests on
+    # the wire within 1 % of the workers' figure (541 in a second against 536), and the server's log 821.
+    caps = {budget: peak / r["qps"] for budget, peak in r["sent_peak_per_s"].items()}
     worst = max(caps, key=lambda b: caps[b]) if caps else "none"
     print(
         f"\nsoak: {r['ops']:,} operations in flight (+{r['sample']} completed in the window), poll interval"
@@ -290,8 +311,13 @@ def report(r: dict[str, Any]) -> bool:
         f" over {len(lags_s)} completions ({len(r['unobserved'])} not observed within the wait, each at its"
         f" lower bound; {r['refused']} refused by the server)"
     )
+    sent = ", ".join(f"{b} {n} ({n / r['qps']:.2f} x cap)" for b, n in sorted(r["sent_peak_per_s"].items()))
+    print(f"  highest requests in any 1 s by budget, as the workers sent them: {sent}")
     peaks = ", ".join(f"{b} {n} ({n / r['qps']:.2f} x cap)" for b, n in sorted(r["peak_per_s"].items()))
-    print(f"  highest requests in any 1 s by budget: {peaks}")
+    print(
+        f"  ... as the server's log stamped them: {peaks} (it stamps a request when it handles it: a server"
+        " that shares the fleet's cores and falls behind handles its backlog at once)"
+    )
     mib = [f"{size / 2**20:.0f}" for size in r["rss"]]
     print(
         f"  fleet RSS (MiB, every {READ_EVERY_S:g} s): {' '.join(mib)}; first third {first / 2**20:.1f},"
@@ -301,7 +327,7 @@ def report(r: dict[str, Any]) -> bool:
     print()
     ok = target("soak.in_flight", r["in_flight_min"], ">=", r["ops"])
     ok &= target("soak.lag_p99", p99, "<=", interval_s + 1, " s")
-    print(f"  (the QPS cap figure: the {worst} budget's highest requests in any 1 s over its cap)")
+    print(f"  (the QPS cap figure: the {worst} budget's highest requests sent in any 1 s over its cap)")
     ok &= target("soak.qps_cap", caps.get(worst, 0.0), "<=", 1.0, "x")
     ok &= target("soak.rss_flat", 100 * growth, "<=", 100 * RSS_GROWTH, " %")
     return ok
