@@ -794,6 +794,9 @@ def figures(
             "cpu_ms_per_poll": u_cpu_ms,
             "cpu_ms_per_poll_raw": u_cpu_raw_ms,
             "ledger_tx_per_poll": (u1.xact - u0.xact - idle_xact * u_s) / u_polls,
+            # Connections made to the run's database in the window (each one's start is a transaction).
+            "sessions": u1.sessions - u0.sessions,
+            "xact_commit": u1.xact - u0.xact,
             # The workers' commits seen as made, net of each caller's idle rate (see the burst's figure).
             "ledger_commits_per_poll": (
                 sum(u["commits"].values()) - sum(idle_commits.values()) / idle_s * u_s
@@ -995,7 +998,8 @@ def report_unchanged(f: dict[str, Any]) -> bool:
     print(f"  CPU ms per unchanged poll, net of idle (dispatch ticks included): {cpu}")
     print(
         f"  per unchanged poll: ledger transactions {u['ledger_tx_per_poll']:.2f} (xact_commit;"
-        f" the workers' commits seen as made: {u['ledger_commits_per_poll']:.2f}), Redis calls"
+        f" the workers' commits seen as made: {u['ledger_commits_per_poll']:.2f}; the server counted"
+        f" {u['xact_commit']} in the window, {u['sessions']} connections opened), Redis calls"
         f" {u['redis_calls_per_poll']:.1f}, broker messages {u['broker_messages_per_poll']:.2f},"
         f" tool_operation row updates {u['operation_row_updates_per_poll']:.2f}, event rows written"
         f" {u['event_rows']} in the window"

@@ -405,6 +405,19 @@ class RoutingDecision(Base):
     __table_args__ = (CheckConstraint("percent >= 0 AND percent <= 100", name="percent_in_range"),)
 
 
+class CallNodeCancel(Base):
+    """A cancel asked for by call node id before the call node had an operation (``longcall.cancel`` with
+    ``call_node_id``): recorded under the call node's submission lock, and taken by the call node's first
+    submission, in the transaction that inserts its row, which is then born with the intent (its cancel
+    generation bumped: it ends cancelled without a create). A pipeline that cancels as it submits loses no
+    cancel to the order its two messages were taken in."""
+
+    __tablename__ = "call_node_cancel"
+
+    call_node_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    requested_at: Mapped[dt.datetime] = mapped_column(Timestamp, server_default=func.now())
+
+
 class SimulationRun(Base):
     """One run of ``longcall gate simulate``: what the launch gate reads of the simulation."""
 

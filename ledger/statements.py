@@ -42,6 +42,7 @@ OUTBOX = cast(Table, models.Outbox.__table__)
 RECON = cast(Table, models.Reconciliation.__table__)
 CONTROL = cast(Table, models.ExecutorControl.__table__)
 CONTROL_AUDIT = cast(Table, models.ExecutorControlAudit.__table__)
+CALL_NODE_CANCEL = cast(Table, models.CallNodeCancel.__table__)
 
 
 _Built = TypeVar("_Built")

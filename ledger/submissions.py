@@ -10,13 +10,15 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sqlalchemy import Connection, Row, func, literal, select
+from sqlalchemy import Connection, Row, delete, func, insert, literal, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from ledger.control import CANARY_PERCENT, ExecutorControlTransactions, read_control
 from ledger.errors import AdapterDisabled, AdmissionClosed, CallNodeConflict, NotAdmitted
+from ledger.events import EventKind
 from ledger.records import NewOperation, Operation, Submission, adapter_key
 from ledger.routing import RECORDED_DECISION, RecordedDecision, read_decision, record_decision
-from ledger.statements import STATEMENTS, select_operation_by_call_node
+from ledger.statements import CALL_NODE_CANCEL, EVENT, OP, STATEMENTS, select_operation_by_call_node
 from ledger.write_statements import insert_operation
 
 
@@ -78,7 +80,9 @@ class Submissions(ExecutorControlTransactions):
                 # ``admit``, the usual case, a new call node, costs no read first.
                 row = insert_submitted(conn, new, execution_epoch=control.execution_epoch, lease_s=lease_s)
                 if row is not None:
-                    # The ``submitted`` event went in with the row, in the same statement.
+                    # The ``submitted`` event went in with the row, in the same statement; a cancel asked
+                    # for by call node id before it is taken now, under the same lock.
+                    row = take_call_node_cancel(conn, row)
                     return Submission(Operation.from_row(row), created=True)
             if not_admitted is None:
                 existing = self._find_by_call_node(conn, new.call_node_id)
@@ -94,6 +98,23 @@ class Submissions(ExecutorControlTransactions):
                 return Submission(existing, created=False)
         # Committed: the "not routed" decision (and nothing else) is recorded.
         raise not_admitted
+
+    def cancel_call_node(self, call_node_id: str) -> Operation | None:
+        """A cancel asked for by call node id: the call node's operation, to record the intent on as for a
+        cancel by op id; or, when the call node has none yet, the intent recorded for its first submission
+        (``call_node_cancel``), which inserts its row with the intent (:func:`take_call_node_cancel`), and
+        None. Under the call node's submission lock: a submission decided at the same moment either comes
+        first (its operation is answered here) or finds the intent. Asking twice records it once."""
+        with self._tx() as conn:
+            lock_submission(conn, call_node_id)
+            op = self._find_by_call_node(conn, call_node_id)
+            if op is None:
+                conn.execute(
+                    pg_insert(CALL_NODE_CANCEL)
+                    .values(call_node_id=call_node_id)
+                    .on_conflict_do_nothing(index_elements=[CALL_NODE_CANCEL.c.call_node_id])
+                )
+            return op
 
     @staticmethod
     def _find_by_call_node(conn: Connection, call_node_id: str) -> Operation | None:
@@ -134,6 +155,47 @@ def insert_submitted(
             "event_detail": {"server": new.server},
         },
     ).first()
+
+
+def take_call_node_cancel(conn: Connection, row: Row[Any]) -> Row[Any]:
+    """The SUBMITTING ``row`` just inserted, with the cancel asked for by its call node id before it
+    (``Ledger.cancel_call_node``) taken, if there was one: its generation bumped and a ``cancel_requested``
+    event written, as ``record_cancel_intent`` records a cancel that waits for a remote operation; no create
+    was attempted, so its submit step ends it cancelled without one. The caller holds the call node's
+    submission lock, in the transaction that inserted the row."""
+    taken = conn.execute(
+        delete(CALL_NODE_CANCEL)
+        .where(CALL_NODE_CANCEL.c.call_node_id == row.call_node_id)
+        .returning(CALL_NODE_CANCEL.c.requested_at)
+    ).first()
+    if taken is None:
+        return row
+    moved = conn.execute(
+        update(OP)
+        .where(OP.c.id == row.id)
+        .values(cancel_generation=OP.c.cancel_generation + 1, event_seq=OP.c.event_seq + 1)
+        .returning(*OP.c)
+    ).one()
+    conn.execute(
+        insert(EVENT).values(
+            op_id=moved.id,
+            seq=moved.event_seq,
+            kind=EventKind.CANCEL_REQUESTED.value,
+            from_state=moved.state,
+            to_state=None,
+            server_state=moved.server_state,
+            poll_cursor=moved.poll_cursor,
+            cancel_generation=moved.cancel_generation,
+            execution_epoch=moved.execution_epoch,
+            detail={
+                "generation": moved.cancel_generation,
+                "by_call_node_id": True,
+                "requested_at": taken.requested_at.isoformat(),
+                "waits_for": "nothing: no create was attempted",
+            },
+        )
+    )
+    return moved
 
 
 def _admit_and_record(

@@ -174,6 +174,17 @@ class Executor:
         is, then its request sent (:meth:`request_cancel`)."""
         return tries(f"longcall.cancel of {op_id}", lambda: self.request_cancel(op_id))
 
+    def take_cancel_of_call_node(self, call_node_id: str, *, tries: Tries = once) -> StepOutcome | None:
+        """``longcall.cancel`` by a pipeline's call node id, tried as :meth:`take_cancel` is: the call node's
+        operation cancelled as by its op id; None when it has none yet: the intent is then recorded for the
+        call node's first submission (``Ledger.cancel_call_node``), which ends it cancelled, never created."""
+
+        def run() -> StepOutcome | None:
+            op = self.ledger.cancel_call_node(call_node_id)
+            return None if op is None else self.request_cancel(op.id)
+
+        return tries(f"longcall.cancel of call node {call_node_id!r}", run)
+
     def take_reply(
         self, op_id: uuid.UUID, input_round: int, response: Mapping[str, Any], *, tries: Tries = once
     ) -> StepOutcome:

@@ -290,6 +290,11 @@ def parse_legacy_outcome(kwargs: Mapping[str, Any], *, max_body_bytes: int) -> L
     )
 
 
+def call_node_name(value: Any) -> str:
+    """A call node id, checked as a submission's is (:class:`InvalidSubmission` with the reason)."""
+    return _name("call_node_id", value)
+
+
 def _name(field: str, value: Any) -> str:
     if not isinstance(value, str):
         raise InvalidSubmission(f"{field} must be a string, got {type(value).__name__}")

@@ -33,9 +33,9 @@ from workers.errors import (
 from workers.executor import Dispatch, Executor, PollMember, submit_answer
 from workers.replies import check_reply
 from workers.runtime import RuntimeHolder
-from workers.steps.context import StepOutcome
+from workers.steps.context import StepAction, StepOutcome
 from workers.steps.dispatch import messages
-from workers.submission import NotRouted
+from workers.submission import NotRouted, call_node_name
 from workers.task_faults import intent_tries
 
 __all__ = ["RequestRefused", "SubmissionRefused", "publish_dispatches", "register_tasks"]
@@ -86,6 +86,53 @@ def _op_id(value: Any) -> uuid.UUID:
         return uuid.UUID(str(value))
     except ValueError:
         raise RequestRefused(f"op_id {value!r} is not an operation id (a UUID)") from None
+
+
+def _cancel(
+    app: Celery,
+    holder: RuntimeHolder,
+    task: Task[Any, Any],
+    executor: Executor,
+    *,
+    op_id: str | None,
+    cursor: int | None,
+    call_node_id: str | None,
+) -> dict[str, Any]:
+    """``longcall.cancel``'s body (see the task)."""
+    if (op_id is None) == (call_node_id is None):
+        raise RequestRefused("longcall.cancel takes op_id or call_node_id (one of them)")
+    tries = intent_tries(task, holder.get().settings)
+    try:
+        if call_node_id is not None:
+            if cursor is not None:
+                raise RequestRefused("longcall.cancel takes a cursor with an op_id only")
+            node = _call_node_id(call_node_id)
+            step = executor.take_cancel_of_call_node(node, tries=tries)
+            if step is None:
+                waits = "the call node's submission: it is ended cancelled, never created"
+                return {
+                    "op_id": None,
+                    "call_node_id": node,
+                    "action": StepAction.CANCEL_RECORDED.value,
+                    "state": None,
+                    "detail": {"waits_for": waits},
+                }
+        elif cursor is None:
+            step = executor.take_cancel(_op_id(op_id), tries=tries)
+        else:
+            step = executor.send_cancel(_op_id(op_id), int(cursor))
+    except (NotCancellable, OperationNotFound) as exc:
+        raise RequestRefused(str(exc)) from None
+    follow(app, holder, step)
+    return step.as_dict()
+
+
+def _call_node_id(value: Any) -> str:
+    """A call node id as a submission's is checked (``workers.submission``), refused with the same reason."""
+    try:
+        return call_node_name(value)
+    except InvalidSubmission as exc:
+        raise RequestRefused(str(exc)) from None
 
 
 def _members(ops: Any) -> list[PollMember]:
@@ -165,19 +212,18 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:
         return step.as_dict()
 
     @app.task(name="longcall.cancel", shared=False, bind=True, max_retries=None)
-    def cancel(self: Task[Any, Any], op_id: str, cursor: int | None = None) -> dict[str, Any]:
-        """With ``op_id`` alone: an operator's or pipeline's cancel request (its intent tried again through
-        a fault until it is recorded). With a cursor: the dispatcher sending (again) the protocol request of
-        a cancel already recorded (a fault leaves it to the dispatcher, which claims it again)."""
-        try:
-            if cursor is None:
-                step = executor().take_cancel(_op_id(op_id), tries=intent_tries(self, holder.get().settings))
-            else:
-                step = executor().send_cancel(_op_id(op_id), int(cursor))
-        except (NotCancellable, OperationNotFound) as exc:
-            raise RequestRefused(str(exc)) from None
-        follow(app, holder, step)
-        return step.as_dict()
+    def cancel(
+        self: Task[Any, Any],
+        op_id: str | None = None,
+        cursor: int | None = None,
+        call_node_id: str | None = None,
+    ) -> dict[str, Any]:
+        """With ``op_id`` or ``call_node_id`` alone: an operator's or pipeline's cancel request (its intent
+        tried again through a fault until it is recorded). A call node with no operation yet has the intent
+        recorded for its first submission, which is then ended cancelled without a create (the answer's
+        ``op_id`` is None). With a cursor (and an ``op_id``): the dispatcher sending (again) the protocol
+        request of a cancel already recorded (a fault leaves it to the dispatcher, which claims it again)."""
+        return _cancel(app, holder, self, executor(), op_id=op_id, cursor=cursor, call_node_id=call_node_id)
 
     @app.task(name="longcall.provide_input", shared=False, bind=True, max_retries=None)
     def provide_input(self: Task[Any, Any], op_id: str, input_round: int, response: Any) -> dict[str, Any]:
