@@ -16,6 +16,7 @@ from beat_schedule import beat_schedule
 from workers import celery_logs, members
 from workers.broker import CONSUMER as REDIS_CONSUMER
 from workers.broker import TRANSPORT as REDIS_TRANSPORT
+from workers.client import TASK_ROUTES
 from workers.delivery import CELERY_DELIVERY
 from workers.errors import ConfigError
 from workers.faults import describe_fault
@@ -31,17 +32,8 @@ MEMBERS_SHUTDOWN_S = 10.0
 
 QUEUES = ("longcall.control", "longcall.poll", "longcall.outbox")
 
-ROUTES = {
-    "longcall.submit": "longcall.control",
-    "longcall.cancel": "longcall.control",
-    "longcall.fetch_result": "longcall.control",
-    "longcall.provide_input": "longcall.control",
-    "longcall.reconcile": "longcall.control",
-    "longcall.dispatch_due": "longcall.control",
-    "longcall.record_legacy_outcome": "longcall.control",
-    "longcall.poll": "longcall.poll",
-    "longcall.drain_outbox": "longcall.outbox",
-}
+#: Each task's queue: the pipeline's client routes by the same map (``workers/client.py``).
+ROUTES = {name: route["queue"] for name, route in TASK_ROUTES.items()}
 
 
 #: Seconds a broker command (a publish, an ack, a confirm) or connect may take before it fails and is retried.
@@ -147,7 +139,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_prefetch_multiplier": 1,
         "task_queues": [Queue(name, routing_key=name) for name in QUEUES],
         "task_default_queue": "longcall.control",
-        "task_routes": {name: {"queue": queue, "routing_key": queue} for name, queue in ROUTES.items()},
+        "task_routes": {name: dict(route) for name, route in TASK_ROUTES.items()},
         # Flower sees what the fleet does.
         # (No task-sent events: one more publish per message, and Flower has the workers' own events.)
         "worker_send_task_events": True,

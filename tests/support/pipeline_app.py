@@ -52,6 +52,15 @@ def make_app(broker_url: str, keyprefix: str, sink: str, redis_url: str | None =
             finally:
                 client.close()
 
+    @app.task(name="pipeline.record_any", bind=True, shared=False)
+    def record_any(self: Task[Any, Any], /, *args: Any, **kwargs: Any) -> str:
+        """Records the call with its positional arguments (a chain's later link receives what the link
+        before it returned) and returns its own task id, for the link after it."""
+        client = redis.Redis.from_url(store)
+        client.rpush(sink, json.dumps({"task_id": self.request.id, "args": list(args), "kwargs": kwargs}))
+        client.close()
+        return str(self.request.id)
+
     @app.task(name="pipeline.check_digest", bind=True, shared=False)
     def check_digest(self: Task[Any, Any], /, receipt: dict[str, Any]) -> None:
         """Recomputes the receipt's digest over the ``result`` it received, with the recipe a consumer
