@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -202,7 +203,8 @@ def lookup_operation(ref: str) -> Operation:
 
 
 def find_operation(ledger: Ledger, ref: str) -> Operation:
-    """An operation by op id, submission key, call node id, or SERVER:REMOTE_ID (in that order)."""
+    """An operation by op id, submission key, call node id, SERVER:REMOTE_ID, or the start of its op id (8
+    characters or more, naming one operation), in that order."""
     op: Operation | None = None
     try:
         key = uuid.UUID(ref)
@@ -217,11 +219,21 @@ def find_operation(ledger: Ledger, ref: str) -> Operation:
     if op is None and ":" in ref:
         server, _, remote_id = ref.partition(":")
         op = ledger.find_by_remote(server, remote_id)
+    if op is None and OP_ID_PREFIX.fullmatch(ref):
+        found = ledger.find_by_id_prefix(ref.lower())
+        if len(found) > 1:
+            raise click.ClickException(f"op id prefix {ref!r} names more than one operation: give more of it")
+        op = found[0] if found else None
     if op is None:
         raise click.ClickException(
-            f"no operation with op id, submission key, call node id or SERVER:REMOTE_ID {ref!r}"
+            f"no operation with op id (or its first 8 or more characters), submission key, call node id or"
+            f" SERVER:REMOTE_ID {ref!r}"
         )
     return op
+
+
+#: The start of an op id, as ``longcall list`` shows it (8 hexadecimal characters or more).
+OP_ID_PREFIX = re.compile(r"[0-9a-fA-F]{8}[0-9a-fA-F-]{0,28}")
 
 
 def json_option(name: str, value: str) -> Any:

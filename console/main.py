@@ -22,6 +22,7 @@ from console.common import EXIT_CODES, as_unreachable
 from console.decisions import gate, reconcile
 from console.dev.command import dev
 from console.fleet import adapters, migrate, rollback, rollout
+from console.listing import list_
 from console.metrics import metrics
 from console.operations import cancel, input_, inputs, result, status, submit, watch
 from console.simulation.command import simulate
@@ -62,6 +63,7 @@ def main() -> None:
 main.add_command(migrate)
 main.add_command(submit)
 main.add_command(status)
+main.add_command(list_)
 main.add_command(result)
 main.add_command(cancel)
 main.add_command(input_)

@@ -131,16 +131,29 @@ def result(ref: str, as_json: bool) -> None:
 
 @click.command()
 @click.argument("ref")
-@click.option("--timeout", type=float, default=15.0, show_default=True)
-@click.option("--json", "as_json", is_flag=True)
-def cancel(ref: str, timeout: float, as_json: bool) -> None:
+@click.option(
+    "--call-node",
+    "by_call_node",
+    is_flag=True,
+    help="REF is a call node id, sent as it is: a call node not submitted yet ends cancelled when it is.",
+)
+@click.option("--timeout", type=float, default=15.0, show_default=True, help="Seconds to wait for a worker.")
+@click.option("--json", "as_json", is_flag=True, help="Print the worker's answer as JSON.")
+def cancel(ref: str, by_call_node: bool, timeout: float, as_json: bool) -> None:
     """Request the cancel of one operation (a request: the server's answer decides the outcome)."""
-    op = lookup_operation(ref)
-    answer = send_to_worker("longcall.cancel", {"op_id": str(op.id)}, timeout)
+    if by_call_node:
+        answer = send_to_worker("longcall.cancel", {"call_node_id": ref}, timeout)
+        said = (
+            f"operation {answer['op_id']}" if answer.get("op_id") else f"call node {ref} (not submitted yet)"
+        )
+    else:
+        op = lookup_operation(ref)
+        answer = send_to_worker("longcall.cancel", {"op_id": str(op.id)}, timeout)
+        said = f"operation {op.id}"
     if as_json:
         click.echo(json.dumps(answer, indent=2))
     else:
-        console.print(f"operation {op.id}: {answer['action']}")
+        console.print(f"{said}: {answer['action']}")
 
 
 @click.command("input")

@@ -31,6 +31,7 @@ from ledger.engine import make_engine
 from ledger.errors import OperationNotFound
 from ledger.events import EventKind
 from ledger.intent_moves import IntentMoves
+from ledger.listing import OperationListing
 from ledger.moves import OperationMoves
 from ledger.outbox import OutboxTransactions
 from ledger.reasons import ReconciliationReason
@@ -58,6 +59,7 @@ DEFAULT_RECONCILE_DEADLINE_S = 900.0
 
 class Ledger(
     Submissions,
+    OperationListing,
     Acceptances,
     OperationMoves,
     IntentMoves,

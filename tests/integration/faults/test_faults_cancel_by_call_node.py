@@ -8,6 +8,9 @@ Real processes (longcall's MCP server, longcall workers, beat, a pipeline worker
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 from typing import Any
 
@@ -16,6 +19,7 @@ from sqlalchemy import text
 
 from ledger.repository import Ledger
 from ledger.states import OpState
+from tests import support
 from tests.support.fleet import Fleet
 from tests.support.ledger_rows import new_operation
 
@@ -56,6 +60,23 @@ def test_a_cancel_by_call_node_id_cancels_its_operation_on_the_server(fleet: Fle
     again = fleet.send("longcall.cancel", call_node_id="n/cancel-by-node")
     assert again["op_id"] == str(op.id)
     assert fleet.ledger.get(op.id).state is S.CANCELLED_ACCEPTED
+
+
+def test_the_operator_cancels_a_call_node_not_submitted_yet(fleet: Fleet) -> None:
+    answer = subprocess.run(
+        [sys.executable, "-m", "console", "cancel", "--call-node", "n/cli-early", "--json"],
+        cwd=support.REPO,
+        env=support.celery_env(fleet.env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert answer.returncode == 0, answer.stderr + answer.stdout
+    assert json.loads(answer.stdout)["action"] == "cancel_recorded"
+    fleet.submit("n/cli-early", "slow_report", {"seconds": 60})
+    assert fleet.wait_receipt("n/cli-early", timeout=30)["terminal_state"] == "cancelled"
+    assert "tools/call" not in [e["method"] for e in fleet.mcp.log()]
 
 
 REFUSED: list[tuple[dict[str, Any], str]] = [
