@@ -178,7 +178,9 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:
     def executor() -> Executor:
         return Executor(holder.get())
 
-    @app.task(name="longcall.submit", shared=False, bind=True, max_retries=None)
+    # A refusal is expected: Celery logs it as one line, "raised expected: <the reason>", at INFO, without a
+    # traceback (its ERROR with a traceback is for what nobody expected).
+    @app.task(name="longcall.submit", shared=False, bind=True, max_retries=None, throws=(SubmissionRefused,))
     def submit(self: Task[Any, Any], /, **kwargs: Any) -> dict[str, Any]:
         try:
             submission, step = executor().take_submission(
@@ -188,8 +190,10 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:
             # Outside the canary: nothing is written, nothing is called; the caller keeps its legacy path.
             return exc.routing.answer()
         except SUBMISSION_REFUSALS as exc:
-            log.warning("longcall.submit refused: %s", exc)
-            raise SubmissionRefused(str(exc)) from None
+            node = kwargs.get("call_node_id")
+            raise SubmissionRefused(
+                f"call node {node!r}: {exc}" if isinstance(node, str) else str(exc)
+            ) from None
         follow(app, holder, step)
         return submit_answer(submission, step)
 
@@ -211,7 +215,7 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:
         follow(app, holder, step)
         return step.as_dict()
 
-    @app.task(name="longcall.cancel", shared=False, bind=True, max_retries=None)
+    @app.task(name="longcall.cancel", shared=False, bind=True, max_retries=None, throws=(RequestRefused,))
     def cancel(
         self: Task[Any, Any],
         op_id: str | None = None,
@@ -225,7 +229,9 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:
         request of a cancel already recorded (a fault leaves it to the dispatcher, which claims it again)."""
         return _cancel(app, holder, self, executor(), op_id=op_id, cursor=cursor, call_node_id=call_node_id)
 
-    @app.task(name="longcall.provide_input", shared=False, bind=True, max_retries=None)
+    @app.task(
+        name="longcall.provide_input", shared=False, bind=True, max_retries=None, throws=(RequestRefused,)
+    )
     def provide_input(self: Task[Any, Any], op_id: str, input_round: int, response: Any) -> dict[str, Any]:
         check_reply(op_id, input_round, response, max_body_bytes=holder.get().settings.max_body_bytes)
         target = _op_id(op_id)
@@ -238,26 +244,27 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> None:
         follow(app, holder, step)
         return step.as_dict()
 
-    @app.task(name="longcall.record_legacy_outcome", shared=False)
+    @app.task(name="longcall.record_legacy_outcome", shared=False, throws=(RequestRefused,))
     def record_legacy_outcome(**kwargs: Any) -> dict[str, Any]:
         """The caller's legacy outcome of a call node, beside its shadow operation's receipt (issue 12)."""
         try:
             comparison, outcome = executor().record_legacy_outcome(kwargs)
         except (InvalidSubmission, LegacyOutcomeRefused) as exc:
-            log.warning("longcall.record_legacy_outcome refused: %s", exc)
             raise RequestRefused(str(exc)) from None
         return {"outcome": outcome, **comparison.to_json()}
 
-    @app.task(name="longcall.dispatch_due", shared=False, ignore_result=True)
+    # beat's ticks send no task events: Flower and the event stream show the operations' tasks, not four
+    # dispatch ticks a second (the ticks' own figures are in the workers' logs and ``longcall metrics``).
+    @app.task(name="longcall.dispatch_due", shared=False, ignore_result=True, send_events=False)
     def dispatch_due() -> dict[str, int]:
         poll_batch = holder.get().settings.poll_batch
         return {"dispatched": publish_dispatches(app, executor().dispatch_due(), poll_batch=poll_batch)}
 
-    @app.task(name="longcall.drain_outbox", shared=False, ignore_result=True)
+    @app.task(name="longcall.drain_outbox", shared=False, ignore_result=True, send_events=False)
     def drain_outbox(limit: int = OUTBOX_DRAIN_LIMIT) -> dict[str, int]:
         report = drain(app, holder.get(), limit)
         return {"dispatched": len(report.dispatched), "failed": len(report.failed), "dead": len(report.dead)}
 
-    @app.task(name="longcall.reconcile", shared=False, ignore_result=True)
+    @app.task(name="longcall.reconcile", shared=False, ignore_result=True, send_events=False)
     def reconcile() -> dict[str, int]:
         return executor().reconcile()
