@@ -1,6 +1,7 @@
 """The operator's decisions on what the fleet could not decide alone: ``reconcile`` (resolve an operation
 with evidence, close a record, resend a dead-lettered outbox row) and ``gate`` (the launch gate's
-criteria over the live ledger and Redis; ``gate simulate`` is wired under it in ``console.main``)."""
+criteria over the live ledger and Redis; ``gate simulate``, ``console.simulation``, is wired under it at
+the end of this module)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,12 @@ from workers.runtime import Runtime
     "'' for a server that keeps no sessions).",
 )
 @click.option("--never-created", is_flag=True, help="Evidence says the server never created it: resubmit.")
-@click.option("--terminal", type=click.Choice(["completed", "failed", "cancelled"]), default=None)
+@click.option(
+    "--terminal",
+    type=click.Choice(["completed", "failed", "cancelled"]),
+    default=None,
+    help="Resolve with this terminal state, read from the server by the operator (with --evidence).",
+)
 @click.option(
     "--close", "close_id", type=int, default=None, help="Close reconciliation record ID as handled."
 )
@@ -48,7 +54,7 @@ from workers.runtime import Runtime
     help="Put dead-lettered outbox row OUTBOX_ID back to ready, its attempts reset: the next drain sends it.",
 )
 @click.option("--evidence", default=None, help="What the decision rests on (kept in the ledger).")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 def reconcile(
     ref: str | None,
     remote_id: str | None,
@@ -161,7 +167,7 @@ def gate(ctx: click.Context, as_json: bool) -> None:
     """The launch gate: the seed's rollout criteria over the live ledger and Redis (divergence, second
     operations, poll amplification, cancel confirmation, UNKNOWN age and deadlines, advances with a
     receipt). Exit code 1 when any criterion fails; each failing line names what is behind it. (What
-    waits for input, the approval gate's queue, is ``longcall inputs``.)"""
+    waits for input, the approval gate's queue, is "longcall inputs".)"""
     if ctx.invoked_subcommand is not None:
         return
     settings = cli_settings()
@@ -174,3 +180,12 @@ def gate(ctx: click.Context, as_json: bool) -> None:
         console.print("gate: PASSED" if report.passed else "gate: FAILED")
     if not report.passed:
         ctx.exit(EXIT_REFUSED)
+
+
+def _wire_simulate() -> None:
+    from console.simulation.command import simulate  # noqa: PLC0415 - only with the gate
+
+    gate.add_command(simulate)
+
+
+_wire_simulate()

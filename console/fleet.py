@@ -47,15 +47,27 @@ REASON_HELP = "Why (kept with the change in executor_control_audit)."
 
 
 @click.command()
-@click.option("--disable", "disable", default=None, metavar="PROTOCOL/VERSION", help="e.g. mcp/2025-11-25")
-@click.option("--enable", "enable", default=None, metavar="PROTOCOL/VERSION")
+@click.option(
+    "--disable",
+    "disable",
+    default=None,
+    metavar="PROTOCOL/VERSION",
+    help="Refuse new operations on this adapter (e.g. mcp/2025-11-25); those in flight finish.",
+)
+@click.option(
+    "--enable",
+    "enable",
+    default=None,
+    metavar="PROTOCOL/VERSION",
+    help="Take new operations on this adapter again.",
+)
 @click.option(
     "--detect",
     is_flag=True,
     help="also probe each configured MCP server's generation (server/discover, initialize)",
 )
 @click.option("--reason", default=None, help=REASON_HELP)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 def adapters(
     disable: str | None, enable: str | None, as_json: bool, detect: bool = False, reason: str | None = None
 ) -> None:
@@ -152,13 +164,13 @@ def _detected_generations(settings: Settings) -> list[dict[str, Any]]:
 )
 @click.option("--any-owner", is_flag=True, help="The new epoch is every fleet's (no owner).")
 @click.option("--reason", default=None, help=REASON_HELP)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 def rollback(owner: str | None, any_owner: bool, reason: str | None, as_json: bool) -> None:
     """Close admission and bump the execution epoch (rule 13), owned by one executor identity (this
     environment's LONGCALL_EXECUTOR_ID unless --owner or --any-owner): the fleet running under it takes over
     the in-flight operations on its next claim; every write of the old epoch is refused from then on, and a
     fleet of any other identity claims nothing and sends nothing (stop it; a later rollback can hand it an
-    epoch). ``longcall rollout`` then opens admission again."""
+    epoch). "longcall rollout" then opens admission again."""
     if any_owner and owner is not None:
         raise click.UsageError("--owner names the new epoch's owner, --any-owner gives it none: choose one")
     if owner is not None and not owner.strip():
@@ -190,7 +202,7 @@ def rollback(owner: str | None, any_owner: bool, reason: str | None, as_json: bo
 @click.option("--force", is_flag=True, help="Raise the percentage although the gate fails (needs --reason).")
 @click.option("--reason", default=None, help=REASON_HELP)
 @click.option("--history", is_flag=True, help="List the audited control changes, newest first.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 def rollout(
     percent: float | None, shadow: str | None, force: bool, reason: str | None, history: bool, as_json: bool
 ) -> None:

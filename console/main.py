@@ -11,26 +11,57 @@ command, and the CLI's own connections time out within seconds.
 
 from __future__ import annotations
 
+import importlib
 import sys
 from typing import Any
 
 import click
-import psycopg
-import sqlalchemy.exc
 
-from console.common import EXIT_CODES, as_unreachable
-from console.decisions import gate, reconcile
-from console.dev.command import dev
-from console.fleet import adapters, migrate, rollback, rollout
-from console.listing import list_
-from console.metrics import metrics
-from console.operations import cancel, input_, inputs, result, status, submit, watch
-from console.simulation.command import simulate
+#: Every command: its module, the attribute in it, and the line ``longcall --help`` shows for it. A command's
+#: module is imported when the command runs (or its own ``--help`` is asked for), never for another one:
+#: ``longcall --help`` imports none of them, and ``longcall status`` imports what status needs.
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "dev": ("console.dev.command", "dev", "Run the whole fleet locally, on embedded defaults."),
+    "migrate": ("console.fleet", "migrate", "Create or upgrade the ledger's tables."),
+    "submit": ("console.operations", "submit", "Submit one call (longcall.submit, through a worker)."),
+    "list": ("console.listing", "list_", "List the operations in flight (or, filtered, those that ended)."),
+    "status": ("console.operations", "status", "Show one operation, or the fleet without one."),
+    "watch": ("console.operations", "watch", "Follow one operation's events until it is final."),
+    "result": ("console.operations", "result", "Show the result of one operation's receipt."),
+    "cancel": ("console.operations", "cancel", "Request the cancel of one operation."),
+    "input": ("console.operations", "input_", "Answer an operation's input request."),
+    "inputs": ("console.operations", "inputs", "List what waits for input (the approval gate)."),
+    "reconcile": ("console.decisions", "reconcile", "List or decide what waits for an operator."),
+    "gate": ("console.decisions", "gate", "The launch gate: the rollout criteria over the live ledger."),
+    "adapters": ("console.fleet", "adapters", "Show, disable or enable adapters by protocol version."),
+    "rollback": ("console.fleet", "rollback", "Close admission and bump the execution epoch."),
+    "rollout": ("console.fleet", "rollout", "Open admission, or set the canary percentage."),
+    "metrics": ("console.metrics", "metrics", "Serve Prometheus metrics read from the ledger and Redis."),
+}
 
 
 class LongcallGroup(click.Group):
-    """Every command's connection errors become one line and :data:`EXIT_UNREACHABLE`; a database without
-    the ledger's tables is a refusal that says to run ``longcall migrate``."""
+    """Loads each command when it is asked for (:data:`COMMANDS`); every command's connection errors become
+    one line and :data:`~console.common.EXIT_UNREACHABLE`; a database without the ledger's tables is a
+    refusal that says to run ``longcall migrate``."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        module, attribute, _ = COMMANDS[cmd_name]
+        command = getattr(importlib.import_module(module), attribute)
+        if not isinstance(command, click.Command):
+            raise TypeError(f"{module}.{attribute} is not a click command")
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The commands' list as click writes it, from :data:`COMMANDS` (no command module imported)."""
+        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -38,6 +69,12 @@ class LongcallGroup(click.Group):
         except click.ClickException:
             raise
         except Exception as exc:
+            # Only on a failure: these imports cost more than --help does in all.
+            import psycopg  # noqa: PLC0415
+            import sqlalchemy.exc  # noqa: PLC0415
+
+            from console.common import as_unreachable  # noqa: PLC0415
+
             unreachable = as_unreachable(exc)
             if unreachable is not None:
                 raise unreachable from None
@@ -51,32 +88,18 @@ class LongcallGroup(click.Group):
             raise
 
 
-@click.group(
-    cls=LongcallGroup,
-    epilog="Exit codes: " + "; ".join(f"{code} {meaning}" for code, meaning in EXIT_CODES.items()) + ".",
+#: ``longcall``'s exit codes (``console.common.EXIT_CODES``, written out here so that ``--help`` imports
+#: nothing else; ``tests/unit/test_cli_start.py`` checks they agree).
+EXIT_CODES_TEXT = (
+    "0 ok; 1 refused (the reason on stderr); 2 usage error; 3 the database, Redis or the broker cannot be"
+    " reached; 4 timed out waiting for a worker (or, for watch, for a final state)"
 )
+
+
+@click.group(cls=LongcallGroup, epilog=f"Exit codes: {EXIT_CODES_TEXT}.")
 @click.version_option(package_name="longcall")
 def main() -> None:
     """longcall: long-running tool calls under a terminal-state protocol."""
-
-
-main.add_command(migrate)
-main.add_command(submit)
-main.add_command(status)
-main.add_command(list_)
-main.add_command(result)
-main.add_command(cancel)
-main.add_command(input_)
-main.add_command(reconcile)
-main.add_command(watch)
-main.add_command(inputs)
-main.add_command(gate)
-main.add_command(adapters)
-main.add_command(rollback)
-main.add_command(rollout)
-main.add_command(metrics)
-main.add_command(dev)
-gate.add_command(simulate)
 
 
 if __name__ == "__main__":  # pragma: no cover

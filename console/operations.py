@@ -27,10 +27,10 @@ from ledger.errors import LedgerError
 @click.command()
 @click.option("--call-node", "call_node_id", required=True, help="The pipeline's id for this call node.")
 @click.option("--server", required=True, help="A server name from LONGCALL_CONFIG.")
-@click.option("--tool", required=True)
+@click.option("--tool", required=True, help="The tool to call on that server.")
 @click.option("--args", "arguments", default="{}", show_default=True, help="The arguments, a JSON object.")
 @click.option("--on-terminal", default=None, help="A Celery signature as JSON, called with receipt=...")
-@click.option("--ttl-ms", type=int, default=None)
+@click.option("--ttl-ms", type=int, default=None, help="The task's time to live asked of the server, in ms.")
 @click.option("--timeout", type=float, default=15.0, show_default=True, help="Seconds to wait for a worker.")
 @click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
 def submit(
@@ -162,8 +162,8 @@ def cancel(ref: str, by_call_node: bool, timeout: float, as_json: bool) -> None:
 @click.option(
     "--response", required=True, help='The reply body, e.g. {"action": "accept", "content": {...}}.'
 )
-@click.option("--timeout", type=float, default=15.0, show_default=True)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--timeout", type=float, default=15.0, show_default=True, help="Seconds to wait for a worker.")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 def input_(ref: str, input_round: int, response: str, timeout: float, as_json: bool) -> None:
     """Answer an operation's input request for its current round (the approval gate, by hand)."""
     op = lookup_operation(ref)
@@ -209,7 +209,7 @@ def watch(ref: str, timeout: float, as_json: bool) -> None:
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 def inputs(as_json: bool) -> None:
     """What waits for input: the approval gate's rounds (round, deadline, the server's question), and the
     operations whose server waits for input that could not be read (rule 10), with what is known."""

@@ -51,8 +51,20 @@ def figures(report: Report) -> list[tuple[str, str, str]]:
 
 
 @click.command()
-@click.option("--series", "count", type=click.IntRange(min=1, max=1_000_000), default=500, show_default=True)
-@click.option("--seed", type=click.IntRange(min=0, max=2**62), required=True)
+@click.option(
+    "--series",
+    "count",
+    type=click.IntRange(min=1, max=1_000_000),
+    default=500,
+    show_default=True,
+    help="How many random series of faults to run.",
+)
+@click.option(
+    "--seed",
+    type=click.IntRange(min=0, max=2**62),
+    required=True,
+    help="The seed of the series (the same seed runs the same series).",
+)
 @click.option(
     "--protocol",
     "protocols",
