@@ -226,8 +226,8 @@ def find_operation(ledger: Ledger, ref: str) -> Operation:
         op = found[0] if found else None
     if op is None:
         raise click.ClickException(
-            f"no operation with op id (or its first 8 or more characters), submission key, call node id or"
-            f" SERVER:REMOTE_ID {ref!r}"
+            f"no operation with op id, submission key, call node id or SERVER:REMOTE_ID {ref!r} (an op id may"
+            " be given by its first 8 or more characters)"
         )
     return op
 

@@ -4,6 +4,7 @@ through the fleet like any pipeline (a task sent by name, a worker's answer awai
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import time
 from typing import Any
@@ -81,15 +82,19 @@ def status(ref: str | None, show_events: bool, as_json: bool) -> None:
             receipt = ledger.receipt_for(op.id)
             events = ledger.events(op.id) if show_events else None
             outbox = ledger.outbox_for(op.id)
+            last_error = ledger.last_error(op.id)
+            records = [r for r in ledger.reconciliations_for(op.id) if r.resolved_at is None]
         except LedgerError as exc:
             raise click.ClickException(str(exc)) from exc
-    data = output.status_json(op, receipt, events, outbox)
+    data = output.status_json(op, receipt, events, outbox, last_error=last_error, records=records)
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
     console.print(output.status_table(data, receipt))
     for line in output.outbox_lines(outbox):
         console.print(line)
+    for record in records:
+        console.print(output.record_line(record))
     if events is not None:
         console.print(output.events_table(events))
 
@@ -186,11 +191,14 @@ def input_(ref: str, input_round: int, response: str, timeout: float, as_json: b
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per event.")
 def watch(ref: str, timeout: float, as_json: bool) -> None:
-    """Follow one operation's events until it is final (or the timeout)."""
+    """Follow one operation until it is final (or the timeout): its events as they come, and between them
+    its progress (polls, the server's status message, elapsed time), a line each time the server's status
+    or message changes (with --json: a "progress" object)."""
     with open_ledger() as ledger:
         deadline = time.monotonic() + timeout
         seen = 0
         op = find_operation(ledger, ref)
+        said: tuple[str | None, str | None] = (op.server_state, op.status_message)
         with console.status(f"{op.id}: {op.state.value}") as spinner:
             while True:
                 for event in ledger.events(op.id)[seen:]:
@@ -199,8 +207,15 @@ def watch(ref: str, timeout: float, as_json: bool) -> None:
                         click.echo(json.dumps(output.jsonable(event)))
                     else:
                         console.print(output.event_line(event), soft_wrap=True)
-                op = ledger.get(op.id)
-                spinner.update(f"{op.id}: {op.state.value} ({op.server_state or '-'})")
+                op = ledger.get(op.id, with_body=False)
+                now = dt.datetime.now(dt.UTC)
+                spinner.update(output.progress_text(op, now))
+                if (op.server_state, op.status_message) != said and not op.is_final:
+                    said = (op.server_state, op.status_message)
+                    if as_json:
+                        click.echo(json.dumps({"progress": output.progress_json(op, now)}))
+                    else:
+                        console.print(output.progress_line(op, now), soft_wrap=True)
                 if op.is_final or time.monotonic() > deadline:
                     break
                 time.sleep(0.5)

@@ -15,6 +15,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+from ledger.listing import LastError
 from ledger.outbox import OutboxResend, OutboxRow
 from ledger.records import ControlState, Operation, Receipt, ReconciliationRecord
 from ledger.states import OpState
@@ -81,10 +82,42 @@ def status_json(
     receipt: Receipt | None,
     events: Sequence[Mapping[str, Any]] | None,
     outbox: Sequence[OutboxRow] | None = None,
+    *,
+    last_error: LastError | None = None,
+    records: Sequence[ReconciliationRecord] = (),
+    now: dt.datetime | None = None,
 ) -> dict[str, Any]:
-    """``status --json``: the operation, its receipt (or null), its outbox rows (what was, or is still to be,
-    sent downstream: ``outbox``) and, when asked for, its events."""
+    """``status --json``: the operation, how long it has run (``duration_s``: to its receipt once it has
+    one), its polls, the last error its steps recorded, its receipt (or null) and the receipt's delivery
+    (``dispatched``, ``pending`` or ``dead``, from its outbox row), its open reconciliation records, its
+    outbox rows (what was, or is still to be, sent downstream: ``outbox``) and, when asked for, its
+    events."""
+    now = now or dt.datetime.now(dt.UTC)
     data = operation_json(op)
+    ended = receipt.accepted_at if receipt is not None else None
+    data["duration_s"] = round(((ended or now) - op.created_at).total_seconds(), 3)
+    data["polls"] = {
+        "unchanged": op.unchanged_polls,
+        "no_token": op.no_token_count,
+        "last_polled_at": jsonable(op.last_polled_at),
+    }
+    data["last_error"] = (
+        None
+        if last_error is None
+        else {"error": last_error.error, "kind": last_error.kind, "at": last_error.at.isoformat()}
+    )
+    data["open_reconciliations"] = [
+        {
+            "id": r.id,
+            "reason": r.reason.value,
+            "opened_at": r.opened_at.isoformat(),
+            "deadline": r.deadline.isoformat(),
+            "overdue": r.deadline < now,
+        }
+        for r in records
+    ]
+    terminal = [row for row in outbox or () if row.kind == "terminal"]
+    data["delivery"] = None if not terminal else _delivery(terminal[-1])
     data["receipt"] = (
         None
         if receipt is None
@@ -100,6 +133,20 @@ def status_json(
     if events is not None:
         data["events"] = [jsonable(e) for e in events]
     return data
+
+
+def _delivery(row: OutboxRow) -> dict[str, Any]:
+    """The receipt's delivery as its outbox row says: dispatched (when), pending (its attempts, last error
+    and next try) or dead (``longcall reconcile --resend`` once the cause is fixed)."""
+    status = {"ready": "pending"}.get(row.status, row.status)
+    return {
+        "status": status,
+        "outbox_id": row.id,
+        "attempts": row.attempts,
+        "last_error": row.last_error,
+        "dispatched_at": jsonable(row.dispatched_at),
+        "next_attempt_at": jsonable(row.next_attempt_at),
+    }
 
 
 def outbox_json(row: OutboxRow) -> dict[str, Any]:
@@ -163,9 +210,35 @@ def status_table(data: Mapping[str, Any], receipt: Receipt | None) -> Table:
     table = Table(show_header=False, box=None)
     for key in STATUS_ROWS:
         table.add_row(key, "" if data[key] is None else str(data[key]))
+    table.add_row("started", str(data["created_at"]))
+    table.add_row("duration", f"{data['duration_s']:.1f} s" + ("" if receipt is not None else " so far"))
+    polls = data["polls"]
+    table.add_row(
+        "polls",
+        f"{polls['unchanged']} unchanged, {polls['no_token']} waited for a token"
+        + (f", last {polls['last_polled_at']}" if polls["last_polled_at"] else ""),
+    )
+    error = data["last_error"]
+    if error is not None:
+        table.add_row("last error", escape(f"{error['kind']} at {error['at']}: {error['error']}"))
     if receipt is not None:
         table.add_row("receipt", f"{receipt.terminal_state.value} {receipt.id}")
+    delivery = data["delivery"]
+    if delivery is not None:
+        table.add_row("delivery", delivery["status"])
     return table
+
+
+def record_line(record: ReconciliationRecord) -> str:
+    """``status``: an open reconciliation record of the operation, what an operator is asked to decide."""
+    overdue = " [bold red]OVERDUE[/]" if record.deadline < dt.datetime.now(dt.UTC) else ""
+    opened, deadline = (
+        moment.isoformat(timespec="seconds") for moment in (record.opened_at, record.deadline)
+    )
+    return (
+        f"reconciliation {record.id}: {record.reason.value}, opened {opened}, deadline {deadline}{overdue}"
+        " (longcall reconcile)"
+    )
 
 
 def result_head(op: Operation, receipt: Receipt) -> str:
@@ -201,6 +274,48 @@ def events_table(events: Iterable[Mapping[str, Any]]) -> Table:
             event["server_state"] or "",
         )
     return table
+
+
+def elapsed(seconds: float) -> str:
+    """``42s``, ``7m05s``, ``3h12m``."""
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+
+
+def progress_json(op: Operation, now: dt.datetime) -> dict[str, Any]:
+    """``watch --json``: the operation's progress between its events."""
+    return {
+        "op_id": str(op.id),
+        "state": op.state.value,
+        "server_state": op.server_state,
+        "status_message": op.status_message,
+        "unchanged_polls": op.unchanged_polls,
+        "last_polled_at": jsonable(op.last_polled_at),
+        "elapsed_s": round((now - op.created_at).total_seconds(), 1),
+    }
+
+
+def progress_text(op: Operation, now: dt.datetime) -> str:
+    """``watch``'s live line: state, the server's, polls, elapsed, the server's message."""
+    text = (
+        f"{op.id}: {op.state.value} ({op.server_state or '-'}), {op.unchanged_polls} polls,"
+        f" {elapsed((now - op.created_at).total_seconds())}"
+    )
+    return escape(text + (f": {op.status_message}" if op.status_message else ""))
+
+
+def progress_line(op: Operation, now: dt.datetime) -> str:
+    """``watch``: a line when the server's status or message changed between events."""
+    said = f": {op.status_message}" if op.status_message else ""
+    at = now.strftime("%H:%M:%S.%f")[:-3]
+    return escape(
+        f"{at} {'progress':<20} {op.state.value} ({op.server_state or '-'}){said}"
+        f" after {op.unchanged_polls} polls, {elapsed((now - op.created_at).total_seconds())}"
+    )
 
 
 def event_line(event: Mapping[str, Any]) -> str:

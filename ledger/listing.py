@@ -8,6 +8,7 @@ import dataclasses
 import datetime as dt
 import uuid
 from collections.abc import Collection
+from typing import Any
 
 from sqlalchemy import Text, cast, select, true
 
@@ -16,7 +17,7 @@ from ledger.records import Operation
 from ledger.statements import EVENT, OP
 from ledger.states import FINAL_STATES, OpState
 
-__all__ = ["LISTED_AT_MOST", "OperationLine", "OperationListing"]
+__all__ = ["LISTED_AT_MOST", "LastError", "OperationLine", "OperationListing"]
 
 #: The most lines one listing reads.
 LISTED_AT_MOST = 10_000
@@ -45,8 +46,37 @@ class OperationLine:
     last_error_at: dt.datetime | None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class LastError:
+    """The newest error an operation's steps recorded: its text, the event's kind, and when."""
+
+    error: str
+    kind: str
+    at: dt.datetime
+
+
+def _last_error() -> Any:
+    """The newest event with an error in its detail (the caller names the operation)."""
+    return (
+        select(
+            EVENT.c.detail["error"].astext.label("error"),
+            EVENT.c.kind.label("kind"),
+            EVENT.c.at.label("at"),
+        )
+        .where(EVENT.c.detail.has_key("error"))
+        .order_by(EVENT.c.seq.desc())
+        .limit(1)
+    )
+
+
 class OperationListing(GuardedWrites):
     """The listing's reads; ``Ledger`` inherits them."""
+
+    def last_error(self, op_id: uuid.UUID) -> LastError | None:
+        """The newest error an operation's steps recorded (an event whose detail has one), or None."""
+        with self._tx() as conn:
+            row = conn.execute(_last_error().where(EVENT.c.op_id == op_id)).first()
+        return LastError(row.error, row.kind, row.at) if row is not None else None
 
     def find_by_id_prefix(self, prefix: str) -> list[Operation]:
         """The operations whose op id starts with ``prefix`` (lower-case hexadecimal and dashes, as ids are
@@ -70,17 +100,7 @@ class OperationListing(GuardedWrites):
         if not 0 < limit <= LISTED_AT_MOST:
             raise ValueError(f"limit must be between 1 and {LISTED_AT_MOST}, got {limit}")
         wanted = [s.value for s in (states if states is not None else set(OpState) - FINAL_STATES)]
-        last_error = (
-            select(
-                EVENT.c.detail["error"].astext.label("error"),
-                EVENT.c.kind.label("kind"),
-                EVENT.c.at.label("at"),
-            )
-            .where(EVENT.c.op_id == OP.c.id, EVENT.c.detail.has_key("error"))
-            .order_by(EVENT.c.seq.desc())
-            .limit(1)
-            .lateral("last_error")
-        )
+        last_error = _last_error().where(EVENT.c.op_id == OP.c.id).lateral("last_error")
         query = (
             select(
                 OP.c.id,

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ from sqlalchemy import text
 from console.listing import age, parse_since
 from console.main import main
 from ledger.events import EventKind
+from ledger.reasons import ReconciliationReason
 from ledger.records import Operation
 from ledger.repository import Ledger
 from ledger.side_rows import append_event
@@ -160,3 +163,67 @@ def test_since_reads_durations_and_times_and_age_reads_at_a_glance() -> None:
     assert parse_since("2h", now=now) == now - dt.timedelta(hours=2)
     assert parse_since("2026-12-05T10:00:00", now=now) == dt.datetime(2026, 12, 5, 10, tzinfo=dt.UTC)
     assert [age(s) for s in (5, 425, 11_520, 187_200)] == ["5s", "7m05s", "3h12m", "2d04h"]
+
+
+# ------------------------------------------------------- item 6: status like a describe, watch's progress
+
+
+def test_status_says_how_long_how_often_what_failed_last_and_what_waits_for_an_operator(
+    cli_env: None, ledger: Ledger, operations: dict[str, Operation]
+) -> None:
+    op = operations["working"]
+    record = ledger.open_reconciliation(
+        op.id, ReconciliationReason.UNKNOWN_NOT_FOUND, deadline=dt.timedelta(seconds=-1)
+    )
+    result = CliRunner().invoke(main, ["status", str(op.id), "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["duration_s"] >= 0
+    assert data["polls"]["unchanged"] == 7
+    assert (data["last_error"]["kind"], data["last_error"]["error"]) == (
+        "rate_limited",
+        "429 Too Many Requests (Retry-After 2)",
+    )
+    [shown] = data["open_reconciliations"]
+    assert (shown["id"], shown["reason"], shown["overdue"]) == (record.id, "UNKNOWN_NOT_FOUND", True)
+    assert data["receipt"] is None
+    assert data["delivery"] is None
+
+    table = CliRunner().invoke(main, ["status", str(op.id)], catch_exceptions=False)
+    assert table.exit_code == 0, table.output
+    for said in (
+        "duration",
+        "7 unchanged",
+        "last error",
+        "rate_limited",
+        f"reconciliation {record.id}",
+        "OVERDUE",
+    ):
+        assert said in table.output, table.output
+
+
+def test_watch_shows_the_server_s_progress_between_events(cli_env: None, ledger: Ledger) -> None:
+    op = place(ledger, OpState.WORKING)
+
+    def move_on() -> None:
+        time.sleep(0.6)
+        with ledger.engine.begin() as conn:
+            conn.execute(
+                text(
+                    "UPDATE tool_operation SET server_state = 'working', status_message = 'page 3 of 10',"
+                    " unchanged_polls = 4 WHERE id = :id"
+                ),
+                {"id": op.id},
+            )
+
+    updater = threading.Thread(target=move_on)
+    updater.start()
+    result = CliRunner().invoke(
+        main, ["watch", str(op.id), "--timeout", "3", "--json"], catch_exceptions=False
+    )
+    updater.join(timeout=10)
+    assert result.exit_code == 4, result.output  # still WORKING when the timeout came
+    lines = [json.loads(line) for line in result.output.splitlines() if line.startswith("{")]
+    progress = [line["progress"] for line in lines if "progress" in line]
+    assert len(progress) == 1, lines
+    assert (progress[0]["status_message"], progress[0]["unchanged_polls"]) == ("page 3 of 10", 4)
