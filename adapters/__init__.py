@@ -58,6 +58,7 @@ from adapters.spec import (
     KeyedRounds,
     RequestHook,
     ToolSettings,
+    TransportWrapper,
     http_client,
 )
 
@@ -106,6 +107,7 @@ __all__ = [  # noqa: RUF022
     "ToolRoute",
     "ToolSettings",
     "Transient",
+    "TransportWrapper",
     "UNMETERED",
     "UnknownAdapter",
     "WrongTaskMode",

@@ -61,12 +61,21 @@ ArgumentCheck = Callable[[ToolSettings | None, Mapping[str, Any]], str | None]
 KeyedRounds = Callable[[InputRequest, Iterable[str]], InputRequest | None]
 
 
+#: What the caller puts around the client's transport (the worker counts each request's outcome).
+TransportWrapper = Callable[[httpx2.BaseTransport], httpx2.BaseTransport]
+
+
 class ClientMaker(Protocol):
     """``make_client(timeouts, request_hooks, connections=n)``: the HTTP client one adapter is built on,
     keeping ``connections`` open for reuse (as many as the worker sends to its server at once)."""
 
     def __call__(
-        self, timeouts: Timeouts, request_hooks: Sequence[RequestHook], *, connections: int
+        self,
+        timeouts: Timeouts,
+        request_hooks: Sequence[RequestHook],
+        *,
+        connections: int,
+        wrap_transport: TransportWrapper | None = None,
     ) -> httpx2.Client: ...
 
 
@@ -78,21 +87,29 @@ MAX_CONNECTIONS = 100
 
 
 def http_client(
-    timeouts: Timeouts, request_hooks: Sequence[RequestHook] = (), *, connections: int = DEFAULT_CONNECTIONS
+    timeouts: Timeouts,
+    request_hooks: Sequence[RequestHook] = (),
+    *,
+    connections: int = DEFAULT_CONNECTIONS,
+    wrap_transport: TransportWrapper | None = None,
 ) -> httpx2.Client:
     """An adapter's client: the per-phase timeouts, ``request_hooks`` called before every request (the
     worker's names the bucket each request was charged to), and ``connections`` kept open between requests:
     as many as are sent at once (a poll batch's members), so each request finds an open connection instead
     of closing one and opening another. Its cookie jar parses only the answers that set a cookie (httpx2's
-    own, where httpx parsed every answer), and sends a sticky-session load balancer's cookie back."""
+    own, where httpx parsed every answer), and sends a sticky-session load balancer's cookie back.
+    ``wrap_transport``: what goes around the transport that sends the requests (it sees each request and
+    its answer, or the error that stood for one)."""
     t = timeouts
     limits = httpx2.Limits(
         max_connections=max(MAX_CONNECTIONS, 2 * connections), max_keepalive_connections=connections
     )
+    transport = None if wrap_transport is None else wrap_transport(httpx2.HTTPTransport(limits=limits))
     return httpx2.Client(
         timeout=httpx2.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool),
         limits=limits,
         event_hooks={"request": list(request_hooks)},
+        transport=transport,
     )
 
 

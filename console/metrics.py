@@ -25,18 +25,19 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 import click
 import redis
 from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from ledger.engine import make_engine
 from ledger.metrics_reads import LagHistogram, LedgerMetrics, read_metrics
-from ledger.states import FINAL_STATES, OpState
+from ledger.states import FINAL_STATES, OpState, TerminalKind
 from workers.app import QUEUES, is_redis
 from workers.budget import rate_key
 from workers.errors import ConfigError
 from workers.hot import Budget, RedisClient, connect
+from workers.request_outcomes import OUTCOMES, requests_key
 from workers.settings import FleetConfig, Settings, load_settings
 
 __all__ = ["RATE_WINDOW_S", "LongcallCollector", "metrics", "registry_for"]
@@ -133,6 +134,7 @@ class LongcallCollector(Collector):
         yield rate
         yield peak
         yield limit
+        yield from self._request_counters(prefix)
         if is_redis(self.settings.broker):
             queues = GaugeMetricFamily(
                 "longcall_queue_length",
@@ -146,6 +148,32 @@ class LongcallCollector(Collector):
                     pipe.llen(f"{self.settings.broker_keyprefix}{queue}{suffix}")
                 queues.add_metric([queue], sum(int(n) for n in pipe.execute()))
             yield queues
+
+    def _request_counters(self, prefix: str) -> Iterator[Metric]:
+        """``longcall_requests_total`` and ``longcall_polls_total``: the workers' counts of every request they
+        sent (``workers.request_outcomes``: added to Redis every few seconds)."""
+        requests = CounterMetricFamily(
+            "longcall_requests",
+            "HTTP requests the workers sent, by server, budget (poll, control; none: no budget paid for"
+            " it) and outcome (ok, rate_limited, client_error, server_error, no_answer)",
+            labels=["server", "budget", "outcome"],
+        )
+        polls = CounterMetricFamily(
+            "longcall_polls",
+            "Status reads sent on the poll budget, whatever their outcome",
+            labels=["server"],
+        )
+        for name in sorted(self.fleet.servers):
+            counted = {
+                (k.decode() if isinstance(k, bytes) else str(k)): int(v)
+                for k, v in dict(self.client.hgetall(requests_key(prefix, name))).items()
+            }
+            for budget in (*_BUDGETS, "none"):
+                for outcome in OUTCOMES:
+                    requests.add_metric([name, budget, outcome], counted.get(f"{budget}:{outcome}", 0))
+            polls.add_metric([name], sum(counted.get(f"poll:{outcome}", 0) for outcome in OUTCOMES))
+        yield requests
+        yield polls
 
 
 def ledger_families(figures: LedgerMetrics, fleet: FleetConfig) -> Iterator[Metric]:
@@ -216,7 +244,7 @@ def ledger_families(figures: LedgerMetrics, fleet: FleetConfig) -> Iterator[Metr
     yield ready_age
 
     dead = GaugeMetricFamily(
-        "longcall_outbox_dead",
+        "longcall_outbox_dead_rows",
         "Outbox rows dead-lettered, by kind: not published after LONGCALL_OUTBOX_MAX_ATTEMPTS failed "
         "attempts, each with an OUTBOX_UNDELIVERABLE record (longcall reconcile --resend OUTBOX_ID sends one "
         "again)",
@@ -241,6 +269,14 @@ def ledger_families(figures: LedgerMetrics, fleet: FleetConfig) -> Iterator[Metr
     yield records
     yield overdue
 
+    yield from counter_families(figures, pairs)
+
+    yield _histogram(
+        "longcall_operation_duration_seconds",
+        "From an operation's submission to its receipt",
+        figures.duration,
+    )
+
     yield _histogram(
         "longcall_cancel_confirmation_lag_seconds",
         "From an operation's first cancel request to its cancelled receipt",
@@ -251,6 +287,40 @@ def ledger_families(figures: LedgerMetrics, fleet: FleetConfig) -> Iterator[Metr
         "From the last moment the ledger knew an operation open to the poll that saw it ended (an upper "
         "bound of how late the end was detected)",
         figures.detection_lag,
+    )
+
+
+def counter_families(figures: LedgerMetrics, pairs: Iterable[tuple[str, str]]) -> Iterator[Metric]:
+    """The ledger's counters (what it keeps for good: receipts, operation rows, reconciliation records), each
+    (server, protocol) of ``pairs`` listed, 0 included."""
+    pairs = sorted(pairs)
+    receipts = CounterMetricFamily(
+        "longcall_receipts",
+        "Terminal receipts accepted, by terminal state (completed, failed, cancelled), server and protocol",
+        labels=["terminal_state", "server", "protocol"],
+    )
+    accepted = {(r.server, r.protocol, r.terminal_state): r.count for r in figures.receipts}
+    for server, protocol in pairs:
+        for kind in TerminalKind:
+            receipts.add_metric(
+                [kind.value, server, protocol], accepted.get((server, protocol, kind.value), 0)
+            )
+    yield receipts
+
+    creates = CounterMetricFamily(
+        "longcall_creates",
+        "Operations a create call was made for (each once: never a second create), by server and protocol",
+        labels=["server", "protocol"],
+    )
+    made = {(c.server, c.protocol): c.count for c in figures.creates}
+    for server, protocol in pairs:
+        creates.add_metric([server, protocol], made.get((server, protocol), 0))
+    yield creates
+
+    yield CounterMetricFamily(
+        "longcall_outbox_dead",
+        "Outbox rows dead-lettered so far (each with an OUTBOX_UNDELIVERABLE record)",
+        value=figures.outbox_dead_total,
     )
 
 

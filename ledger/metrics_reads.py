@@ -32,17 +32,21 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Float, and_, case, cast, func, literal, select, text
 
 from ledger.events import EventKind
+from ledger.reasons import ReconciliationReason
 from ledger.statements import EVENT, OP, OUTBOX, RECEIPT, RECON
 from ledger.states import OpState, TerminalKind
 
 __all__ = [
+    "DURATION_BUCKETS_S",
     "LAG_BUCKETS_S",
     "UNKNOWN_STATES",
+    "CreateCount",
     "LagHistogram",
     "LedgerMetrics",
     "OperationCount",
     "OutboxDead",
     "OutboxLag",
+    "ReceiptCount",
     "ReconciliationCount",
     "UnknownOperations",
     "read_metrics",
@@ -53,6 +57,20 @@ UNKNOWN_STATES: tuple[OpState, ...] = (OpState.SUBMISSION_UNKNOWN, OpState.MANUA
 
 #: The lag histograms' upper bounds, in seconds (a poll interval is ~1 s, a gate 15 minutes).
 LAG_BUCKETS_S: tuple[float, ...] = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
+
+#: The operation-duration histogram's upper bounds, in seconds (a report runs minutes, an export hours).
+DURATION_BUCKETS_S: tuple[float, ...] = (
+    1.0,
+    5.0,
+    15.0,
+    60.0,
+    300.0,
+    900.0,
+    1800.0,
+    3600.0,
+    14_400.0,
+    86_400.0,
+)
 
 #: States a poll runs in: a terminal observed from one of them was found by polling.
 _POLLED_FROM = (OpState.WORKING, OpState.INPUT_REQUIRED, OpState.CANCEL_REQUESTED)
@@ -109,6 +127,25 @@ class LagHistogram:
 
 
 @dataclass(frozen=True, slots=True)
+class ReceiptCount:
+    """Receipts accepted so far of one server, protocol and terminal state (a counter: receipts are kept)."""
+
+    server: str
+    protocol: str
+    terminal_state: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class CreateCount:
+    """Operations a create was attempted for, of one server and protocol (a counter: rows are kept)."""
+
+    server: str
+    protocol: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
 class LedgerMetrics:
     operations: tuple[OperationCount, ...]
     unknown: tuple[UnknownOperations, ...]
@@ -117,6 +154,12 @@ class LedgerMetrics:
     cancel_lag: tuple[LagHistogram, ...]
     detection_lag: tuple[LagHistogram, ...]
     outbox_dead: tuple[OutboxDead, ...] = ()
+    receipts: tuple[ReceiptCount, ...] = ()
+    creates: tuple[CreateCount, ...] = ()
+    #: Outbox rows ever dead-lettered (each opened an OUTBOX_UNDELIVERABLE record; records are kept).
+    outbox_dead_total: int = 0
+    #: From an operation's submission to its receipt, per server.
+    duration: tuple[LagHistogram, ...] = ()
 
 
 def read_metrics(engine: Engine, *, buckets: Sequence[float] = LAG_BUCKETS_S) -> LedgerMetrics:
@@ -135,6 +178,10 @@ def read_metrics(engine: Engine, *, buckets: Sequence[float] = LAG_BUCKETS_S) ->
                 cancel_lag=_histograms(conn, _cancel_lags(), bounds),
                 detection_lag=_histograms(conn, _detection_lags(), bounds),
                 outbox_dead=_outbox_dead(conn),
+                receipts=_receipts(conn),
+                creates=_creates(conn),
+                outbox_dead_total=_outbox_dead_total(conn),
+                duration=_histograms(conn, _durations(), DURATION_BUCKETS_S),
             )
 
 
@@ -189,6 +236,43 @@ def _outbox_dead(conn: Connection) -> tuple[OutboxDead, ...]:
         .order_by(OUTBOX.c.kind)
     ).all()
     return tuple(OutboxDead(kind, int(n)) for kind, n in rows)
+
+
+def _receipts(conn: Connection) -> tuple[ReceiptCount, ...]:
+    rows = conn.execute(
+        select(OP.c.server, OP.c.protocol, RECEIPT.c.terminal_state, func.count())
+        .select_from(RECEIPT.join(OP, OP.c.id == RECEIPT.c.op_id))
+        .group_by(OP.c.server, OP.c.protocol, RECEIPT.c.terminal_state)
+        .order_by(OP.c.server, OP.c.protocol, RECEIPT.c.terminal_state)
+    ).all()
+    return tuple(ReceiptCount(server, protocol, state, int(n)) for server, protocol, state, n in rows)
+
+
+def _creates(conn: Connection) -> tuple[CreateCount, ...]:
+    rows = conn.execute(
+        select(OP.c.server, OP.c.protocol, func.count())
+        .where(OP.c.submit_attempted_at.is_not(None))
+        .group_by(OP.c.server, OP.c.protocol)
+        .order_by(OP.c.server, OP.c.protocol)
+    ).all()
+    return tuple(CreateCount(server, protocol, int(n)) for server, protocol, n in rows)
+
+
+def _outbox_dead_total(conn: Connection) -> int:
+    reason = ReconciliationReason.OUTBOX_UNDELIVERABLE.value
+    return int(conn.execute(select(func.count()).where(RECON.c.reason == reason)).scalar_one())
+
+
+def _durations() -> Any:
+    """(server, lag_s) per operation with a receipt: from its submission to the receipt's acceptance."""
+    return (
+        select(
+            OP.c.server.label("server"),
+            func.greatest(literal(0.0), _seconds(RECEIPT.c.accepted_at - OP.c.created_at)).label("lag_s"),
+        )
+        .select_from(RECEIPT.join(OP, OP.c.id == RECEIPT.c.op_id))
+        .subquery("lags")
+    )
 
 
 def _reconciliations(conn: Connection) -> tuple[ReconciliationCount, ...]:

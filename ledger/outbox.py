@@ -4,8 +4,9 @@ A row whose publish fails is tried again after a pause that doubles from ``first
 ``max_pause_s`` (``outbox.next_attempt_at``; a drain passes the rows still paused by). After
 ``max_attempts`` failed attempts it is dead-lettered: ``outbox.status = 'dead'``, an OUTBOX_UNDELIVERABLE
 reconciliation record on its operation with the error, an ``outbox_dead_lettered`` event; ``longcall status``
-and the metrics (``longcall_outbox_dead``) show it, and ``longcall reconcile --resend OUTBOX_ID`` puts it
-back to ready (``outbox_resent``), resolving the record once none of the operation's rows is dead.
+and the metrics (``longcall_outbox_dead_rows``, ``longcall_outbox_dead_total``) show it, and ``longcall
+reconcile --resend OUTBOX_ID`` puts it back to ready (``outbox_resent``), resolving the record once none of
+the operation's rows is dead.
 
 A broker that is out of reach is not the row's fault. The publisher says so by raising
 :class:`~ledger.errors.PublishUnavailable` (``workers/delivery.py``: a connection refused, reset or timed

@@ -7,6 +7,7 @@ version, the operations in flight keep theirs (the URL, the token and the budget
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import httpx2
@@ -24,6 +25,7 @@ from adapters import (
 )
 from workers.budget import label_request
 from workers.errors import UnknownServer
+from workers.request_outcomes import CountingTransport, RequestOutcomes
 from workers.settings import FleetConfig, ServerConfig
 
 
@@ -34,7 +36,8 @@ class RemotePool:
     margin), so the largest result the fleet stores is the largest one it reads, and a larger answer is
     refused at its first read (:class:`~adapters.errors.AnswerTooLarge`). ``connections``: how many
     connections each client keeps open, as many as the process sends to one server at once (a poll batch's
-    members, ``Settings.poll_batch``): the next batch finds them open."""
+    members, ``Settings.poll_batch``): the next batch finds them open. ``outcomes``: where each request's
+    outcome is counted (``workers.request_outcomes``)."""
 
     def __init__(
         self,
@@ -44,8 +47,10 @@ class RemotePool:
         timeouts: Timeouts | None = None,
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         connections: int = DEFAULT_CONNECTIONS,
+        outcomes: RequestOutcomes | None = None,
     ) -> None:
         self._fleet = fleet
+        self._outcomes = outcomes
         self._registry = registry or default_registry()
         self._timeouts = timeouts or Timeouts()
         self._limits = Limits.for_results(max_result_bytes)
@@ -90,7 +95,16 @@ class RemotePool:
                     },
                 )
                 # label_request names the bucket each request was charged to
-                client = spec.make_client(self._timeouts, (label_request,), connections=self._connections)
+                outcomes = self._outcomes
+                client = spec.make_client(
+                    self._timeouts,
+                    (label_request,),
+                    connections=self._connections,
+                    # every request counted with its outcome, for longcall metrics
+                    wrap_transport=None
+                    if outcomes is None
+                    else functools.partial(CountingTransport, server=name, outcomes=outcomes),
+                )
                 self._clients.append(client)
                 adapter = spec.factory(config, client)
                 self._adapters[key] = adapter

@@ -21,6 +21,7 @@ from ledger.records import EpochOwnership
 from ledger.repository import Ledger
 from workers.hot import HotState
 from workers.remote import RemotePool
+from workers.request_outcomes import RequestOutcomes
 from workers.settings import FleetConfig, Settings, load_settings
 from workers.signatures import JSON_RULE, DeliveryCheck
 
@@ -95,6 +96,7 @@ class Runtime:
                 self.fleet,
                 max_result_bytes=self.settings.max_result_bytes,
                 connections=self.settings.poll_batch,  # a batch's members poll one server at once
+                outcomes=RequestOutcomes(self.hot.client, self.hot.prefix),
             )
         return self._remote
 

@@ -164,6 +164,51 @@ def test_metrics_after_a_run_match_the_ledger(fleet: Fleet, scraper: Scraper) ->
     assert 0 < age < time.time() - started
     assert value(samples, "longcall_reconciliations_open", reason="SUBMISSION_UNKNOWN") == 1
 
+    # The counters (issue 22): receipts by terminal state, creates (one per operation, the lost one too),
+    # no dead letter, the operations' durations.
+    assert (
+        value(
+            samples, "longcall_receipts_total", terminal_state="completed", server="reports", protocol="mcp"
+        )
+        == 3
+    )
+    assert (
+        value(
+            samples, "longcall_receipts_total", terminal_state="cancelled", server="reports", protocol="mcp"
+        )
+        == 1
+    )
+    assert (
+        value(samples, "longcall_receipts_total", terminal_state="failed", server="reports", protocol="mcp")
+        == 0
+    )
+    assert value(samples, "longcall_creates_total", server="reports", protocol="mcp") == 5
+    assert value(samples, "longcall_outbox_dead_total") == 0
+    assert value(samples, "longcall_operation_duration_seconds_count", server="reports") == 4
+
+    # Every request the workers sent, by budget and outcome (added to Redis every 2 s): the status reads
+    # equal the server's own count of poll requests, and the lost create's answer is a no_answer.
+    received_polls = poll_requests_in(fleet, 0, int(time.time()) + 1)
+
+    def requests_counted() -> Samples | None:
+        latest = scraper.samples()
+        return latest if value(latest, "longcall_polls_total", server="reports") >= received_polls else None
+
+    counted_samples = support.wait_for("the workers' request counts", requests_counted, timeout=15)
+    polls_sent = sum(
+        value(counted_samples, "longcall_requests_total", server="reports", budget="poll", outcome=outcome)
+        for outcome in ("ok", "rate_limited", "client_error", "server_error", "no_answer")
+    )
+    assert value(counted_samples, "longcall_polls_total", server="reports") == polls_sent == received_polls
+    lost_answers = value(
+        counted_samples, "longcall_requests_total", server="reports", budget="control", outcome="no_answer"
+    )
+    assert lost_answers >= 1
+    assert (
+        value(counted_samples, "longcall_requests_total", server="reports", budget="control", outcome="ok")
+        >= 5
+    )
+
     # The outbox: every row dispatched.
     [(ready,)] = sql(fleet, "SELECT count(*) FROM outbox WHERE status = 'ready'")
     assert ready == 0

@@ -4,8 +4,9 @@ An outbox row whose publish failed used to be tried again every drain (every sec
 line: a receipt the broker refuses every time was never delivered and nobody was told. Now a failed publish
 waits a growing pause (``outbox.next_attempt_at``), and after ``outbox_max_attempts`` failures the row is
 dead-lettered (``status = 'dead'``, an OUTBOX_UNDELIVERABLE record with the error, an
-``outbox_dead_lettered`` event), shown by ``longcall status`` and ``longcall_outbox_dead``, and sent again by
-``longcall reconcile --resend``. A broker that is down is not counted: an outage dead-letters nothing.
+``outbox_dead_lettered`` event), shown by ``longcall status`` and ``longcall_outbox_dead_rows``, and sent
+again by ``longcall reconcile --resend``. A broker that is down is not counted: an outage dead-letters
+nothing.
 
 Real Postgres; the fleet test runs real workers on RabbitMQ, which refuses the receipt's queue declaration
 (PRECONDITION_FAILED) until the test removes the cause; a signature that could never be delivered is refused
@@ -77,7 +78,7 @@ def make_due(ledger: Ledger) -> None:
 
 def dead_gauge(ledger: Ledger) -> dict[str, float]:
     families = ledger_families(read_metrics(ledger.engine), FleetConfig.model_validate({"servers": {}}))
-    family = next(f for f in families if f.name == "longcall_outbox_dead")
+    family = next(f for f in families if f.name == "longcall_outbox_dead_rows")
     return {s.labels["kind"]: s.value for s in family.samples}
 
 
@@ -379,7 +380,8 @@ def test_a_receipt_the_broker_refuses_is_dead_lettered_shown_and_resent_on_the_f
     assert "DEAD after 3 failed attempts" in shown, shown
     code, scraped = run("metrics", "--once")
     assert code == 0, scraped
-    assert 'longcall_outbox_dead{kind="terminal"} 1.0' in scraped, scraped
+    assert 'longcall_outbox_dead_rows{kind="terminal"} 1.0' in scraped, scraped
+    assert "longcall_outbox_dead_total 1.0" in scraped, scraped
 
     # The cause goes: the wrong queue is deleted; the operator resends; the pipeline's worker starts.
     with_vhost_connection(fleet, lambda channel: channel.queue_delete("pipeline"))
@@ -390,6 +392,11 @@ def test_a_receipt_the_broker_refuses_is_dead_lettered_shown_and_resent_on_the_f
     assert (receipt["op_id"], receipt["outbox_id"]) == (str(op_id), row.id)
     assert [r.status for r in fleet.ledger.outbox_for(op_id)] == ["dispatched"]
     assert [r for r in fleet.ledger.reconciliations_for(op_id) if r.resolved_at is None] == []
+    code, scraped = run("metrics", "--once")
+    assert code == 0, scraped
+    # Sent again: no row dead now; the counter keeps the dead letter that was.
+    assert 'longcall_outbox_dead_rows{kind="terminal"} 0.0' in scraped, scraped
+    assert "longcall_outbox_dead_total 1.0" in scraped, scraped
 
 
 def test_longcall_submit_refuses_a_signature_that_could_never_be_delivered_and_writes_nothing(

@@ -20,6 +20,7 @@ from adapters import (
     RequestHook,
     Timeouts,
     ToolAdapter,
+    TransportWrapper,
     UnknownAdapter,
     aip151,
     default_registry,
@@ -192,7 +193,11 @@ def test_a_version_added_to_a_registry_is_built_by_the_pool_with_no_change_in_wo
     clients: list[tuple[Timeouts, Sequence[RequestHook], int, httpx2.Client]] = []
 
     def make_client(
-        timeouts: Timeouts, request_hooks: Sequence[RequestHook], *, connections: int
+        timeouts: Timeouts,
+        request_hooks: Sequence[RequestHook],
+        *,
+        connections: int,
+        wrap_transport: TransportWrapper | None = None,
     ) -> httpx2.Client:
         client = httpx2.Client()
         clients.append((timeouts, request_hooks, connections, client))
