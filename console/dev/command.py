@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import IO
@@ -81,6 +83,16 @@ def _asker(yes: bool, console: Console) -> Ask:
     return asked
 
 
+#: What the demo MCP server needs beyond longcall's own dependencies (the ``demo`` extra).
+DEMO_PACKAGES = ("uvicorn",)
+
+
+def missing_demo_packages(find: Callable[[str], object] | None = None) -> list[str]:
+    """The demo extra's packages this install lacks (``longcall dev`` says which extra to add)."""
+    finder = find or importlib.util.find_spec
+    return [name for name in DEMO_PACKAGES if finder(name) is None]
+
+
 @click.command()
 @click.option(
     "--data-dir",
@@ -112,6 +124,12 @@ def dev(  # noqa: PLR0917 (click passes each option as a parameter)
     the broker: one is cancelled, one asks for approval, one loses its create answer and goes to an operator
     (never called twice). Ctrl-C (or the end of the demo with --exit) stops everything it started.
     """
+    missing = missing_demo_packages()
+    if missing:
+        raise click.ClickException(
+            f"longcall dev runs longcall's demo MCP server, which needs {', '.join(missing)}: install the"
+            " demo extra, pip install -e '.[demo]' (or pip install 'longcall[demo]')"
+        )
     console = Console()
     try:
         data = prepare_data_dir(data_dir)

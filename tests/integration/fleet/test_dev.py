@@ -4,6 +4,7 @@ printed; and ``--no-demo`` stopped with Ctrl-C. Nothing it started may survive i
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -21,6 +22,7 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 
+from console.dev.command import missing_demo_packages
 from console.dev.fleet import LocalFleet, mask_password
 from console.dev.processes import clean_leftovers, group_alive
 from console.dev.services import DataDir, EmbeddedPostgres, lock_data_dir, pid_alive, prepare_data_dir
@@ -229,6 +231,22 @@ def test_a_data_dir_that_cannot_be_used_is_one_line_and_a_non_zero_exit(tmp_path
     assert (
         result.output.strip() == f"Error: data dir {busy.root} is in use by longcall dev (pid {os.getpid()})"
     )
+
+
+def test_an_install_without_the_demo_extra_is_told_which_extra_to_add_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *args: None if name == "uvicorn" else real(name, *args)
+    )
+    assert missing_demo_packages() == ["uvicorn"]
+    result = CliRunner().invoke(cli_main, ["dev", "--data-dir", str(tmp_path / "dev")])
+    assert result.exit_code == 1
+    [line] = result.output.strip().splitlines()
+    assert "needs uvicorn" in line
+    assert "pip install -e '.[demo]'" in line
+    assert not (tmp_path / "dev").exists()  # nothing started, nothing written
 
 
 def test_help_names_the_options() -> None:
