@@ -46,7 +46,7 @@ conformance: services install peers
 bench: services install
 	$(BIN)/python bench/run_all.py $(BENCH_ARGS)
 
-## fleet: the demo MCP server, a worker and beat on the local Postgres and Redis (see README)
+## fleet: the demo MCP server, a worker and beat on the local Postgres and Redis (see docs/getting-started.md)
 fleet: services install
 	scripts/fleet
 

@@ -4,7 +4,7 @@ Read-only, in one REPEATABLE READ transaction (every figure of one scrape comes 
 statement timeout, so a scrape never holds or waits on a worker's lock for long. Aggregation happens in
 Postgres: a scrape moves a few rows whatever the size of the ledger.
 
-What the figures mean (the README's "Observability" section lists the metrics built from them):
+What the figures mean (docs/operating.md, "Observability", lists the metrics built from them):
 
 - UNKNOWN: operations in SUBMISSION_UNKNOWN or MANUAL_RECONCILIATION: those whose outcome no rule has
   decided (a lost create answer, or an operator's case). Their age runs from the event that moved them

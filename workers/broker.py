@@ -44,7 +44,7 @@ sent by name, popped as Redis shut down, never ran). ``RedisQoS.append`` keeps s
 (:data:`UNRECORDED`), and the worker's consumer puts it back at the front of its queue once it is connected
 again. A worker killed in that instant (between two Redis replies, well under a millisecond) still loses it:
 kombu's Redis transport has no atomic take; a broker that must hold every message through a worker's kill
-is RabbitMQ (README, "Brokers").
+is RabbitMQ (docs/durability.md, "Brokers").
 
 Used for ``redis://`` brokers (``workers.app.celery_config``); other transports (``rediss://``,
 ``sentinel://``, AMQP) are kombu's own. A connection over it still shows itself as ``redis://...`` (its
