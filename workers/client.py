@@ -31,10 +31,11 @@ waits.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any, Literal, TypedDict
 
-from celery import Celery, Signature, signature
+from celery import Celery, Signature, current_app, signature
 
 __all__ = [
     "CANCEL",
@@ -146,10 +147,10 @@ def call(
         "server": server,
         "tool": tool,
         "arguments": dict(arguments),
-        "on_terminal": _signature("then", then),
+        "on_terminal": _signature("then", then, app),
     }
     if on_input is not None:
-        kwargs["on_input"] = _signature("on_input", on_input)
+        kwargs["on_input"] = _signature("on_input", on_input, app)
     if ttl_ms is not None:
         kwargs["ttl_ms"] = ttl_ms
     if wait_budget_s is not None:
@@ -179,8 +180,36 @@ def provide_input(
     return signature(PROVIDE_INPUT, kwargs=kwargs, queue=CONTROL_QUEUE, app=app)
 
 
-def _signature(name: str, value: Signature | Mapping[str, Any]) -> dict[str, Any]:
-    """A downstream signature as ``longcall.submit`` takes it (a plain dict: JSON, the worker checks it)."""
+def _signature(name: str, value: Signature | Mapping[str, Any], app: Celery | None) -> dict[str, Any]:
+    """A downstream signature as ``longcall.submit`` takes it: a plain dict (JSON; the worker checks it),
+    each task in it given the queue the pipeline's app routes it to when it names none. longcall sends it
+    from its own app, which knows nothing of the pipeline's routes: without a queue it would go to
+    Celery's default queue."""
     if not isinstance(value, Mapping) or not isinstance(value.get("task"), str):
         raise TypeError(f"{name} must be a Celery signature (a task's .s(), a chain, a group), got {value!r}")
-    return dict(value)
+    plain: dict[str, Any] = json.loads(json.dumps(value))
+    return _with_queues(plain, app or current_app)
+
+
+def _with_queues(sig: dict[str, Any], app: Celery) -> dict[str, Any]:
+    options = sig.setdefault("options", {}) or {}
+    sig["options"] = options
+    kind = sig.get("subtask_type")
+    if kind is None and not options.get("queue"):
+        route = app.amqp.router.route({}, sig["task"])
+        queue = route.get("queue")
+        options["queue"] = getattr(queue, "name", None) or app.conf.task_default_queue
+    kwargs = sig.get("kwargs") or {}
+    for part in ("tasks", "header", "body"):
+        member = kwargs.get(part) if kind is not None else None
+        if isinstance(member, dict):
+            _with_queues(member, app)
+        elif isinstance(member, list):
+            for each in member:
+                if isinstance(each, dict):
+                    _with_queues(each, app)
+    for link in ("link", "link_error"):
+        linked = options.get(link)
+        for each in linked if isinstance(linked, list) else [linked] if isinstance(linked, dict) else []:
+            _with_queues(each, app)
+    return sig

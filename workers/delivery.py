@@ -35,7 +35,7 @@ from ledger.redact import error_line
 from workers.errors import InvalidSubmission
 from workers.runtime import Runtime, RuntimeHolder
 from workers.settings import Settings
-from workers.signatures import DeliveryCheck, completed_signature
+from workers.signatures import DeliveryCheck, completed_signature, routed_signature
 from workers.steps.context import StepOutcome
 
 log = logging.getLogger("longcall")
@@ -98,7 +98,8 @@ def publisher(app: Celery) -> Callable[[OutboxMessage], None]:
         stored, keyword, value = downstream_call(message)
         if stored is None:
             return  # nobody downstream: the receipt alone is the record
-        sig = signature(completed_signature(stored), app=app)
+        # A task that names no queue goes to Celery's default one, never to longcall's (routed_signature).
+        sig = signature(routed_signature(completed_signature(stored)), app=app)
         # The signature's own headers are kept: apply_async's headers replace them, they do not add to them.
         headers = {**(sig.options.get("headers") or {}), "longcall_outbox_id": str(message.id)}
         try:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import logging
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ SIGNATURE_KEYS = frozenset({"task", "args", "kwargs", "options", "subtask_type",
 #: The longest queue name, task id or other text option accepted.
 MAX_OPTION_TEXT = 512
 
+
+log = logging.getLogger(__name__)
 
 #: The keys of Celery's JSON serializer's envelope for a type JSON lacks (kombu's ``{"__type__": "datetime",
 #: "__value__": "..."}``): an object with exactly these keys is decoded on delivery, never delivered as sent.
@@ -110,8 +113,60 @@ def checked_signature(
         )
     if delivery.build is not None:
         delivery.build(field, value)
+    unrouted = unrouted_tasks(field, value)
+    if unrouted:
+        log.warning(
+            "%s names no queue: delivery sends it to Celery's default queue %r, which a pipeline app that "
+            "sets none consumes; give each task queue='...' (workers.client.call fills it from your app's "
+            "routes)",
+            ", ".join(unrouted),
+            DEFAULT_DOWNSTREAM_QUEUE,
+        )
     checked: dict[str, Any] = value
     return checked
+
+
+#: Where delivery sends a downstream task whose signature names no queue: Celery's own default queue (a
+#: pipeline app that sets none consumes it), never longcall's default one, whose workers would discard the
+#: task as unregistered (the receipt lost in silence). The submission is warned of it.
+DEFAULT_DOWNSTREAM_QUEUE = "celery"
+
+
+def routed_signature(value: Mapping[str, Any]) -> dict[str, Any]:
+    """``value`` (a completed signature dict) with :data:`DEFAULT_DOWNSTREAM_QUEUE` as the queue of every
+    task in it that names none (a chain's or a group's members, a chord's header and body, callbacks)."""
+    sig = dict(value)
+    options = dict(sig.get("options") or {})
+    kind = sig.get("subtask_type")
+    if kind is None and not options.get("queue"):
+        options["queue"] = DEFAULT_DOWNSTREAM_QUEUE
+    for link in ("link", "link_error"):
+        if isinstance(options.get(link), dict):
+            options[link] = routed_signature(options[link])
+        elif isinstance(options.get(link), list | tuple):
+            options[link] = [routed_signature(m) if isinstance(m, dict) else m for m in options[link]]
+    sig["options"] = options
+    kwargs = sig.get("kwargs")
+    if isinstance(kwargs, dict) and kind in COMPOSITES:
+        parts = ("header", "body") if kind == "chord" else ("tasks",)
+        routed = dict(kwargs)
+        for part in parts:
+            member = routed.get(part)
+            if isinstance(member, dict):
+                routed[part] = routed_signature(member)
+            elif isinstance(member, list | tuple):
+                routed[part] = [routed_signature(m) if isinstance(m, dict) else m for m in member]
+        sig["kwargs"] = routed
+    return sig
+
+
+def unrouted_tasks(field: str, value: Mapping[str, Any]) -> list[str]:
+    """Where in ``value`` a task names no queue (delivery sends it to :data:`DEFAULT_DOWNSTREAM_QUEUE`)."""
+    return [
+        where
+        for where, sig in downstream_signatures(field, dict(value))
+        if sig.get("subtask_type") is None and not (sig.get("options") or {}).get("queue")
+    ]
 
 
 #: What a signature dict may leave out (or give as null), filled in as Celery writes it.

@@ -4,6 +4,7 @@ worker takes, imports Celery only, and routes every longcall task name to its qu
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from typing import Any
@@ -15,6 +16,7 @@ from tests import support
 from workers import client
 from workers.app import celery_config
 from workers.settings import FleetConfig, Settings
+from workers.signatures import completed_signature, routed_signature
 from workers.submission import validate_submission
 
 FLEET = FleetConfig.model_validate(
@@ -23,6 +25,12 @@ FLEET = FleetConfig.model_validate(
 PIPELINE = Celery("pipeline", set_as_current=False)
 STEP = PIPELINE.signature("pipeline.publish_report", queue="pipeline")
 AFTER = PIPELINE.signature("pipeline.archive", queue="pipeline")
+GOOD_KWARGS: dict[str, Any] = {
+    "call_node_id": "n/1",
+    "server": "reports",
+    "tool": "slow_report",
+    "arguments": {},
+}
 
 
 def as_sent(signature: Any) -> dict[str, Any]:
@@ -38,7 +46,7 @@ def test_call_is_a_submit_on_the_control_queue_whose_on_terminal_is_then() -> No
         "server": "reports",
         "tool": "slow_report",
         "arguments": {"m": 1},
-        "on_terminal": dict(STEP),
+        "on_terminal": as_sent(STEP),
     }
     # What the worker checks at its boundary takes it as it is.
     new = validate_submission(as_sent(sig)["kwargs"], FLEET, max_body_bytes=1024)
@@ -122,3 +130,32 @@ def test_the_client_imports_celery_and_nothing_of_longcall_s_worker() -> None:
         check=True,
     )
     assert out.stdout.split() == ["workers", "workers.client"]
+
+
+def test_a_task_that_names_no_queue_is_given_the_one_the_pipeline_routes_it_to() -> None:
+    """longcall sends ``then`` from its own app, which knows nothing of the pipeline's routes: the client
+    writes each task's queue into the signature, as the pipeline's app would route it."""
+    app = Celery("pipeline", set_as_current=False)
+    app.conf.task_default_queue = "pipeline"
+    app.conf.task_routes = {"pipeline.archive": {"queue": "archives"}}
+    then = chain(
+        app.signature("pipeline.publish_report"),
+        group(app.signature("pipeline.archive"), app.signature("pipeline.index")),
+    )
+    sent = as_sent(client.call("n/1", server="reports", tool="t", arguments={}, then=then, app=app))
+    first, rest = sent["kwargs"]["on_terminal"]["kwargs"]["tasks"]
+    assert first["options"]["queue"] == "pipeline"
+    assert [m["options"]["queue"] for m in rest["kwargs"]["tasks"]] == ["archives", "pipeline"]
+    assert "queue" not in sent["kwargs"]["on_terminal"]["options"]  # a composite is routed by its members
+
+
+def test_delivery_sends_a_task_that_names_no_queue_to_celery_s_default_queue_never_longcall_s(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    bare = {"task": "pipeline.next", "args": [], "kwargs": {}, "options": {}}
+    routed = routed_signature(completed_signature(as_sent(chain(STEP, PIPELINE.signature("p.bare")))))
+    assert [m["options"]["queue"] for m in routed["kwargs"]["tasks"]] == ["pipeline", "celery"]
+    assert routed_signature(bare)["options"]["queue"] == "celery"
+    with caplog.at_level(logging.WARNING, logger="workers.signatures"):
+        validate_submission({**GOOD_KWARGS, "on_terminal": bare}, FLEET, max_body_bytes=1024)
+    assert "on_terminal names no queue" in caplog.text
