@@ -177,7 +177,10 @@ def gate(ctx: click.Context, as_json: bool) -> None:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
         console.print(output.launch_gate_table(report.to_json()))
-        console.print("gate: PASSED" if report.passed else "gate: FAILED")
+        if report.verdict == "missing evidence":
+            console.print(f"gate: MISSING EVIDENCE: {'; '.join(report.missing)}")
+        else:
+            console.print(f"gate: {report.verdict.upper()}")
     if not report.passed:
         ctx.exit(EXIT_REFUSED)
 

@@ -4,7 +4,8 @@
 peaks in Redis (``workers.budget.RequestMeter``), and sets each figure against its target. Every criterion
 says what it measured and how; a failing one names the operations, call nodes or servers behind it (at
 most :data:`BEHIND_LIMIT`, then "and N more"). The gate passes only when every criterion does; a
-criterion without the evidence it needs (no simulation run yet, Redis unreadable) fails.
+criterion without the evidence it needs (no simulation run yet, Redis unreadable) does not pass either, and
+says what is missing: the gate's verdict is then "missing evidence" (a fresh fleet), not "failed".
 
 ``longcall rollout --percent N`` asks the same function before raising the canary's percentage.
 """
@@ -44,17 +45,26 @@ _BUDGETS: tuple[Budget, ...] = ("poll", "control")
 
 @dataclass(frozen=True, slots=True)
 class Criterion:
-    """One line of the gate: what was measured (and how), the target, the verdict, and what is behind a
-    failure (empty when it passes)."""
+    """One line of the gate: what was measured (and how), the target, the verdict, what is behind a failure
+    (empty when it passes), and the evidence it lacks (``missing``: it neither passes nor fails yet, e.g. no
+    simulation run on a fresh fleet; what to do is said)."""
 
     name: str
     measured: str
     target: str
     passed: bool
     behind: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str:
+        """``pass``, ``fail``, or ``no evidence`` (not passed, and nothing measured fails it)."""
+        if self.passed:
+            return "pass"
+        return "no evidence" if self.missing and not self.behind else "fail"
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "verdict": self.verdict}
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +79,25 @@ class GateReport:
     def failing(self) -> list[Criterion]:
         return [c for c in self.criteria if not c.passed]
 
+    @property
+    def verdict(self) -> str:
+        """``passed``; ``failed`` when a criterion fails; else ``missing evidence`` (a fresh fleet: nothing
+        fails, some criterion has no evidence yet). Only ``passed`` lets a rollout go on."""
+        verdicts = {c.verdict for c in self.criteria}
+        if "fail" in verdicts:
+            return "failed"
+        return "missing evidence" if "no evidence" in verdicts else "passed"
+
+    @property
+    def missing(self) -> list[str]:
+        return [m for c in self.criteria for m in c.missing]
+
     def to_json(self) -> dict[str, Any]:
-        return {"passed": self.passed, "criteria": [c.to_json() for c in self.criteria]}
+        return {
+            "passed": self.passed,
+            "verdict": self.verdict,
+            "criteria": [c.to_json() for c in self.criteria],
+        }
 
 
 def evaluate_gate(ledger: Ledger, settings: Settings, redis: RedisClient | None = None) -> GateReport:
@@ -124,9 +151,10 @@ def _divergence(f: GateFigures) -> Criterion:
     if f.shadow.pending:
         shadow += f" ({f.shadow.pending} waiting for both outcomes)"
     behind = _named(f.shadow.diverged)
+    missing: list[str] = []
     if sim is None:
         simulated = "simulation: no simulation run yet (longcall gate simulate)"
-        behind.append("no simulation run yet: run longcall gate simulate")
+        missing.append("no simulation run yet: run longcall gate simulate")
     else:
         simulated = (
             f"simulation #{sim.id} (seed {sim.seed}, {sim.series} series, "
@@ -136,7 +164,7 @@ def _divergence(f: GateFigures) -> Criterion:
             behind.append(f"simulation #{sim.id} (seed {sim.seed}): {sim.divergences} divergences")
     passed = sim is not None and sim.divergences == 0 and f.shadow.diverged.total == 0
     return Criterion(
-        "terminal-state divergence", f"{shadow}; {simulated}", "0", passed, [] if passed else behind
+        "terminal-state divergence", f"{shadow}; {simulated}", "0", passed, [] if passed else behind, missing
     )
 
 
@@ -189,7 +217,7 @@ def poll_amplification(
             f"Redis cannot be read ({type(exc).__name__}): no evidence",
             "<= 1.0",
             False,
-            [f"Redis at the configured LONGCALL_REDIS_URL: {type(exc).__name__}"],
+            missing=[f"Redis at the configured LONGCALL_REDIS_URL cannot be read: {type(exc).__name__}"],
         )
     if not fleet.servers:
         measured = "no server configured (LONGCALL_CONFIG)"

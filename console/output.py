@@ -533,12 +533,13 @@ def launch_gate_table(report: Mapping[str, Any]) -> Table:
     """``longcall gate``: one line per criterion (``GateReport.to_json()``): measured, target, verdict, and
     what is behind a failure."""
     table = Table("criterion", "measured", "target", "", "behind", title="launch gate")
+    marks = {"pass": "[green]pass[/]", "fail": "[bold red]FAIL[/]", "no evidence": "[yellow]no evidence[/]"}
     for c in report["criteria"]:
         table.add_row(
             c["name"],
             c["measured"],
             c["target"],
-            "[green]pass[/]" if c["passed"] else "[bold red]FAIL[/]",
-            "\n".join(c["behind"]),
+            marks[c["verdict"]],
+            "\n".join(c["behind"] + c["missing"]),
         )
     return table

@@ -251,14 +251,16 @@ def test_every_criterion_passes_on_good_evidence(
     assert "100.0 % (2 of 2 dispatched advances)" in criteria[NAMES[-1]].measured
 
 
-def test_without_a_simulation_run_the_gate_has_no_evidence_and_fails(
+def test_without_a_simulation_run_the_gate_says_the_evidence_is_missing_and_does_not_pass(
     ledger: Ledger, settings: Settings, redis_client: redis.Redis
 ) -> None:
     criteria = gate(ledger, settings, redis_client)
     divergence = criteria["terminal-state divergence"]
     assert not divergence.passed
+    assert divergence.verdict == "no evidence"
     assert "no simulation run yet" in divergence.measured
-    assert divergence.behind == ["no simulation run yet: run longcall gate simulate"]
+    assert divergence.behind == []
+    assert divergence.missing == ["no simulation run yet: run longcall gate simulate"]
     assert all(c.passed for name, c in criteria.items() if name != "terminal-state divergence")
 
 
@@ -494,16 +496,16 @@ def test_the_command_prints_a_table_or_json_and_exits_non_zero_when_a_criterion_
     code, output = run("gate", "--json")
     assert code == EXIT_REFUSED, output
     data = json.loads(output)
-    assert set(data) == {"passed", "criteria"}
-    assert data["passed"] is False
+    assert set(data) == {"passed", "verdict", "criteria"}
+    assert (data["passed"], data["verdict"]) == (False, "missing evidence")
     assert [c["name"] for c in data["criteria"]] == list(NAMES)
     for c in data["criteria"]:
-        assert set(c) == {"name", "measured", "target", "passed", "behind"}
+        assert set(c) == {"name", "measured", "target", "passed", "behind", "missing", "verdict"}
     code, output = run("gate")
-    assert code == EXIT_REFUSED
-    assert "FAIL" in output
-    assert "no simulation run yet" in output
-    assert "gate: FAILED" in output
+    assert code == EXIT_REFUSED  # a gate without its evidence does not pass: no rollout on it
+    assert "FAIL" not in output
+    assert "no evidence" in output
+    assert "gate: MISSING EVIDENCE: no simulation run yet: run longcall gate simulate" in output
 
     good_evidence(ledger, settings, redis_client)
     code, output = run("gate")
