@@ -112,15 +112,43 @@ def missing_demo_packages(find: Callable[[str], object] | None = None) -> list[s
     show_default=True,
     help="Pool size of each worker.",
 )
+@click.option(
+    "--flower-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Flower's port (else kept from the last run).",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="The metrics endpoint's port (else kept from the last run).",
+)
+@click.option(
+    "--demo-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="The demo MCP server's port (else kept from the last run).",
+)
 def dev(  # noqa: PLR0917 (click passes each option as a parameter)
-    data_dir: Path, no_demo: bool, exit_after: bool, yes: bool, workers: int, concurrency: int
+    data_dir: Path,
+    no_demo: bool,
+    exit_after: bool,
+    yes: bool,
+    workers: int,
+    concurrency: int,
+    flower_port: int | None,
+    metrics_port: int | None,
+    demo_port: int | None,
 ) -> None:
     """Run the whole fleet locally, with nothing installed, and a demo of what longcall does.
 
     Postgres and Redis are embedded (from wheels, data under --data-dir) unless LONGCALL_DATABASE_URL /
     LONGCALL_REDIS_URL name real ones. It migrates the ledger and starts the demo MCP server (server
     "reports"), worker processes, beat, Flower (basic auth: LONGCALL_FLOWER_USER / LONGCALL_FLOWER_PASSWORD,
-    else generated and printed once) and `longcall metrics`. The demo submits a dozen report calls through
+    else generated once and kept in the data directory) and `longcall metrics`, each on the port it had the
+    last time on this data directory when that port is free (--flower-port, --metrics-port, --demo-port set
+    them). The demo submits a dozen report calls through
     the broker: one is cancelled, one asks for approval, one loses its create answer and goes to an operator
     (never called twice). Ctrl-C (or the end of the demo with --exit) stops everything it started.
     """
@@ -130,6 +158,8 @@ def dev(  # noqa: PLR0917 (click passes each option as a parameter)
             f"longcall dev runs longcall's demo MCP server, which needs {', '.join(missing)}: install the"
             " demo extra, pip install -e '.[demo]' (or pip install 'longcall[demo]')"
         )
+    asked = {"flower": flower_port, "metrics": metrics_port, "demo": demo_port}
+    ports = {part: port for part, port in asked.items() if port is not None}
     console = Console()
     try:
         data = prepare_data_dir(data_dir)
@@ -151,7 +181,7 @@ def dev(  # noqa: PLR0917 (click passes each option as a parameter)
             data,
             children,
             postgres,
-            FleetOptions(workers, concurrency),
+            FleetOptions(workers, concurrency, ports=ports),
             started=started,
             no_demo=no_demo,
             exit_after=exit_after,

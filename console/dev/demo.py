@@ -81,6 +81,7 @@ class Demo:
     calls: list[DemoCall] = field(default_factory=plan)
     notes: dict[str, str] = field(default_factory=dict)
     done: set[str] = field(default_factory=set)
+    _terminals: dict[uuid.UUID, str] = field(default_factory=dict)
 
     def node(self, call: DemoCall) -> str:
         return f"dev/{self.run_id}/{call.name}"
@@ -142,7 +143,7 @@ class Demo:
             live.start()
 
     def title(self) -> str:
-        return f"longcall dev demo: call nodes dev/{self.run_id}/...  (Flower {self.fleet.flower_url})"
+        return f"longcall dev demo (call nodes dev/{self.run_id}/...)"
 
     def act(self, ops: dict[str, Operation | None], live: Live) -> None:
         cancel = ops[self.by_role("cancel").name]
@@ -224,8 +225,18 @@ class Demo:
             elapsed = 0.0 if op is None else _age(op, final=op.state in FINAL)
             note = self.notes.get(call.name, "")
             state = None if op is None else op.state
-            rows.append(ProgressRow(call.name, call.what, state, polls, elapsed, note))
+            terminal = self._terminal(op) if op is not None and op.state in FINAL else None
+            rows.append(ProgressRow(call.name, call.what, state, polls, elapsed, note, terminal))
         return rows
+
+    def _terminal(self, op: Operation) -> str | None:
+        """The receipt's terminal state of an ended operation (read once: a receipt never changes)."""
+        if op.id not in self._terminals:
+            receipt = self.ledger.receipt_for(op.id)
+            if receipt is None:
+                return None
+            self._terminals[op.id] = receipt.terminal_state.value
+        return self._terminals[op.id]
 
     def _polled_events(self, op_id: uuid.UUID) -> int:
         return sum(1 for e in self.ledger.events(op_id) if e["kind"] == "polled")

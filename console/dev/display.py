@@ -21,6 +21,18 @@ _STATE_STYLE = {
 }
 
 
+#: An ended operation's receipt, as the table shows it.
+_TERMINAL_STYLE = {"completed": "green", "failed": "bold red", "cancelled": "yellow"}
+#: The states as the table writes them: short enough for 80 columns.
+_STATE_TEXT = {
+    OpState.MANUAL_RECONCILIATION: "OPERATOR",
+    OpState.SUBMISSION_UNKNOWN: "UNKNOWN",
+    OpState.CANCEL_REQUESTED: "CANCELLING",
+    OpState.INPUT_REQUIRED: "INPUT",
+    OpState.FETCHING_RESULT: "FETCHING",
+}
+
+
 @dataclass(frozen=True)
 class ProgressRow:
     #: The call's name in the demo (its call node id less the run's prefix, which the title shows).
@@ -30,6 +42,20 @@ class ProgressRow:
     polls: int
     elapsed_s: float
     note: str = ""
+    #: The receipt's terminal state once it has one (completed, failed, cancelled): what the row shows
+    #: then, not the ledger's ACCEPTED.
+    terminal: str | None = None
+
+
+def state_text(row: ProgressRow) -> str:
+    """The state column: the receipt's terminal state once there is one, else the operation's state."""
+    if row.terminal is not None:
+        return f"[{_TERMINAL_STYLE.get(row.terminal, 'green')}]{row.terminal}[/]"
+    if row.state is None:
+        return "[dim]-[/]"
+    text = _STATE_TEXT.get(row.state, row.state.value)
+    style = _STATE_STYLE.get(row.state)
+    return f"[{style}]{text}[/]" if style else text
 
 
 @dataclass(frozen=True)
@@ -41,22 +67,21 @@ class ReceiptRow:
 
 
 def progress_table(rows: Sequence[ProgressRow], title: str) -> Table:
-    table = Table(title=title, title_justify="left", expand=False)
+    """One line per call, 80 columns wide at most: the long texts (what, note) wrap, never the state."""
+    table = Table(title=title, title_justify="left", expand=False, box=None, padding=(0, 1))
     table.add_column("call", no_wrap=True)
-    table.add_column("what", no_wrap=True)
+    table.add_column("what", max_width=20)
     table.add_column("state", no_wrap=True)
-    table.add_column("polls", justify="right")
-    table.add_column("elapsed", justify="right")
-    table.add_column("note")
+    table.add_column("polls", justify="right", no_wrap=True)
+    table.add_column("time", justify="right", no_wrap=True)
+    table.add_column("note", max_width=24)
     for row in rows:
-        state = "-" if row.state is None else row.state.value
-        style = _STATE_STYLE.get(row.state) if row.state is not None else "dim"
         table.add_row(
             row.name,
             row.what,
-            f"[{style}]{state}[/]" if style else state,
+            state_text(row),
             str(row.polls),
-            f"{row.elapsed_s:5.1f}s",
+            f"{row.elapsed_s:4.0f}s",
             row.note,
         )
     return table

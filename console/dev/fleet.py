@@ -3,6 +3,7 @@ ledger migrated, the demo MCP server, workers, beat, Flower with basic auth and 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -21,6 +22,7 @@ from console.dev.services import (
     DevError,
     EmbeddedPostgres,
     free_port,
+    port_free,
     port_open,
     redis_argv,
 )
@@ -35,6 +37,44 @@ STARTUP_TIMEOUT_S = 90.0
 class FleetOptions:
     workers: int = 2
     concurrency: int = 2
+    #: Ports asked for on the command line (``--flower-port`` ...), by part; the others are kept from the
+    #: last start on the data directory when they are free, else new.
+    ports: dict[str, int] = field(default_factory=dict)
+
+
+#: The parts whose port a restart keeps.
+PORTED = ("redis", "demo", "flower", "metrics")
+
+
+class Kept:
+    """The ports and the generated Flower password of a data directory (``DataDir.kept``), the same on every
+    start unless asked otherwise or taken meanwhile."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            loaded = json.loads(path.read_text())
+        except (OSError, ValueError):
+            loaded = {}
+        self.ports: dict[str, int] = {
+            k: int(v) for k, v in (loaded.get("ports") or {}).items() if k in PORTED
+        }
+        self.flower_password: str | None = loaded.get("flower_password")
+
+    def port(self, part: str, asked: Mapping[str, int]) -> int:
+        """``part``'s port: the one asked for (a port in use is an error), else the kept one if it is free,
+        else a new one."""
+        if part in asked:
+            if not port_free(asked[part], HOST):
+                raise DevError(f"{part} port {asked[part]} is in use")
+            self.ports[part] = asked[part]
+        elif part not in self.ports or not port_free(self.ports[part], HOST):
+            self.ports[part] = free_port()
+        return self.ports[part]
+
+    def save(self) -> None:
+        self.path.write_text(json.dumps({"ports": self.ports, "flower_password": self.flower_password}))
+        self.path.chmod(0o600)
 
 
 @dataclass
@@ -155,17 +195,18 @@ def start_fleet(
         if postgres.pid is not None:
             children.note("postgres", postgres.pid)
     env["LONGCALL_DATABASE_URL"] = database_url
+    kept = Kept(data.kept)
 
     redis_url = env.get("LONGCALL_REDIS_URL")
     embedded_redis = not redis_url
     if not redis_url:
-        port = free_port()
+        port = kept.port("redis", options.ports)
         redis_url = f"redis://{HOST}:{port}/0"
         child = children.start("redis", redis_argv(data.redis, port), env, service=True)
         children.wait_ready(child, "answering PING", lambda: _redis_ready(redis_url), STARTUP_TIMEOUT_S)
     env["LONGCALL_REDIS_URL"] = redis_url
 
-    demo_port = free_port()
+    demo_port = kept.port("demo", options.ports)
     data.config.write_text(config_toml(demo_port))
     env["LONGCALL_CONFIG"] = str(data.config)
 
@@ -196,8 +237,10 @@ def start_fleet(
     children.start("beat", celery_argv("beat", "-s", str(data.beat_schedule), "--loglevel", "WARNING"), env)
 
     flower_user = env.get("LONGCALL_FLOWER_USER") or "longcall"
-    flower_password = env.get("LONGCALL_FLOWER_PASSWORD") or secrets.token_urlsafe(12)
-    flower_port = free_port()
+    if not kept.flower_password:
+        kept.flower_password = secrets.token_urlsafe(12)
+    flower_password = env.get("LONGCALL_FLOWER_PASSWORD") or kept.flower_password
+    flower_port = kept.port("flower", options.ports)
     # The credentials go to Flower in its environment (FLOWER_BASIC_AUTH), not on a command line `ps` shows.
     flower_env = {**env, "FLOWER_BASIC_AUTH": f"{flower_user}:{flower_password}"}
     flower = children.start(
@@ -205,7 +248,8 @@ def start_fleet(
     )
     waits.append((flower, "listening", flower_port))
 
-    metrics_port = free_port()
+    metrics_port = kept.port("metrics", options.ports)
+    kept.save()
     metrics = children.start(
         "metrics", longcall_argv("metrics", "--host", HOST, "--port", str(metrics_port)), env
     )

@@ -56,6 +56,12 @@ class DataDir:
         return self.root / "longcall.toml"
 
     @property
+    def kept(self) -> Path:
+        """What a restart on this directory keeps: the ports and the generated Flower password (``dev.json``,
+        readable by its owner only)."""
+        return self.root / "dev.json"
+
+    @property
     def processes(self) -> Path:
         """The pids and process groups started by the running (or last) ``longcall dev``."""
         return self.root / "processes.json"
@@ -99,6 +105,16 @@ def lock_data_dir(data: DataDir) -> IO[str]:
     handle.write(str(os.getpid()))
     handle.flush()
     return handle
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Nothing listens on ``port`` (it can be bound now)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
 
 
 def free_port(host: str = "127.0.0.1") -> int:
