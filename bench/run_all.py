@@ -41,6 +41,7 @@ BENCHMARKS: dict[str, tuple[str, list[str], list[str]]] = {
     "soak": ("soak.py", [], ["--quick"]),
     "isolation": ("isolation.py", [], ["--quick"]),
     "http_clients": ("http_clients.py", [], ["--quick"]),
+    "cli_start": ("cli_start.py", [], ["--quick"]),
 }
 
 

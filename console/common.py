@@ -11,25 +11,25 @@ import re
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode
 
 import click
-import kombu.exceptions
 import psycopg
-import redis.exceptions
 import sqlalchemy.exc
-from celery import Celery
-from celery.exceptions import TimeoutError as CeleryTimeout
 from rich.console import Console
 
-from adapters import redact_url
 from ledger.errors import OperationNotFound
 from ledger.records import Operation
 from ledger.repository import Ledger
-from workers.app import celery_config, create_app, is_redis
 from workers.errors import ConfigError
 from workers.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+# Celery (with kombu and redis) and the adapters are imported by what needs them (a send to a worker, a
+# failure to name), not by every command: ``longcall status`` reads the ledger only.
 
 console = Console()
 
@@ -70,14 +70,20 @@ class TimedOut(click.ClickException):
 
 #: The errors of a connection that failed (refused, timed out, dropped), by the service they come from.
 _DATABASE_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
-_REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
-_BROKER_ERRORS = (kombu.exceptions.OperationalError,)
 
 
 def as_unreachable(exc: BaseException, settings: Settings | None = None) -> Unreachable | None:
     """``exc`` (or what it was raised from) as the one-line error of the service it comes from, or None
     when it is no connection failure. A database error with an SQLSTATE is the server's answer, not a
     connection failure."""
+    import kombu.exceptions  # noqa: PLC0415 - on a failure only
+    import redis.exceptions  # noqa: PLC0415
+
+    from adapters import redact_url  # noqa: PLC0415
+    from workers.app import is_redis  # noqa: PLC0415
+
+    broker_errors = (kombu.exceptions.OperationalError,)
+    redis_errors = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
     if settings is None:
         try:
             settings = load_settings()
@@ -93,9 +99,9 @@ def as_unreachable(exc: BaseException, settings: Settings | None = None) -> Unre
         what: str | None = None
         url = ""
         shared = settings.broker == settings.redis_url
-        if isinstance(current, _BROKER_ERRORS):
+        if isinstance(current, broker_errors):
             what, url = ("Redis (broker and result backend)" if shared else "the broker"), settings.broker
-        elif isinstance(current, _REDIS_ERRORS):
+        elif isinstance(current, redis_errors):
             what = "Redis (broker and result backend)" if shared else "Redis (result backend, hot state)"
             url = settings.redis_url
             if settings.redis_cluster:
@@ -139,6 +145,8 @@ def with_connect_timeout(database_url: str, seconds: int) -> str:
 def cli_app(settings: Settings) -> Celery:
     """The Celery app the CLI sends with: connects within seconds, retries no failed connect or publish
     (a worker's app waits for its broker; a person at a terminal should not)."""
+    from workers.app import celery_config, create_app, is_redis  # noqa: PLC0415 - only to send
+
     app = create_app(settings)
     config = celery_config(settings)
     quick = {"max_retries": 0, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
@@ -164,6 +172,8 @@ def cli_app(settings: Settings) -> Celery:
 def send_to_worker(task: str, kwargs: dict[str, Any], timeout: float) -> Any:
     """Send ``task`` by name on ``longcall.control`` and wait up to ``timeout`` for a worker's answer; a
     worker's refusal becomes the command's refusal (exit 1), no answer :class:`TimedOut`."""
+    from celery.exceptions import TimeoutError as CeleryTimeout  # noqa: PLC0415 - only to send
+
     settings = cli_settings()
     app = cli_app(settings)
     try:
