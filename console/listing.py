@@ -13,6 +13,7 @@ import click
 from rich.table import Table
 
 from console.common import console, open_ledger
+from console.output import elapsed
 from ledger.listing import LISTED_AT_MOST, OperationLine
 from ledger.states import FINAL_STATES, OpState
 
@@ -128,18 +129,6 @@ def as_row(line: OperationLine, now: dt.datetime) -> dict[str, Any]:
     }
 
 
-def age(seconds: float) -> str:
-    """``42s``, ``7m05s``, ``3h12m``, ``2d04h``."""
-    whole = int(seconds)
-    if whole < 60:
-        return f"{whole}s"
-    if whole < 3600:
-        return f"{whole // 60}m{whole % 60:02d}s"
-    if whole < 86_400:
-        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
-    return f"{whole // 86_400}d{whole % 86_400 // 3600:02d}h"
-
-
 #: How much of an op id the table shows (``longcall status`` and the other commands take such a prefix when
 #: it names one operation; ``--json`` prints the whole id).
 SHORT_ID = 8
@@ -157,7 +146,7 @@ def table(rows: Sequence[dict[str, Any]]) -> Table:
             row["server"],
             row["state"],
             row["server_state"] or "",
-            age(row["age_s"]),
+            elapsed(row["age_s"]),
             str(row["unchanged_polls"]),
             f"{row['last_error_kind']}: {error}" if error else "",
         )

@@ -277,13 +277,15 @@ def events_table(events: Iterable[Mapping[str, Any]]) -> Table:
 
 
 def elapsed(seconds: float) -> str:
-    """``42s``, ``7m05s``, ``3h12m``."""
+    """``42s``, ``7m05s``, ``3h12m``, ``2d04h``."""
     whole = int(seconds)
     if whole < 60:
         return f"{whole}s"
     if whole < 3600:
         return f"{whole // 60}m{whole % 60:02d}s"
-    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    if whole < 86_400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86_400}d{whole % 86_400 // 3600:02d}h"
 
 
 def progress_json(op: Operation, now: dt.datetime) -> dict[str, Any]:

@@ -15,8 +15,9 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import text
 
-from console.listing import age, parse_since
+from console.listing import parse_since
 from console.main import main
+from console.output import elapsed
 from ledger.events import EventKind
 from ledger.reasons import ReconciliationReason
 from ledger.records import Operation
@@ -162,7 +163,7 @@ def test_since_reads_durations_and_times_and_age_reads_at_a_glance() -> None:
     assert parse_since("90s", now=now) == now - dt.timedelta(seconds=90)
     assert parse_since("2h", now=now) == now - dt.timedelta(hours=2)
     assert parse_since("2026-12-05T10:00:00", now=now) == dt.datetime(2026, 12, 5, 10, tzinfo=dt.UTC)
-    assert [age(s) for s in (5, 425, 11_520, 187_200)] == ["5s", "7m05s", "3h12m", "2d04h"]
+    assert [elapsed(s) for s in (5, 425, 11_520, 187_200)] == ["5s", "7m05s", "3h12m", "2d04h"]
 
 
 # ------------------------------------------------------- item 6: status like a describe, watch's progress

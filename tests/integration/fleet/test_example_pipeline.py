@@ -6,11 +6,28 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 from tests import support
 from tests.support.fleet import Fleet
 
 QUEUE = "example-pipeline"
+
+
+def run_example(env: dict[str, str]) -> dict[str, Any]:
+    """``python -m examples.pipeline.run n/example`` as a user runs it: longcall's answer to the call."""
+    ran = subprocess.run(
+        [sys.executable, "-m", "examples.pipeline.run", "n/example", "--seconds", "1"],
+        cwd=support.REPO,
+        env=support.celery_env(env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stderr + ran.stdout
+    answer: dict[str, Any] = json.loads(ran.stdout)
+    return answer
 
 
 def test_the_example_pipeline_publishes_and_archives_once(fleet: Fleet) -> None:
@@ -24,17 +41,7 @@ def test_the_example_pipeline_publishes_and_archives_once(fleet: Fleet) -> None:
     )
     fleet.processes.append(worker)
 
-    ran = subprocess.run(
-        [sys.executable, "-m", "examples.pipeline.run", "n/example", "--seconds", "1"],
-        cwd=support.REPO,
-        env=support.celery_env(env),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert ran.returncode == 0, ran.stderr + ran.stdout
-    answer = json.loads(ran.stdout)
+    answer = run_example(env)
     assert answer["created"] is True
 
     support.wait_for("the chain's two steps", lambda: "archived n/example" in worker.log(), timeout=40)
