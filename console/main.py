@@ -66,8 +66,8 @@ class LongcallGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except click.ClickException:
-            raise
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise  # click's own ends: a refusal, an exit code (a command's --help too), Ctrl-C
         except Exception as exc:
             # Only on a failure: these imports cost more than --help does in all.
             import psycopg  # noqa: PLC0415
