@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sqlalchemy import Connection, Row, delete, func, insert, literal, select, update
+from sqlalchemy import Connection, Row, delete, func, literal, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from ledger.control import CANARY_PERCENT, ExecutorControlTransactions, read_control
@@ -18,7 +18,8 @@ from ledger.errors import AdapterDisabled, AdmissionClosed, CallNodeConflict, No
 from ledger.events import EventKind
 from ledger.records import NewOperation, Operation, Submission, adapter_key
 from ledger.routing import RECORDED_DECISION, RecordedDecision, read_decision, record_decision
-from ledger.statements import CALL_NODE_CANCEL, EVENT, OP, STATEMENTS, select_operation_by_call_node
+from ledger.side_rows import append_event
+from ledger.statements import CALL_NODE_CANCEL, OP, STATEMENTS, select_operation_by_call_node
 from ledger.write_statements import insert_operation
 
 
@@ -176,24 +177,18 @@ def take_call_node_cancel(conn: Connection, row: Row[Any]) -> Row[Any]:
         .values(cancel_generation=OP.c.cancel_generation + 1, event_seq=OP.c.event_seq + 1)
         .returning(*OP.c)
     ).one()
-    conn.execute(
-        insert(EVENT).values(
-            op_id=moved.id,
-            seq=moved.event_seq,
-            kind=EventKind.CANCEL_REQUESTED.value,
-            from_state=moved.state,
-            to_state=None,
-            server_state=moved.server_state,
-            poll_cursor=moved.poll_cursor,
-            cancel_generation=moved.cancel_generation,
-            execution_epoch=moved.execution_epoch,
-            detail={
-                "generation": moved.cancel_generation,
-                "by_call_node_id": True,
-                "requested_at": taken.requested_at.isoformat(),
-                "waits_for": "nothing: no create was attempted",
-            },
-        )
+    append_event(
+        conn,
+        Operation.from_row(moved),
+        seq=moved.event_seq,
+        kind=EventKind.CANCEL_REQUESTED,
+        from_state=moved.state,
+        detail={
+            "generation": moved.cancel_generation,
+            "by_call_node_id": True,
+            "requested_at": taken.requested_at.isoformat(),
+            "waits_for": "nothing: no create was attempted",
+        },
     )
     return moved
 

@@ -32,10 +32,6 @@ MEMBERS_SHUTDOWN_S = 10.0
 
 QUEUES = ("longcall.control", "longcall.poll", "longcall.outbox")
 
-#: Each task's queue: the pipeline's client routes by the same map (``workers/client.py``).
-ROUTES = {name: route["queue"] for name, route in TASK_ROUTES.items()}
-
-
 #: Seconds a broker command (a publish, an ack, a confirm) or connect may take before it fails and is retried.
 BROKER_SOCKET_TIMEOUT_S = 15.0
 #: How many times a task's answer is stored through a fault of the result backend (Celery's own retry, on

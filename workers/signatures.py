@@ -135,29 +135,11 @@ DEFAULT_DOWNSTREAM_QUEUE = "celery"
 def routed_signature(value: Mapping[str, Any]) -> dict[str, Any]:
     """``value`` (a completed signature dict) with :data:`DEFAULT_DOWNSTREAM_QUEUE` as the queue of every
     task in it that names none (a chain's or a group's members, a chord's header and body, callbacks)."""
-    sig = dict(value)
-    options = dict(sig.get("options") or {})
-    kind = sig.get("subtask_type")
-    if kind is None and not options.get("queue"):
-        options["queue"] = DEFAULT_DOWNSTREAM_QUEUE
-    for link in ("link", "link_error"):
-        if isinstance(options.get(link), dict):
-            options[link] = routed_signature(options[link])
-        elif isinstance(options.get(link), list | tuple):
-            options[link] = [routed_signature(m) if isinstance(m, dict) else m for m in options[link]]
-    sig["options"] = options
-    kwargs = sig.get("kwargs")
-    if isinstance(kwargs, dict) and kind in COMPOSITES:
-        parts = ("header", "body") if kind == "chord" else ("tasks",)
-        routed = dict(kwargs)
-        for part in parts:
-            member = routed.get(part)
-            if isinstance(member, dict):
-                routed[part] = routed_signature(member)
-            elif isinstance(member, list | tuple):
-                routed[part] = [routed_signature(m) if isinstance(m, dict) else m for m in member]
-        sig["kwargs"] = routed
-    return sig
+    routed = copy.deepcopy(dict(value))
+    for _, sig in downstream_signatures("signature", routed):
+        if sig.get("subtask_type") is None and not (sig.get("options") or {}).get("queue"):
+            sig["options"] = {**(sig.get("options") or {}), "queue": DEFAULT_DOWNSTREAM_QUEUE}
+    return routed
 
 
 def unrouted_tasks(field: str, value: Mapping[str, Any]) -> list[str]:

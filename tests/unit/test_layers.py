@@ -20,13 +20,13 @@ exception; there is no allow-list.
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.support.imports import loaded_by
 
 REPO = Path(__file__).resolve().parents[2]
 CHECKED = ("ledger", "adapters", "workers", "demo_server", "beat_schedule.py", "console")
@@ -247,22 +247,6 @@ def test_the_check_lets_the_layers_be(path: str, source: str) -> None:
 #: What a worker process loads: ``celery -A workers.app worker`` (the app registers its tasks from
 #: ``workers.tasks``) and ``beat`` (the schedule in ``beat_schedule``).
 WORKER_LOADS = ("workers.app", "workers.tasks", "beat_schedule")
-
-
-def loaded_by(modules: Iterable[str]) -> set[str]:
-    """The names in ``sys.modules`` once a fresh interpreter has imported ``modules``: every import counts,
-    however indirect (a module of the wing imported by one the worker needs, at import time)."""
-    script = (
-        "import importlib, sys\n"
-        f"for name in {sorted(modules)!r}:\n"
-        "    importlib.import_module(name)\n"
-        "print('\\n'.join(sorted(sys.modules)))\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    return set(done.stdout.split())
 
 
 def of_the_wing(names: Iterable[str]) -> list[str]:

@@ -271,10 +271,11 @@ def test_messages_sent_by_name_while_postgres_is_down_are_recorded_once_it_is_ba
     private_ledger: tuple[support.PrivatePostgres, str], tmp_path: Path, log_dir: Path, redis_client: Any
 ) -> None:
     """A fleet on a Postgres of its own; one operation running. Postgres stops (immediate); while it is
-    down a pipeline sends a new submission and a cancel of the running operation, by name, once each. It
-    comes back 6 s later: the submission answers with its operation (never FAILURE, its message never
-    acknowledged as a failure and forgotten), the cancel is recorded and carried out, and the server holds
-    one task per call node."""
+    down a pipeline sends a new submission, a cancel of the running operation and a cancel by call node id
+    of a call node not submitted yet, by name, once each. It comes back 6 s later: the submission answers
+    with its operation (never FAILURE, its message never acknowledged as a failure and forgotten), the
+    cancel is recorded and carried out, the early cancel is kept and ends its call node's submission
+    cancelled with no create, and the server holds one task per call node that was created."""
     postgres, url = private_ledger
     ledger = Ledger.from_url(url)
     prefix = f"lc-pgdown-{uuid.uuid4().hex[:8]}:"
@@ -287,6 +288,8 @@ def test_messages_sent_by_name_while_postgres_is_down_are_recorded_once_it_is_ba
             postgres.stop()
             submitted = fleet.submit_nowait("n/pg-while-down", "slow_report", {"seconds": 2})
             cancelled = fleet.send_nowait("longcall.cancel", op_id=str(running))
+            # A cancel by call node id for a call node not submitted yet (issue 22): kept for it.
+            early = fleet.send_nowait("longcall.cancel", call_node_id="n/pg-early")
             time.sleep(6)  # Postgres stays down this long (a restart, a failover): the messages wait
             assert submitted.state in ("PENDING", "RETRY", "STARTED"), submitted.state
             postgres.start()
@@ -295,6 +298,9 @@ def test_messages_sent_by_name_while_postgres_is_down_are_recorded_once_it_is_ba
             answer = submitted.get(timeout=60)
             assert answer["call_node_id"] == "n/pg-while-down"
             assert cancelled.get(timeout=60)["op_id"] == str(running)  # an answer, not a failure
+            assert early.get(timeout=60)["action"] == "cancel_recorded"
+            fleet.submit("n/pg-early", "slow_report", {"seconds": 2})
+            assert fleet.wait_receipt("n/pg-early", timeout=60)["terminal_state"] == "cancelled"
             receipt = fleet.wait_receipt("n/pg-while-down", timeout=60)
             assert receipt["terminal_state"] == "completed"
             fleet.wait_state(running, S.CANCELLED_ACCEPTED, timeout=60)
