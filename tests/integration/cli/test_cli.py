@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from pathlib import Path
 
 import click
 import pytest
@@ -21,22 +20,6 @@ from ledger.repository import Ledger
 from ledger.states import OpState, TerminalKind
 from tests.support.ledger_rows import evidence_for, place
 from workers import __version__
-
-CONFIG = """
-[servers.reports]
-protocol = "mcp"
-protocol_version = "2025-11-25"
-url = "http://127.0.0.1:9/mcp"
-"""
-
-
-@pytest.fixture
-def cli_env(monkeypatch: pytest.MonkeyPatch, database_url: str, broker_prefix: str, tmp_path: Path) -> None:
-    config = tmp_path / "longcall.toml"
-    config.write_text(CONFIG)
-    monkeypatch.setenv("LONGCALL_DATABASE_URL", database_url)
-    monkeypatch.setenv("LONGCALL_BROKER_KEYPREFIX", broker_prefix)
-    monkeypatch.setenv("LONGCALL_CONFIG", str(config))
 
 
 def run(*args: str) -> tuple[int, str]:

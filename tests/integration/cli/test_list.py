@@ -8,7 +8,6 @@ import datetime as dt
 import json
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,21 +24,6 @@ from ledger.repository import Ledger
 from ledger.side_rows import append_event
 from ledger.states import OpState
 from tests.support.ledger_rows import place
-
-CONFIG = """
-[servers.reports]
-protocol = "mcp"
-protocol_version = "2025-11-25"
-url = "http://127.0.0.1:9/mcp"
-"""
-
-
-@pytest.fixture
-def cli_env(monkeypatch: pytest.MonkeyPatch, database_url: str, tmp_path: Path) -> None:
-    config = tmp_path / "longcall.toml"
-    config.write_text(CONFIG)
-    monkeypatch.setenv("LONGCALL_DATABASE_URL", database_url)
-    monkeypatch.setenv("LONGCALL_CONFIG", str(config))
 
 
 def run(*args: str) -> tuple[int, str]:
