@@ -74,9 +74,15 @@ def test_an_expected_refusal_is_one_line_with_its_reason_never_a_traceback(fleet
     for task, kwargs in refusals:
         with pytest.raises(Exception, match=r"takes op_id|not an operation id|unknown server"):
             fleet.send(task, **kwargs)
-    logs = "".join(p.log() for p in fleet.workers())
-    expected = [line for line in logs.splitlines() if "raised expected" in line]
+
+    def expected_lines() -> list[str] | None:
+        # The caller has its answer as the worker writes its log line: wait (bounded) for the three lines.
+        found = [line for p in fleet.workers() for line in p.log().splitlines() if "raised expected" in line]
+        return found if len(found) >= 3 else None
+
+    expected = support.wait_for("the three refusals' log lines", expected_lines, timeout=15)
     assert len(expected) == 3, expected
+    logs = "".join(p.log() for p in fleet.workers())
     assert any("call node 'n/nowhere': unknown server 'nowhere'" in line for line in expected), expected
     assert "raised unexpected" not in logs
     assert "Traceback" not in logs
