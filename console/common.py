@@ -15,21 +15,21 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode
 
 import click
-import psycopg
-import sqlalchemy.exc
 from rich.console import Console
 
 from ledger.errors import OperationNotFound
-from ledger.records import Operation
-from ledger.repository import Ledger
 from workers.errors import ConfigError
-from workers.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from celery import Celery
 
-# Celery (with kombu and redis) and the adapters are imported by what needs them (a send to a worker, a
-# failure to name), not by every command: ``longcall status`` reads the ledger only.
+    from ledger.records import Operation
+    from ledger.repository import Ledger
+    from workers.settings import Settings
+
+# What a command needs is imported when it needs it: the settings (pydantic) and the ledger (SQLAlchemy,
+# psycopg) when a command reads, Celery (with kombu and redis) when it sends, the adapters when a failure is
+# named. A command's module costs little to load (``longcall status --help``: bench/cli_start.py).
 
 console = Console()
 
@@ -68,22 +68,23 @@ class TimedOut(click.ClickException):
     exit_code = EXIT_TIMEOUT
 
 
-#: The errors of a connection that failed (refused, timed out, dropped), by the service they come from.
-_DATABASE_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
-
-
 def as_unreachable(exc: BaseException, settings: Settings | None = None) -> Unreachable | None:
     """``exc`` (or what it was raised from) as the one-line error of the service it comes from, or None
     when it is no connection failure. A database error with an SQLSTATE is the server's answer, not a
     connection failure."""
     import kombu.exceptions  # noqa: PLC0415 - on a failure only
+    import psycopg  # noqa: PLC0415
     import redis.exceptions  # noqa: PLC0415
+    import sqlalchemy.exc  # noqa: PLC0415
 
     from adapters import redact_url  # noqa: PLC0415
     from workers.app import is_redis  # noqa: PLC0415
+    from workers.settings import load_settings  # noqa: PLC0415
 
+    # The errors of a connection that failed (refused, timed out, dropped), by the service they come from.
     broker_errors = (kombu.exceptions.OperationalError,)
     redis_errors = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+    database_errors = (psycopg.OperationalError, psycopg.InterfaceError)
     if settings is None:
         try:
             settings = load_settings()
@@ -109,7 +110,7 @@ def as_unreachable(exc: BaseException, settings: Settings | None = None) -> Unre
                 what = "the hot state's Redis Cluster"
                 if is_redis(settings.broker):
                     what = "Redis (the hot state's cluster, or the broker's Redis and its results)"
-        elif isinstance(current, _DATABASE_ERRORS) and getattr(current, "sqlstate", None) is None:
+        elif isinstance(current, database_errors) and getattr(current, "sqlstate", None) is None:
             what, url = "the database", settings.database_url
         if what is not None:
             reason = " ".join(str(current).split()) or type(current).__name__
@@ -123,6 +124,8 @@ def as_unreachable(exc: BaseException, settings: Settings | None = None) -> Unre
 def cli_settings() -> Settings:
     """The settings, the CLI's connect timeout added to the database URL (a command never hangs on a
     database that does not answer)."""
+    from workers.settings import load_settings  # noqa: PLC0415 - pydantic, when a command reads its settings
+
     try:
         settings = load_settings()
         settings.checked_fleet()  # refuse a bad LONGCALL_CONFIG before doing anything
@@ -194,6 +197,8 @@ def send_to_worker(task: str, kwargs: dict[str, Any], timeout: float) -> Any:
 @contextmanager
 def open_ledger(settings: Settings | None = None) -> Iterator[Ledger]:
     """The ledger for one command, on one connection, disposed on the way out whatever happens."""
+    from ledger.repository import Ledger  # noqa: PLC0415 - SQLAlchemy and psycopg, when a command reads
+
     ledger = Ledger.from_url((settings or cli_settings()).database_url, pool_size=1)
     try:
         yield ledger

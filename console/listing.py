@@ -7,15 +7,18 @@ import datetime as dt
 import json
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.table import Table
 
 from console.common import console, open_ledger
 from console.output import elapsed
-from ledger.listing import LISTED_AT_MOST, OperationLine
+from ledger.records import LISTED_AT_MOST
 from ledger.states import FINAL_STATES, OpState
+
+if TYPE_CHECKING:
+    from ledger.listing import OperationLine
 
 __all__ = ["list_", "parse_since"]
 

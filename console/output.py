@@ -10,15 +10,17 @@ import datetime as dt
 import json
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 from rich.table import Table
 
-from ledger.listing import LastError
-from ledger.outbox import OutboxResend, OutboxRow
-from ledger.records import ControlState, Operation, Receipt, ReconciliationRecord
 from ledger.states import OpState
+
+if TYPE_CHECKING:
+    from ledger.listing import LastError
+    from ledger.outbox import OutboxResend, OutboxRow
+    from ledger.records import ControlState, Operation, Receipt, ReconciliationRecord
 
 STATUS_ROWS = (
     "op_id",

@@ -26,10 +26,7 @@ Not raised by the ledger but by its driver, listed here because only the ledger 
 from __future__ import annotations
 
 import uuid
-from typing import Any
-
-import psycopg
-import sqlalchemy.exc
+from typing import TYPE_CHECKING, Any
 
 __all__ = [
     "UNAVAILABLE",
@@ -55,13 +52,27 @@ __all__ = [
 #: (a COMMIT whose answer was lost): a caller that tries again meets the ledger's own answer to a repeat (the
 #: same call node's operation, a stale write refused by its fence, an intent already recorded), never a
 #: second effect.
-UNAVAILABLE: tuple[type[Exception], ...] = (
-    sqlalchemy.exc.OperationalError,
-    sqlalchemy.exc.InterfaceError,
-    sqlalchemy.exc.TimeoutError,
-    psycopg.OperationalError,
-    psycopg.InterfaceError,
-)
+if TYPE_CHECKING:
+    UNAVAILABLE: tuple[type[Exception], ...]
+
+
+def __getattr__(name: str) -> Any:
+    """:data:`UNAVAILABLE`, built when first asked for: the errors are SQLAlchemy's and psycopg's, and a
+    command that only names a state (``longcall --help``, ``status --help``) does not import either."""
+    if name != "UNAVAILABLE":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import psycopg  # noqa: PLC0415
+    import sqlalchemy.exc  # noqa: PLC0415
+
+    unavailable: tuple[type[Exception], ...] = (
+        sqlalchemy.exc.OperationalError,
+        sqlalchemy.exc.InterfaceError,
+        sqlalchemy.exc.TimeoutError,
+        psycopg.OperationalError,
+        psycopg.InterfaceError,
+    )
+    globals()["UNAVAILABLE"] = unavailable
+    return unavailable
 
 
 class LedgerError(Exception):

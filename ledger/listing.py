@@ -13,14 +13,11 @@ from typing import Any
 from sqlalchemy import Text, cast, select, true
 
 from ledger.guarded import GuardedWrites
-from ledger.records import Operation
+from ledger.records import LISTED_AT_MOST, Operation
 from ledger.statements import EVENT, OP
 from ledger.states import FINAL_STATES, OpState
 
 __all__ = ["LISTED_AT_MOST", "LastError", "OperationLine", "OperationListing"]
-
-#: The most lines one listing reads.
-LISTED_AT_MOST = 10_000
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

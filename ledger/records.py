@@ -13,12 +13,13 @@ import operator
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
-
-from sqlalchemy import Row
+from typing import TYPE_CHECKING, Any, Literal
 
 from ledger.reasons import ReconciliationReason
 from ledger.states import FINAL_STATES, OpState, TerminalKind
+
+if TYPE_CHECKING:
+    from sqlalchemy import Row
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,9 @@ class _BodyNotRead:
     def __reduce__(self) -> str:
         return "BODY_NOT_READ"  # a copy or an unpickled snapshot holds the same marker, never a look-alike
 
+
+#: The most lines one listing (``ledger.listing``, ``longcall list --limit``) reads.
+LISTED_AT_MOST = 10_000
 
 #: The body of an operation read without its arguments: a status read, its reschedule and what follows
 #: them never send the arguments, so the poll path does not fetch them (issue 13: a 1 MB body made every
@@ -107,7 +111,7 @@ class Operation:
     @classmethod
     def from_row(cls, row: Row[Any] | Mapping[str, Any], *, with_body: bool = True) -> Operation:
         """The snapshot of a row; ``with_body=False`` for a row selected without ``body``."""
-        if isinstance(row, Row):
+        if not isinstance(row, Mapping):  # a Row (SQLAlchemy is not imported to ask: the CLI reads it lazily)
             return cls.from_rows([row], with_body=with_body)[0]
         names = _OPERATION_FIELDS if with_body else _OPERATION_FIELDS_WITHOUT_BODY
         return cls._from_values([row[name] for name in names], with_body=with_body)

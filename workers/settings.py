@@ -24,7 +24,6 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from adapters import SHIPPED
 from workers import __version__
 from workers.errors import ConfigError
 
@@ -103,6 +102,8 @@ class ServerConfig(_Strict):
     @field_validator("protocol", mode="before")
     @classmethod
     def _shipped_protocol(cls, value: object) -> object:
+        from adapters import SHIPPED  # noqa: PLC0415 - HTTP and the protocols, for a fleet that has servers
+
         protocols = SHIPPED.protocols()
         if value not in protocols:  # worded as pydantic words a Literal's refusal
             *others, last = (repr(p) for p in protocols)
@@ -128,6 +129,8 @@ class ServerConfig(_Strict):
         """The tools checked as the server's protocol version says (its spec's ``check_config``): AIP-151
         tools are started by their configured route; MCP tools are discovered, so a route on one is a
         mistake, refused rather than ignored."""
+        from adapters import SHIPPED  # noqa: PLC0415
+
         SHIPPED.check_config(self.protocol, self.protocol_version, self.tools)
         return self
 

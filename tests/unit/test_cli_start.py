@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 import click
+import pytest
 from click.testing import CliRunner
 
 from console.common import EXIT_CODES
@@ -36,6 +37,20 @@ def test_help_lists_every_command_and_imports_none_of_them() -> None:
     listed = CliRunner().invoke(main, ["--help"]).output
     for name, (_, _, short) in COMMANDS.items():
         assert re.search(rf"^  {re.escape(name)}\s+{re.escape(short[:40])}", listed, re.MULTILINE), name
+
+
+#: What reading the ledger or the settings costs: a command imports them when it runs, not when it loads.
+READING = ("sqlalchemy", "psycopg", "pydantic", "pydantic_settings", "celery", "kombu", "redis", "adapters")
+
+
+@pytest.mark.parametrize("command", ["status", "list", "watch", "result", "inputs"])
+def test_a_reading_command_loads_without_the_libraries_it_reads_with(command: str) -> None:
+    """``longcall status --help`` (the command's module loaded, nothing read) imports none of SQLAlchemy,
+    psycopg, pydantic, Celery or the adapters: those come when the command runs (bench/cli_start.py)."""
+    help_ = f"sys.modules['console.main'].main([{command!r}, '--help'], standalone_mode=False)"
+    loaded = loaded_by(["console.main"], then=help_)
+    assert COMMANDS[command][0] in loaded  # the command's own module was loaded
+    assert sorted(m for m in loaded if m.split(".")[0] in READING) == []
 
 
 def commands() -> list[tuple[str, click.Command]]:
