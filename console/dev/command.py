@@ -17,10 +17,11 @@ import click
 import httpx2
 from rich.console import Console
 
-from console.dev.demo import Ask, Demo
+from console.dev.demo import Demo
 from console.dev.display import print_lines, receipts_table
 from console.dev.fleet import FleetOptions, LocalFleet, mask_password, start_fleet
 from console.dev.processes import Children, clean_leftovers
+from console.dev.questions import asker
 from console.dev.services import DataDir, DevError, EmbeddedPostgres, lock_data_dir, prepare_data_dir
 
 READY = "longcall dev: fleet ready"
@@ -64,23 +65,6 @@ def _run_until_interrupted(children: Children) -> None:
             first = exited[0]
             raise DevError(f"{first.name} exited with {first.process.returncode} (log {first.log})")
         time.sleep(0.5)
-
-
-def _asker(yes: bool, console: Console) -> Ask:
-    def answered_yes(question: str) -> bool:
-        console.print(f"{question} [bold]yes[/]" + (" (--yes)" if yes else ""))
-        return True
-
-    if yes:
-        return answered_yes
-    if not sys.stdin.isatty():
-        console.print("stdin is not a terminal: the demo's questions are answered yes (as with --yes)")
-        return answered_yes
-
-    def asked(question: str) -> bool:
-        return click.confirm(question, default=True)
-
-    return asked
 
 
 #: What the demo MCP server needs beyond longcall's own dependencies (the ``demo`` extra).
@@ -240,12 +224,14 @@ def _demo(fleet: LocalFleet, console: Console, yes: bool) -> None:
     from ledger.repository import Ledger  # noqa: PLC0415
     from workers.app import create_app  # noqa: PLC0415 (reads the environment set above)
 
-    ask = _asker(yes, console)
+    # Asked at the terminal only when there is one to ask at and to show the question on.
+    at_terminal = sys.stdin.isatty() and console.is_terminal
+    ask = asker(yes=yes, stdin_fd=sys.stdin.fileno() if at_terminal else None)
     ledger = Ledger.from_url(fleet.database_url, pool_size=2)
     try:
         demo = Demo(fleet, console, ask, create_app(), ledger)
         rows = demo.run()
-        console.print(receipts_table(rows))
+        console.print(receipts_table(rows, prefix=f"dev/{demo.run_id}/"))
         lost = demo.node(demo.by_role("lost"))
         console.print(
             f"server tasks for {lost}: {len(demo.server_tasks_for(demo.by_role('lost')))} "

@@ -6,27 +6,33 @@ Eight reports of different lengths and one that fails; one cancelled mid-run; on
 key, so it waits for an operator, who finds the task on the server and says so (``longcall reconcile OP
 --found TASK``); the demo plays the operator (asking first without ``--yes``) and then shows that the server
 holds exactly one task for that call. Everything shown comes from the ledger.
+
+A question waits at the terminal without stopping anything: the table stays live below it, the other calls
+go on, and the answer (``y``, ``n`` or Enter) is read a key at a time (:mod:`console.dev.questions`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import os
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import httpx2
 from celery import Celery
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
+from rich.markup import escape
+from rich.text import Text
 
-from console.dev.display import FINAL, ProgressRow, ReceiptRow, progress_table, receipts_table
+from console.dev.display import FINAL, ProgressRow, ReceiptRow, progress_table
 from console.dev.fleet import LocalFleet, longcall_argv
+from console.dev.questions import Asker, Question
 from console.dev.services import DevError
 from ledger.records import Operation
 from ledger.repository import Ledger
@@ -67,14 +73,19 @@ def plan() -> list[DemoCall]:
     ]
 
 
-Ask = Callable[[str], bool]
+@dataclass(frozen=True)
+class Waiting:
+    """A question the demo has to ask, and what it does with the answer."""
+
+    text: str
+    then: Callable[[bool], None]
 
 
 @dataclass
 class Demo:
     fleet: LocalFleet
     console: Console
-    ask: Ask
+    asker: Asker
     app: Celery
     ledger: Ledger
     run_id: str = field(default_factory=lambda: dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S"))
@@ -82,6 +93,9 @@ class Demo:
     notes: dict[str, str] = field(default_factory=dict)
     done: set[str] = field(default_factory=set)
     _terminals: dict[uuid.UUID, str] = field(default_factory=dict)
+    #: The questions in the order they came; the first is the one asked (one terminal, one at a time).
+    waiting: deque[Waiting] = field(default_factory=deque)
+    asking: Question | None = None
 
     def node(self, call: DemoCall) -> str:
         return f"dev/{self.run_id}/{call.name}"
@@ -109,43 +123,65 @@ class Demo:
         self.submit(lost)
         submitted_rest = False
         deadline = time.monotonic() + DEMO_TIMEOUT_S
-        with Live(console=self.console, refresh_per_second=4, auto_refresh=True) as live:
-            while True:
-                ops = {c.name: self.ledger.find_by_call_node(self.node(c)) for c in self.calls}
-                live.update(progress_table(self.rows(ops), self.title()))
-                lost_op = ops[lost.name]
-                if not submitted_rest and lost_op is not None and lost_op.state is not OpState.SUBMITTING:
-                    # The lost answer is settled (one create was attempted): the others may go now.
-                    for call in self.calls:
-                        if call is not lost:
-                            self.submit(call)
-                    submitted_rest = True
-                self.act(ops, live)
-                if all(op is not None and op.state in FINAL for op in ops.values()):
-                    break
-                if time.monotonic() > deadline:
-                    waiting = [n for n, op in ops.items() if op is None or op.state not in FINAL]
-                    raise DevError(f"the demo did not finish in {DEMO_TIMEOUT_S:.0f}s: {', '.join(waiting)}")
-                time.sleep(TICK_S)
+        try:
+            with Live(console=self.console, refresh_per_second=4, auto_refresh=True) as live:
+                while True:
+                    ops = {c.name: self.ledger.find_by_call_node(self.node(c)) for c in self.calls}
+                    lost_op = ops[lost.name]
+                    if not submitted_rest and lost_op is not None and lost_op.state is not OpState.SUBMITTING:
+                        # The lost answer is settled (one create was attempted): the others may go now.
+                        for call in self.calls:
+                            if call is not lost:
+                                self.submit(call)
+                        submitted_rest = True
+                    self.act(ops)
+                    self.take_answers(live)
+                    live.update(self.display(ops))
+                    if not self.waiting and all(op is not None and op.state in FINAL for op in ops.values()):
+                        break
+                    if self.asking is not None:
+                        deadline += TICK_S  # the time a question waits for a person is not the demo's
+                    elif time.monotonic() > deadline:
+                        waiting = [n for n, op in ops.items() if op is None or op.state not in FINAL]
+                        raise DevError(
+                            f"the demo did not finish in {DEMO_TIMEOUT_S:.0f}s: {', '.join(waiting)}"
+                        )
+                    time.sleep(TICK_S)
+        finally:
+            if self.asking is not None:
+                self.asking.close()  # the terminal as it was, whatever ended the run
         self.console.line()
         return self.receipts({c.name: self.ledger.find_by_call_node(self.node(c)) for c in self.calls})
 
-    @contextlib.contextmanager
-    def paused(self, live: Live) -> Iterator[None]:
-        """The live table steps aside while a question is asked at a terminal (elsewhere nothing moves)."""
-        if not self.console.is_terminal:
-            yield
-            return
-        live.stop()
-        try:
-            yield
-        finally:
-            live.start()
+    def display(self, ops: dict[str, Operation | None]) -> RenderableType:
+        """The table, and below it the question that waits for an answer (the table stays live)."""
+        table = progress_table(self.rows(ops), self.title())
+        if self.asking is None:
+            return table
+        return Group(table, Text(""), Text(f"? {self.asking.text} ", style="bold"))
+
+    def ask(self, text: str, then: Callable[[bool], None]) -> None:
+        """Queue a question; it is asked when those before it are answered, and ``then`` gets the answer."""
+        self.waiting.append(Waiting(text, then))
+
+    def take_answers(self, live: Live) -> None:
+        """Ask the first waiting question; take its answer when there is one (never waits for it)."""
+        while self.waiting:
+            if self.asking is None:
+                self.asking = self.asker.ask(self.waiting[0].text)
+            answer = self.asking.answer()
+            if answer is None:
+                return
+            self.asking.close()
+            said = "yes" if answer else "no"
+            live.console.print(f"{escape(self.asking.text)} [bold]{said}[/]{escape(self.asking.how)}")
+            self.asking = None
+            self.waiting.popleft().then(answer)
 
     def title(self) -> str:
         return f"longcall dev demo (call nodes dev/{self.run_id}/...)"
 
-    def act(self, ops: dict[str, Operation | None], live: Live) -> None:
+    def act(self, ops: dict[str, Operation | None]) -> None:
         cancel = ops[self.by_role("cancel").name]
         if (
             cancel is not None
@@ -161,26 +197,30 @@ class Demo:
             key = f"input-{approval.input_round}"
             if key not in self.done:
                 self.done.add(key)
-                self.answer(approval, live)
+                self.answer(approval)
         lost = ops[self.by_role("lost").name]
         if lost is not None and lost.state is OpState.MANUAL_RECONCILIATION and "operator" not in self.done:
             self.done.add("operator")
-            self.operate(lost, live)
+            self.operate(lost)
 
-    def answer(self, op: Operation, live: Live) -> None:
+    def answer(self, op: Operation) -> None:
         params = (op.input_request or {}).get("params") or {}
         question = str(params.get("message", "(no message)"))
-        with self.paused(live):
-            approve = self.ask(f"The server asks (round {op.input_round}): {question!r} Approve?")
-        response = {"action": "accept", "content": {"approved": approve}}
-        self.app.send_task(
-            "longcall.provide_input",
-            kwargs={"op_id": str(op.id), "input_round": op.input_round, "response": response},
-            queue="longcall.control",
-        )
-        self.notes["approval"] = f"answered: approved={str(approve).lower()}"
+        input_round = op.input_round
 
-    def operate(self, op: Operation, live: Live) -> None:
+        def send(approve: bool) -> None:
+            response = {"action": "accept", "content": {"approved": approve}}
+            self.app.send_task(
+                "longcall.provide_input",
+                kwargs={"op_id": str(op.id), "input_round": input_round, "response": response},
+                queue="longcall.control",
+            )
+            self.notes["approval"] = f"answered: approved={str(approve).lower()}"
+
+        self.notes["approval"] = "asked at the terminal"
+        self.ask(f"The server asks (round {input_round}): {question!r} Approve?", send)
+
+    def operate(self, op: Operation) -> None:
         """The operator's part: find the task on the server by what was asked, and tell longcall."""
         call = self.by_role("lost")
         tasks = self.server_tasks_for(call)
@@ -188,28 +228,34 @@ class Demo:
             self.notes[call.name] = f"operator: {len(tasks)} matching tasks on the server; left open"
             return
         [task] = tasks
-        with self.paused(live):
-            found = self.ask(
-                f"Operator: the create answer for {self.node(call)} was lost; the server lists task "
-                f"{task['taskId']} with the same arguments. Record it as found?"
+
+        def reconcile(found: bool) -> None:
+            if not found:
+                self.notes[call.name] = "left for an operator (longcall reconcile)"
+                return
+            argv = longcall_argv(
+                "reconcile",
+                str(op.id),
+                "--found",
+                str(task["taskId"]),
+                "--session",
+                str(task["session"]),
+                "--evidence",
+                f"longcall dev: the demo server lists task {task['taskId']} with these arguments",
             )
-        if not found:
-            self.notes[call.name] = "left for an operator (longcall reconcile)"
-            return
-        argv = longcall_argv(
-            "reconcile",
-            str(op.id),
-            "--found",
-            str(task["taskId"]),
-            "--session",
-            str(task["session"]),
-            "--evidence",
-            f"longcall dev: the demo server lists task {task['taskId']} with these arguments",
+            env = {**os.environ, **self.fleet.env}
+            done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)  # noqa: S603
+            failed = f"reconcile failed: {done.stderr.strip()[-200:]}"
+            self.notes[call.name] = (
+                f"operator: found {task['taskId'][:8]}" if done.returncode == 0 else failed
+            )
+
+        self.notes[call.name] = "operator asked at the terminal"
+        self.ask(
+            f"Operator: the create answer for {self.node(call)} was lost; the server lists task "
+            f"{task['taskId']} with the same arguments. Record it as found?",
+            reconcile,
         )
-        env = {**os.environ, **self.fleet.env}
-        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)  # noqa: S603
-        failed = f"reconcile failed: {done.stderr.strip()[-200:]}"
-        self.notes[call.name] = f"operator: found {task['taskId'][:8]}" if done.returncode == 0 else failed
 
     def server_tasks_for(self, call: DemoCall) -> list[dict[str, Any]]:
         """The demo server's own list of the tasks it holds for this call (same tool, same arguments)."""
@@ -270,7 +316,3 @@ def summary(result: Any) -> str:
     text = " ".join(t for t in texts if t) or "(no text)"
     prefix = "error: " if result.get("isError") else ""
     return (prefix + text)[:60]
-
-
-def show_receipts(console: Console, rows: list[ReceiptRow]) -> None:
-    console.print(receipts_table(rows))

@@ -95,14 +95,17 @@ def short_digest(digest: str | None) -> str:
     return f"{algorithm}:{value[:16]}" if algorithm else value[:16]
 
 
-def receipts_table(rows: Sequence[ReceiptRow]) -> Table:
-    table = Table(title="Receipts (from the ledger)", title_justify="left")
-    table.add_column("call node", no_wrap=True)
+def receipts_table(rows: Sequence[ReceiptRow], prefix: str = "") -> Table:
+    """One line per call, read at 80 columns: a call node by its name less ``prefix`` (the title shows it)."""
+    title = "Receipts (from the ledger" + (f"; call nodes {prefix}...)" if prefix else ")")
+    table = Table(title=title, title_justify="left")
+    table.add_column("call" if prefix else "call node", no_wrap=True)
     table.add_column("terminal", no_wrap=True)
     table.add_column("result digest", no_wrap=True)
     table.add_column("result")
     for row in rows:
-        table.add_row(row.call_node_id, row.terminal_state, short_digest(row.result_digest), row.summary)
+        name = row.call_node_id.removeprefix(prefix)
+        table.add_row(name, row.terminal_state, short_digest(row.result_digest), row.summary)
     return table
 
 

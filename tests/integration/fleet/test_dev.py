@@ -1,6 +1,7 @@
 """``longcall dev`` as a user runs it: a subprocess on embedded Postgres and Redis (none of the shared
-services), the demo to its end with ``--exit --yes``, then its ledger reopened and compared with what it
-printed; and ``--no-demo`` stopped with Ctrl-C. Nothing it started may survive it."""
+services), the demo to its end at an 80-column terminal (a pseudo-terminal) with its two questions answered
+by keys typed while its table goes on moving, then its ledger reopened and compared with what it printed;
+and ``--no-demo`` stopped with Ctrl-C. Nothing it started may survive it."""
 
 from __future__ import annotations
 
@@ -28,10 +29,14 @@ from console.dev.processes import clean_leftovers, group_alive
 from console.dev.services import DataDir, EmbeddedPostgres, lock_data_dir, pid_alive, prepare_data_dir
 from console.main import main as cli_main
 from tests.support import REPO, wait_for
+from tests.support.terminal import Terminal, plain
 
 pytestmark = pytest.mark.slow
 
-RECEIPT_LINE = re.compile(r"^│ (dev/\S+)\s+│ (\w+)\s+│ (sha256:[0-9a-f]{16}|-)\s+│ (.*?)\s+│$")
+RECEIPT_LINE = re.compile(r"^│ ([a-z0-9-]+)\s+│ (\w+)\s+│ (sha256:[0-9a-f]{16}|-)\s+│ (.*?)\s+│$")
+RECEIPTS_TITLE = re.compile(r"^Receipts \(from the ledger; call nodes (dev/\S+/)\.\.\.\)\s*$", re.MULTILINE)
+TITLE = "longcall dev demo (call nodes"
+QUESTIONS = ("Approve? [Y/n]", "Record it as found? [Y/n]")
 SERVER_TASKS_LINE = re.compile(r"^server tasks for (dev/\S+): (\d+) ")
 
 
@@ -89,25 +94,42 @@ def _ledger_rows(data_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 @pytest.mark.timeout(300)
-def test_the_demo_runs_to_its_end_and_its_receipts_are_the_ledgers(data_dir: Path) -> None:
+def test_the_demo_at_a_terminal_asks_while_its_table_stays_live_and_its_receipts_are_the_ledgers(
+    data_dir: Path,
+) -> None:
     started = time.monotonic()
-    done = subprocess.run(
-        [*_longcall(), "dev", "--exit", "--yes", "--data-dir", str(data_dir)],
-        cwd=REPO,
-        env=_env(),
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-6000:]
-    assert time.monotonic() - started < 240
+    screen = Terminal([*_longcall(), "dev", "--exit", "--data-dir", str(data_dir)], cwd=REPO, env=_env())
+    try:
+        # The two questions come in the order their calls reach them (the operator's, or the approval).
+        first = screen.read_until(*QUESTIONS, timeout=180)
+        # Unanswered for 3 s: the table is drawn again and again, and moves (the calls' times), the
+        # question still below it in every frame.
+        frames = plain(screen.read(3.0)).split(TITLE)[1:]
+        assert len(frames) >= 4, frames
+        assert all(first in frame for frame in frames[:-1]), frames
+        assert len({frame.strip() for frame in frames}) >= 2, frames
+        screen.type("y")
+        [second] = [question for question in QUESTIONS if question != first]
+        screen.read_until(second, timeout=120)
+        screen.type("\r")  # Enter: the default, yes
+        code = screen.wait(timeout=200)
+    finally:
+        screen.close()
+    output = plain(bytes(screen.raw))
+    assert code == 0, output[-6000:]
+    assert time.monotonic() - started < 280
     _assert_nothing_left(data_dir)
+    assert "Approve? [Y/n] yes" in output
+    assert "Record it as found? [Y/n] yes" in output
 
-    printed = {m[1]: (m[2], m[3], m[4]) for m in map(RECEIPT_LINE.match, output.splitlines()) if m}
+    # It reads at 80 columns: no line of the tables is wider.
+    tables = output[output.index(TITLE) : output.index("server tasks for")]
+    assert max(len(line) for line in tables.splitlines()) <= 80, tables
+
+    [prefix] = RECEIPTS_TITLE.findall(output)
+    printed = {prefix + m[1]: (m[2], m[3], m[4]) for m in map(RECEIPT_LINE.match, output.splitlines()) if m}
     assert len(printed) == 12, output[-6000:]
+    assert printed[prefix + "report-08"][2] == "report ready after 12s", printed  # the result, not cut
     rows = _ledger_rows(data_dir)
     for node, (terminal, digest, _summary) in printed.items():
         row = rows[node]
