@@ -100,7 +100,12 @@ def list_(states: tuple[str, ...], server: str | None, since: str | None, limit:
         filtered = wanted is not None or server is not None or start is not None
         console.print("no operation matches" if filtered else "no operation in flight")
         return
-    console.print(table(rows))
+    wide = console.width >= WIDE
+    console.print(table(rows, wide=wide))
+    if errors := ([] if wide else error_lines(rows)):
+        console.print("\nlast errors:", style="bold")
+        for line in errors:
+            console.print(line, highlight=False, markup=False)
     if len(rows) == limit:
         console.print(f"(the newest {limit}; --limit to see more)")
 
@@ -137,20 +142,44 @@ def as_row(line: OperationLine, now: dt.datetime) -> dict[str, Any]:
 SHORT_ID = 8
 
 
-def table(rows: Sequence[dict[str, Any]]) -> Table:
-    out = Table("op", "call node", "server", "state", "server state", "age", "polls", "last error")
-    for column in out.columns[:1] + out.columns[3:4] + out.columns[5:7]:
-        column.no_wrap = True
+#: The width from which the last error is a column; on a narrower terminal it is a line under the table.
+WIDE = 120
+
+
+def table(rows: Sequence[dict[str, Any]], *, wide: bool = True) -> Table:
+    """No borders: only the call node folds (rather than be cut: it is the pipeline's own id), and the last
+    error wraps. ``wide``: the server and the last error as columns; else the server is left out (``--server``
+    filters, ``--json`` has it) and the last errors are :func:`error_lines`, under the table."""
+    out = Table(box=None, padding=(0, 1), header_style="bold", pad_edge=False)
+    out.add_column("op", no_wrap=True)
+    out.add_column("call node", overflow="fold", min_width=12)
+    if wide:
+        out.add_column("server", no_wrap=True)
+    out.add_column("state", no_wrap=True)
+    out.add_column("server\nstate", no_wrap=True)
+    out.add_column("age", no_wrap=True, justify="right")
+    out.add_column("polls", no_wrap=True, justify="right")
+    if wide:
+        out.add_column("last error", min_width=16, ratio=1)
     for row in rows:
-        error = row["last_error"]
-        out.add_row(
+        cells = [
             row["op_id"][:SHORT_ID],
             row["call_node_id"],
-            row["server"],
+            *([row["server"]] if wide else []),
             row["state"],
             row["server_state"] or "",
             elapsed(row["age_s"]),
             str(row["unchanged_polls"]),
-            f"{row['last_error_kind']}: {error}" if error else "",
-        )
+        ]
+        out.add_row(*cells, *([_error(row)] if wide else []))
     return out
+
+
+def error_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The last errors of ``rows`` (those that have one), a line each under its op: a narrow terminal's."""
+    return [f"{row['op_id'][:SHORT_ID]}  {_error(row)}" for row in rows if row["last_error"]]
+
+
+def _error(row: dict[str, Any]) -> str:
+    error = row["last_error"]
+    return f"{row['last_error_kind']}: {error}" if error else ""

@@ -81,6 +81,9 @@ class NoToken(WorkerError):
         super().__init__(wait_s)
         self.wait_s = wait_s
 
+    def __str__(self) -> str:  # what an event's error and ``longcall list`` show: a wait, not a failure
+        return f"no token left in the server's request budget; next in {self.wait_s:.2f} s"
+
 
 class SubmissionRefused(WorkerError):
     """``longcall.submit`` refused the call; the message says why. Nothing was written."""

@@ -86,11 +86,16 @@ def test_the_default_is_what_is_in_flight_newest_first_with_its_last_error(
 
     code, out = run()
     assert code == 0, out
-    # A table at 80 columns (the runner's width): each operation's short op id and state on one line.
+    # A table at 80 columns (the runner's width): each operation's short op id and state on one line, no
+    # line wider; the last errors under it, a line each.
+    assert max(len(line) for line in out.splitlines()) <= 80, out
+    shown, _, errors = out.partition("\nlast errors:\n")
     for name, state in (("working", "WORKING"), ("input", "INPUT_REQUIRED"), ("exports", "WORKING")):
-        [line] = [x for x in out.splitlines() if str(operations[name].id)[:8] in x]
+        [line] = [x for x in shown.splitlines() if str(operations[name].id)[:8] in x]
         assert state in line, out
     assert str(operations["done"].id)[:8] not in out
+    short = str(operations["working"].id)[:8]
+    assert f"{short}  rate_limited: 429 Too Many Requests (Retry-After 2)" in errors.splitlines(), out
 
 
 def test_the_short_op_id_the_table_shows_finds_its_operation(
