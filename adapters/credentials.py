@@ -8,17 +8,30 @@ a part of the URL that httpx2 would log (its INFO line names every request's URL
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import httpx2
 
-from adapters.errors import Transient
+from adapters.errors import AdapterError, NotSent, TokenRenewed, Transient, Unauthorized
+from adapters.oauth import challenge_params
 
-__all__ = ["BearerToken", "Credentials"]
+__all__ = ["BearerToken", "Credentials", "RenewableToken"]
 
 #: A token, or a provider of the token as it is now (None: no token).
 BearerToken = str | Callable[[], str | None] | None
+
+
+@runtime_checkable
+class RenewableToken(Protocol):
+    """A token provider that can be told its token was refused (``adapters.oauth.ClientCredentialsToken``)."""
+
+    def __call__(self) -> str | None: ...
+
+    def renew(self, refused: str | None, *, resource_metadata_url: str | None = None) -> bool:
+        """Drop ``refused``; True when a new token is worth a second request (a fresh token refused in its
+        turn is not renewed again)."""
 
 
 @dataclass(frozen=True)
@@ -42,14 +55,19 @@ class Credentials:
         """The bearer token as it is now.
 
         Raises:
-            Transient: the token provider failed; nothing was sent.
+            NotSent: the token provider failed (a variable not set, a token endpoint down): nothing was
+                sent, so a create is undone (rule 1), never taken for an unknown outcome; the provider's
+                ``retry_after`` (its backoff) is kept.
         """
         token = self.token
         if callable(token):
             try:
                 return token()
             except Exception as exc:  # any failure to read the token: the request is not sent
-                raise Transient(f"not sent: the bearer token could not be read: {exc}") from exc
+                retry_after = exc.retry_after if isinstance(exc, Transient) else None
+                raise NotSent(
+                    f"not sent: the bearer token could not be read: {exc}", retry_after=retry_after
+                ) from exc
         return token
 
     def headers(self) -> dict[str, str]:
@@ -57,8 +75,28 @@ class Credentials:
         none.
 
         Raises:
-            Transient: the token provider failed; nothing was sent.
+            NotSent: the token provider failed; nothing was sent.
         """
         token = self.bearer()
         authorization = f"Bearer {token}" if token is not None else self.basic
         return {} if authorization is None else {"Authorization": authorization}
+
+    def refused(self, exc: AdapterError, sent: Mapping[str, str]) -> AdapterError:
+        """What a ``401`` to a request sent with the headers ``sent`` means: :class:`TokenRenewed` when its
+        bearer token was refused as invalid (RFC 6750 ``invalid_token``, or no error named) and the provider
+        renewed it; else ``exc`` as it is (a static token, a 403, a fresh token refused again)."""
+        provider = self.token
+        if (
+            not isinstance(exc, Unauthorized)
+            or exc.http_status != 401
+            or not isinstance(provider, RenewableToken)
+        ):
+            return exc
+        params = challenge_params(exc.challenge or "")
+        if params.get("error", "invalid_token") != "invalid_token":
+            return exc
+        authorization = sent.get("Authorization", "")
+        token = authorization.removeprefix("Bearer ") if authorization.startswith("Bearer ") else None
+        if provider.renew(token, resource_metadata_url=params.get("resource_metadata")):
+            return TokenRenewed(f"{exc} (the bearer token was renewed: the request is sent again)")
+        return exc

@@ -8,11 +8,13 @@ of these, with ``raise ... from``. Each class carries its retry meaning::
      │    ├── RateLimited(retry_after)   429, or 503 to a read; never a state change
      │    │    └── TooManyRequests       429: also NoWorkDone
      │    ├── NoWorkDone                 the server provably did no work for the request
-     │    │    └── NotSent               the request never left (connect / pool failure, or a step
-     │    │                              before it failed)
+     │    │    ├── NotSent               the request never left (connect / pool failure, or a step
+     │    │    │                         before it failed)
+     │    │    └── TokenRenewed          401 invalid_token: the bearer token was renewed, send again
      │    ├── ResultNotReady             tasks/result asked before a terminal status
      │    └── ResultContradictsStatus    a result the observed terminal state rules out
      ├── Rejected(code, http_status)     definitive: the server refused this request
+     │    ├── Unauthorized(challenge)    401: the credentials were refused (403: not allowed)
      │    ├── WrongTaskMode              -32601 / -32600 on tools/call
      │    └── CapabilityRefused          we refuse before sending: no task support, no sync bound
      ├── NotFound(session_gone)          task unknown, expired, or its session is gone
@@ -38,8 +40,10 @@ __all__ = [
     "Rejected",
     "ResultContradictsStatus",
     "ResultNotReady",
+    "TokenRenewed",
     "TooManyRequests",
     "Transient",
+    "Unauthorized",
     "UnknownAdapter",
     "WrongTaskMode",
 ]
@@ -118,6 +122,24 @@ class Rejected(AdapterError):
         self.code = code
         self.http_status = http_status
         self.data = data
+
+
+class Unauthorized(Rejected):
+    """HTTP 401 (or 403): the server refused the request's credentials before doing anything with it.
+    ``challenge``: its ``WWW-Authenticate`` header (RFC 6750: ``error="invalid_token"`` for an expired or
+    revoked token, and RFC 9728's ``resource_metadata``)."""
+
+    def __init__(
+        self, message: str, *, http_status: int, challenge: str | None, code: int | None = None
+    ) -> None:
+        super().__init__(message, code=code, http_status=http_status)
+        self.challenge = challenge
+
+
+class TokenRenewed(NoWorkDone):
+    """A ``401`` refused the bearer token, and the token provider renewed it: the server did no work, and
+    the request is sent again with the new token (charged to its budget again, by the step's retry). A
+    fresh token refused in its turn is :class:`Unauthorized`, not this: the token is renewed once."""
 
 
 class WrongTaskMode(Rejected):

@@ -22,6 +22,7 @@ from adapters.errors import (
     Rejected,
     TooManyRequests,
     Transient,
+    Unauthorized,
 )
 
 __all__ = [
@@ -201,6 +202,10 @@ def classify_http_status(
         if status == 503:
             return RateLimited(described, retry_after=retry_after)
         return Transient(described, retry_after=retry_after)
+    if status in (401, 403):
+        return Unauthorized(
+            described, code=code, http_status=status, challenge=headers.get("www-authenticate")
+        )
     if 400 <= status < 500:
         return Rejected(described, code=code, http_status=status)
     return ProtocolViolation(f"unexpected {described}")

@@ -27,6 +27,7 @@ from adapters.errors import (
     ProtocolViolation,
     Rejected,
     Transient,
+    Unauthorized,
 )
 from adapters.http_answers import (
     Deadline,
@@ -246,6 +247,8 @@ class StreamableHttpClient:
         while True:
             try:
                 return self._mapped(leg, method=method, idempotent=idempotent, patient=patient, read_s=read_s)
+            except Unauthorized as exc:  # a bearer token refused as invalid: renewed, sent again by the step
+                raise self._credentials.refused(exc, headers) from exc
             except Resume:
                 wait_s = (state.reconnect_ms or 0) / 1000
                 if resumed >= self._limits.max_resumptions or deadline.remaining() <= wait_s:
@@ -331,9 +334,10 @@ class StreamableHttpClient:
                 body = read_error_body(answer)
                 if answer.status_code == 404 and session is not None and session.session_id is not None:
                     raise SessionGone(f"{what}: session {session.session_id} not found (HTTP 404)")
-                raise classify_http_status(
+                error = classify_http_status(
                     answer.status_code, headers=answer.headers, body=body, idempotent=idempotent
                 )
+                raise self._credentials.refused(error, headers)
         except httpx2.HTTPError as exc:
             raise map_transport_error(exc, idempotent=idempotent, method=what) from exc
 
@@ -369,7 +373,8 @@ class StreamableHttpClient:
                     raise SessionGone(f"GET stream: session {session.session_id} not found (HTTP 404)")
                 if status != 200:
                     body = read_error_body(answer)
-                    raise classify_http_status(status, headers=answer.headers, body=body, idempotent=True)
+                    error = classify_http_status(status, headers=answer.headers, body=body, idempotent=True)
+                    raise self._credentials.refused(error, headers)
                 content_type = answer.headers.get("content-type", "").split(";")[0].strip().lower()
                 if content_type != "text/event-stream":
                     raise ProtocolViolation(f"GET stream: unexpected content type {content_type!r}")

@@ -91,7 +91,7 @@ class RestClient:
         except httpx2.HTTPError as exc:
             raise map_transport_error(exc, idempotent=not effect, method=what) from exc
         _, error = classify_error(answer.status_code, answer.headers, body, effect=effect, what=what)
-        raise error
+        raise self._credentials.refused(error, headers)
 
 
 def decode_json(body: bytes, what: str) -> object:

@@ -28,6 +28,7 @@ from adapters.errors import (
     Rejected,
     TooManyRequests,
     Transient,
+    Unauthorized,
 )
 from adapters.jsonrpc import parse_retry_after
 
@@ -362,6 +363,9 @@ def classify_error(
         if is_status_not_found(http_status, body):
             return error, StatusNotFound(said, code=error.code)
         return error, NotFound(said, code=error.code)
+    if http_status in (401, 403):  # UNAUTHENTICATED, PERMISSION_DENIED: refused before any work
+        challenge = headers.get("www-authenticate")
+        return error, Unauthorized(said, code=error.code, http_status=http_status, challenge=challenge)
     if http_status == 501 or name == "UNIMPLEMENTED":
         return error, Rejected(said, code=error.code, http_status=http_status, data=list(error.details))
     unavailable = http_status == 503 or name == "UNAVAILABLE"

@@ -129,9 +129,10 @@ class ExtHttp:
                     error = _rpc_error_in(raw)
                     if error is not None:
                         raise error_for(method, *error, server=self._server)
-                    raise classify_http_status(
+                    refusal = classify_http_status(
                         answer.status_code, headers=answer.headers, body=raw, idempotent=idempotent
                     )
+                    raise self._credentials.refused(refusal, headers)
                 exchange = read_answer(
                     answer,
                     request_id=str(body["id"]),

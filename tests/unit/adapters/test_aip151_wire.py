@@ -27,6 +27,7 @@ from adapters.errors import (
     Rejected,
     TooManyRequests,
     Transient,
+    Unauthorized,
 )
 
 NAME = "projects/demo/operations/op-1"
@@ -204,7 +205,7 @@ def test_unavailable_is_rate_limited_for_a_read_and_unknown_for_an_effect() -> N
         (501, _aip193(501, "UNIMPLEMENTED"), Rejected),
         (501, _gateway(12), Rejected),
         (400, _aip193(400, "FAILED_PRECONDITION"), Rejected),
-        (403, _gateway(7), Rejected),
+        (403, _gateway(7), Unauthorized),  # PERMISSION_DENIED: a Rejected that names the credentials
     ],
 )
 def test_definitive_answers(http: int, body: bytes, kind: type[Exception]) -> None:

@@ -11,7 +11,7 @@ import httpx2
 import pytest
 
 from adapters.base import Limits, Timeouts, redact_url
-from adapters.errors import Transient
+from adapters.errors import NotSent, NoWorkDone, Transient
 from adapters.streamable_http import StreamableHttpClient
 
 PASSWORD = "pw-s3cret-7Qx"
@@ -88,3 +88,21 @@ def test_a_bearer_token_wins_over_the_urls_basic_auth() -> None:
 )
 def test_redact_url(url: str, shown: str) -> None:
     assert redact_url(url) == shown
+
+
+def test_a_create_whose_token_cannot_be_read_was_not_sent_never_an_unknown_outcome() -> None:
+    """Rule 1: a ``tools/call`` whose bearer token could not be had never left: it is :class:`NotSent` (the
+    create attempt is undone), not a bare Transient that the submit step takes for an unknown outcome."""
+    seen: list[httpx2.Request] = []
+
+    def unavailable() -> str:
+        raise Transient(
+            "the token endpoint https://as.example/token refused the request: HTTP 503", retry_after=4.0
+        )
+
+    sender = client("http://127.0.0.1:9/mcp", unavailable, seen)
+    with pytest.raises(NoWorkDone, match="not sent: the bearer token could not be read") as raised:
+        sender.request("tools/call", {"name": "slow_report", "arguments": {}}, session=None, idempotent=False)
+    assert isinstance(raised.value, NotSent)
+    assert raised.value.retry_after == 4.0  # the provider's own backoff is kept
+    assert seen == []
