@@ -42,13 +42,23 @@ from adapters.errors import (
     Rejected,
     ResultContradictsStatus,
     ResultNotReady,
+    TokenRenewed,
     TooManyRequests,
     Transient,
+    Unauthorized,
     UnknownAdapter,
     WrongTaskMode,
 )
 from adapters.mcp_2025_11_25 import McpTasksAdapter
 from adapters.mcp_2026_07_28.discovery import detect as detect_generation
+from adapters.oauth import (
+    AuthorizationServer,
+    ClientCredentials,
+    ClientCredentialsToken,
+    DiscoveryRefused,
+    TokenUnavailable,
+    discover,
+)
 from adapters.registry import SHIPPED, AdapterRegistry, default_registry
 from adapters.spec import (
     DEFAULT_CONNECTIONS,
@@ -70,12 +80,16 @@ __all__ = [  # noqa: RUF022
     "AdapterRegistry",
     "AdapterSpec",
     "AnswerTooLarge",
+    "AuthorizationServer",
     "CancelOutcome",
     "CapabilityRefused",
+    "ClientCredentials",
+    "ClientCredentialsToken",
     "ClientMaker",
     "Created",
     "DEFAULT_CONNECTIONS",
     "DEFAULT_MAX_RESULT_BYTES",
+    "DiscoveryRefused",
     "ENVELOPE_MARGIN_BYTES",
     "ErrorInfo",
     "InputRequest",
@@ -101,6 +115,8 @@ __all__ = [  # noqa: RUF022
     "TaskSupport",
     "TerminalKind",
     "Timeouts",
+    "TokenRenewed",
+    "TokenUnavailable",
     "TooManyRequests",
     "ToolAdapter",
     "ToolCapabilities",
@@ -109,10 +125,12 @@ __all__ = [  # noqa: RUF022
     "Transient",
     "TransportWrapper",
     "UNMETERED",
+    "Unauthorized",
     "UnknownAdapter",
     "WrongTaskMode",
     "default_registry",
     "detect_generation",
+    "discover",
     "http_client",
     "redact_url",
 ]

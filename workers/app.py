@@ -14,6 +14,7 @@ from kombu import Queue
 
 from beat_schedule import beat_schedule
 from workers import celery_logs, members
+from workers.auth import check_credentials
 from workers.broker import CONSUMER as REDIS_CONSUMER
 from workers.broker import TRANSPORT as REDIS_TRANSPORT
 from workers.client import TASK_ROUTES
@@ -182,7 +183,17 @@ def create_app(settings: Settings | None = None) -> Celery:
         if getattr(sender, "app", None) is app:
             holder.get().report_at_start()
 
+    def refuse_missing_credentials(sender: Any = None, **_: Any) -> None:
+        # A worker sends requests: the OAuth clients' variables and key files are checked at its start (beat
+        # and the CLI need none of them).
+        if getattr(sender, "app", None) is app:
+            try:
+                check_credentials(holder.get().fleet)
+            except ConfigError as exc:
+                raise SystemExit(f"longcall: {exc}") from None
+
     signals.worker_init.connect(refuse_bad_config, weak=False)
+    signals.worker_init.connect(refuse_missing_credentials, weak=False)
     signals.beat_init.connect(refuse_bad_config, weak=False)
     signals.worker_ready.connect(report_at_start, weak=False)
 

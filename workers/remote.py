@@ -23,6 +23,7 @@ from adapters import (
     ToolRoute,
     default_registry,
 )
+from workers.auth import TokenProviders
 from workers.budget import label_request
 from workers.errors import UnknownServer
 from workers.request_outcomes import CountingTransport, RequestOutcomes
@@ -55,6 +56,7 @@ class RemotePool:
         self._timeouts = timeouts or Timeouts()
         self._limits = Limits.for_results(max_result_bytes)
         self._connections = connections
+        self._tokens = TokenProviders()
         self._adapters: dict[tuple[str, str, str], ToolAdapter] = {}
         self._clients: list[httpx2.Client] = []
         self._lock = threading.Lock()
@@ -86,7 +88,8 @@ class RemotePool:
                     url=server.url,
                     protocol=key[1],
                     protocol_version=key[2],
-                    token_provider=server.token,  # read per request: a rotated token needs no restart
+                    # called per request: a rotated token needs no restart, an OAuth token is renewed
+                    token_provider=self._tokens.provider(name, server),
                     timeouts=self._timeouts,
                     limits=self._limits,
                     tools={
@@ -116,3 +119,4 @@ class RemotePool:
                 client.close()
             self._clients.clear()
             self._adapters.clear()
+        self._tokens.close()

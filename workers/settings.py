@@ -10,7 +10,7 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import (
     BaseModel,
@@ -26,6 +26,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from workers import __version__
 from workers.errors import ConfigError
+
+if TYPE_CHECKING:
+    from adapters import ClientCredentials
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CREATE_SPEC = re.compile(r"^(GET|POST|PUT|PATCH|DELETE) (/\S*)$")
@@ -76,6 +79,132 @@ class ToolConfig(_Strict):
         return value
 
 
+def _env_name(value: str | None, holding: str) -> str | None:
+    if value is not None and not ENV_NAME.match(value):
+        raise ValueError(f"must be the NAME of an environment variable holding {holding}, not the value")
+    return value
+
+
+def _variable(key: str, name: str) -> str:
+    """The value of the environment variable ``name`` that the key ``key`` names (never logged).
+
+    Raises:
+        ConfigError: it is not set, or empty.
+    """
+    value = os.environ.get(name)
+    if not value:
+        raise ConfigError(
+            f"{key} {name!r} is configured but that environment variable is not set or is empty"
+        )
+    return value
+
+
+class BearerAuth(_Strict):
+    """A static bearer token (as ``auth_env`` / ``auth_file`` give it)."""
+
+    kind: Literal["bearer"]
+    #: The name of the variable that holds the token, read before every request.
+    token_env: str | None = None
+    #: Or a file holding it, read again whenever it changed (``read_token_file``).
+    token_file: Path | None = None
+
+    @field_validator("token_env")
+    @classmethod
+    def _token_env(cls, value: str | None) -> str | None:
+        return _env_name(value, "the token")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> BearerAuth:
+        if (self.token_env is None) == (self.token_file is None):
+            raise ValueError("set token_env or token_file (one of them)")
+        return self
+
+
+class OAuthClientCredentialsAuth(_Strict):
+    """OAuth 2.1 client credentials (MCP's ``io.modelcontextprotocol/oauth-client-credentials``): a token
+    asked of the authorization server the server's metadata names (or ``token_url``), cached per worker
+    process and renewed before it expires (``adapters.oauth``). The secret, or the private key, is read
+    from the environment or a file when a token is asked for, never stored."""
+
+    kind: Literal["oauth_client_credentials"]
+    client_id_env: str
+    #: ``client_secret_basic`` / ``client_secret_post``: the variable holding the client's secret.
+    client_secret_env: str | None = None
+    #: ``private_key_jwt`` (RFC 7523, recommended): a PEM file holding the client's RSA or P-256 key, and
+    #: the ``kid`` its public key is registered under at the authorization server.
+    private_key_file: Path | None = None
+    key_id: Annotated[str, Field(min_length=1)] | None = None
+    #: Force one method (by default: ``private_key_jwt`` with a key; with a secret, ``client_secret_basic``
+    #: unless the authorization server lists only ``client_secret_post``).
+    token_endpoint_auth_method: (
+        Literal["client_secret_basic", "client_secret_post", "private_key_jwt"] | None
+    ) = None
+    scope: Annotated[str, Field(min_length=1)] | None = None
+    #: The token endpoint; by default discovered from the server (RFC 9728, then RFC 8414).
+    token_url: Annotated[str, Field(pattern=r"^https?://[^\s/]+(/\S*)?$")] | None = None
+
+    @field_validator("client_id_env", "client_secret_env")
+    @classmethod
+    def _names(cls, value: str | None) -> str | None:
+        return _env_name(value, "it")
+
+    @model_validator(mode="after")
+    def _one_proof(self) -> OAuthClientCredentialsAuth:
+        if (self.client_secret_env is None) == (self.private_key_file is None):
+            raise ValueError("set client_secret_env or private_key_file (one of them)")
+        if self.key_id is not None and self.private_key_file is None:
+            raise ValueError("key_id goes with private_key_file")
+        method = self.token_endpoint_auth_method
+        if method == "private_key_jwt" and self.private_key_file is None:
+            raise ValueError("token_endpoint_auth_method private_key_jwt needs private_key_file")
+        if method in ("client_secret_basic", "client_secret_post") and self.client_secret_env is None:
+            raise ValueError(f"token_endpoint_auth_method {method} needs client_secret_env")
+        return self
+
+    def credentials(self, key: str) -> ClientCredentials:
+        """The client's credentials as the environment and the key file hold them now (read at each token
+        request, never kept beyond it). ``key``: ``servers.X.auth``, for the errors.
+
+        Raises:
+            ConfigError: a variable is not set or empty, or the key file cannot be read.
+        """
+        from adapters import ClientCredentials  # noqa: PLC0415 - HTTP, for a worker that sends
+
+        return ClientCredentials(
+            client_id=_variable(f"{key}.client_id_env", self.client_id_env),
+            secret=None
+            if self.client_secret_env is None
+            else _variable(f"{key}.client_secret_env", self.client_secret_env),
+            private_key_pem=None if self.private_key_file is None else self.private_key(key),
+            key_id=self.key_id,
+            method=self.token_endpoint_auth_method,
+            scope=self.scope,
+        )
+
+    def private_key(self, key: str = "auth") -> bytes:
+        """The PEM key file as it is now (read at each token request: a rotated key needs no restart).
+
+        Raises:
+            ConfigError: the file cannot be read or holds no PEM private key.
+        """
+        if self.private_key_file is None:
+            raise ConfigError(f"{key}.private_key_file is not set")
+        try:
+            pem = self.private_key_file.read_bytes()
+        except OSError as exc:
+            raise ConfigError(
+                f"{key}.private_key_file {str(self.private_key_file)!r} cannot be read: {exc.strerror}"
+            ) from None
+        if b"PRIVATE KEY-----" not in pem:
+            raise ConfigError(
+                f"{key}.private_key_file {str(self.private_key_file)!r} holds no PEM private key"
+            )
+        return pem
+
+
+AuthConfig = Annotated[BearerAuth | OAuthClientCredentialsAuth, Field(discriminator="kind")]
+
+
 class ServerConfig(_Strict):
     #: One of the protocols an adapter is shipped for (``adapters.SHIPPED``).
     protocol: str
@@ -87,6 +216,9 @@ class ServerConfig(_Strict):
     #: the token by rewriting the file (a mounted secret), no restart needed. At most one of ``auth_env``
     #: and ``auth_file``.
     auth_file: Path | None = None
+    #: How requests to the server are authorized (``[servers.X.auth]``), instead of ``auth_env`` /
+    #: ``auth_file``: ``kind = "bearer"`` (the same, as a table) or ``"oauth_client_credentials"``.
+    auth: AuthConfig | None = None
     poll_qps: PositiveFloat = 10.0
     control_qps: PositiveFloat = 5.0
     default_ttl_ms: PositiveInt = 600_000
@@ -122,6 +254,8 @@ class ServerConfig(_Strict):
     def _one_token_source(self) -> ServerConfig:
         if self.auth_env is not None and self.auth_file is not None:
             raise ValueError("set auth_env or auth_file, not both")
+        if self.auth is not None and (self.auth_env is not None or self.auth_file is not None):
+            raise ValueError("set [auth] or auth_env / auth_file, not both")
         return self
 
     @model_validator(mode="after")
@@ -141,6 +275,15 @@ class ServerConfig(_Strict):
         Raises:
             ConfigError: the variable is empty, or the file cannot be read or is empty.
         """
+        if isinstance(self.auth, BearerAuth):
+            if self.auth.token_file is not None:
+                return read_token_file(self.auth.token_file)
+            if self.auth.token_env is not None:
+                return _variable("auth.token_env", self.auth.token_env)
+        if isinstance(self.auth, OAuthClientCredentialsAuth):
+            raise TypeError(
+                "an OAuth server's token comes from its provider (workers.auth), not from token()"
+            )
         if self.auth_file is not None:
             return read_token_file(self.auth_file)
         if self.auth_env is None:
