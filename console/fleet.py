@@ -19,6 +19,7 @@ from console.launch_gate import evaluate_gate
 from ledger import migrate as migrations
 from ledger.records import ControlState
 from ledger.repository import Ledger
+from workers.auth import TokenProviders, describe_auth
 from workers.budget import label_request
 from workers.errors import NoToken
 from workers.rollout import FIRST_CANARY_PERCENT, RolloutState, plain_percent, side_effect_free_tools
@@ -111,6 +112,7 @@ def adapters(
             f"{server['server']}: configured {server['configured']}, detected {server['generation']}"
             f"{' with tasks' if server['tasks'] else ''}{speaks} - {server['detail']}"
         )
+        console.print(f"  auth: {output.auth_line(server['auth'])}", highlight=False)
 
 
 def _detected_generations(settings: Settings) -> list[dict[str, Any]]:
@@ -121,9 +123,11 @@ def _detected_generations(settings: Settings) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
     runtime = Runtime.from_settings(settings)
     ctx = StepContext(runtime, jitter=spread, clock=utc_now)
+    tokens = TokenProviders()
     try:
         with httpx2.Client(timeout=5.0, event_hooks={"request": [label_request]}) as client:
             for name, server in sorted(runtime.fleet.servers.items()):
+                auth = describe_auth(name, server, tokens)
                 if server.protocol != "mcp":
                     continue
                 configured = server.protocol_version
@@ -132,7 +136,7 @@ def _detected_generations(settings: Settings) -> list[dict[str, Any]]:
                         client,
                         server.url,
                         server=name,
-                        bearer_token=server.token,
+                        bearer_token=tokens.provider(name, server),
                         budget=ctx.budget.per_request(name, "control"),
                     ).to_json()
                 except NoToken as no_token:
@@ -142,14 +146,27 @@ def _detected_generations(settings: Settings) -> list[dict[str, Any]]:
                     )
                     generation = {"server": name, "generation": "unknown", "tasks": False, "detail": detail}
                     found.append(
-                        {**generation, "configured": configured, "speaks_configured": False, "probed": False}
+                        {
+                            **generation,
+                            "configured": configured,
+                            "speaks_configured": False,
+                            "probed": False,
+                            "auth": auth,
+                        }
                     )
                     continue
                 speaks = generation["generation"] == configured
                 found.append(
-                    {**generation, "configured": configured, "speaks_configured": speaks, "probed": True}
+                    {
+                        **generation,
+                        "configured": configured,
+                        "speaks_configured": speaks,
+                        "probed": True,
+                        "auth": auth,
+                    }
                 )
     finally:
+        tokens.close()
         runtime.close()
     return found
 

@@ -38,7 +38,7 @@ from workers.budget import rate_key
 from workers.errors import ConfigError
 from workers.hot import Budget, RedisClient, connect
 from workers.request_outcomes import OUTCOMES, requests_key
-from workers.settings import FleetConfig, Settings, load_settings
+from workers.settings import FleetConfig, OAuthClientCredentialsAuth, Settings, load_settings
 
 __all__ = ["RATE_WINDOW_S", "LongcallCollector", "metrics", "registry_for"]
 
@@ -163,6 +163,12 @@ class LongcallCollector(Collector):
             "Status reads sent on the poll budget, whatever their outcome",
             labels=["server"],
         )
+        tokens = CounterMetricFamily(
+            "longcall_token_requests",
+            "Requests to the servers' OAuth token endpoints (not the servers' traffic: no budget pays for"
+            " them) by outcome (ok; client_error: the client refused; server_error, no_answer: it is down)",
+            labels=["server", "outcome"],
+        )
         for name in sorted(self.fleet.servers):
             counted = {
                 (k.decode() if isinstance(k, bytes) else str(k)): int(v)
@@ -172,8 +178,12 @@ class LongcallCollector(Collector):
                 for outcome in OUTCOMES:
                     requests.add_metric([name, budget, outcome], counted.get(f"{budget}:{outcome}", 0))
             polls.add_metric([name], sum(counted.get(f"poll:{outcome}", 0) for outcome in OUTCOMES))
+            if isinstance(self.fleet.servers[name].auth, OAuthClientCredentialsAuth):
+                for outcome in OUTCOMES:
+                    tokens.add_metric([name, outcome], counted.get(f"token:{outcome}", 0))
         yield requests
         yield polls
+        yield tokens
 
 
 def ledger_families(figures: LedgerMetrics, fleet: FleetConfig) -> Iterator[Metric]:

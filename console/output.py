@@ -547,3 +547,17 @@ def launch_gate_table(report: Mapping[str, Any]) -> Table:
             "\n".join(c["behind"] + c["missing"]),
         )
     return table
+
+
+def auth_line(auth: Mapping[str, Any]) -> str:
+    """How a server is authorized, in a line (``longcall adapters --detect``): the kind, and for OAuth the
+    authorization server, the token endpoint and whether the credentials got a token."""
+    if auth.get("kind") != "oauth_client_credentials":
+        return str(auth.get("kind", "none"))
+    parts = [
+        "oauth_client_credentials",
+        f"authorization server {auth.get('authorization_server', '?')}",
+        f"token endpoint {auth.get('token_endpoint', '?')}",
+        f"token {auth.get('token', '?')}",
+    ]
+    return "; ".join(parts)

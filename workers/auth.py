@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import httpx2
 
-from adapters import ClientCredentialsToken
-from workers.settings import FleetConfig, OAuthClientCredentialsAuth, ServerConfig
+from adapters import ClientCredentialsToken, Transient
+from workers.errors import ConfigError
+from workers.request_outcomes import CountingTransport, RequestOutcomes
+from workers.settings import BearerAuth, FleetConfig, OAuthClientCredentialsAuth, ServerConfig
 
-__all__ = ["TokenProviders", "check_credentials"]
+__all__ = ["TokenProviders", "check_credentials", "describe_auth"]
 
 #: The token endpoint's timeouts: a small form POST and a small JSON answer.
 TOKEN_TIMEOUT = httpx2.Timeout(connect=5.0, read=10.0, write=5.0, pool=5.0)
@@ -36,9 +39,10 @@ def _resource(url: str) -> str:
 class TokenProviders:
     """The token providers of one worker process, one per server, made when first asked for."""
 
-    def __init__(self) -> None:
+    def __init__(self, outcomes: RequestOutcomes | None = None) -> None:
         self._lock = threading.Lock()
-        self._client: httpx2.Client | None = None
+        self._outcomes = outcomes
+        self._clients: list[httpx2.Client] = []
         self._providers: dict[str, ClientCredentialsToken] = {}
 
     def provider(self, name: str, server: ServerConfig) -> Callable[[], str | None]:
@@ -49,13 +53,20 @@ class TokenProviders:
         with self._lock:
             provider = self._providers.get(name)
             if provider is None:
-                if self._client is None:
-                    self._client = httpx2.Client(timeout=TOKEN_TIMEOUT, follow_redirects=False)
+                # Its requests counted as the server's budget "token" (longcall_token_requests_total).
+                outcomes = self._outcomes
+                transport = (
+                    None
+                    if outcomes is None
+                    else CountingTransport(httpx2.HTTPTransport(), name, outcomes, budget="token")
+                )
+                client = httpx2.Client(timeout=TOKEN_TIMEOUT, follow_redirects=False, transport=transport)
+                self._clients.append(client)
                 key = f"servers.{name}.auth"
                 provider = ClientCredentialsToken(
                     lambda: auth.credentials(key),
                     _resource(server.url),
-                    client=self._client,
+                    client=client,
                     token_url=auth.token_url,
                 )
                 self._providers[name] = provider
@@ -63,9 +74,9 @@ class TokenProviders:
 
     def close(self) -> None:
         with self._lock:
-            if self._client is not None:
-                self._client.close()
-                self._client = None
+            for client in self._clients:
+                client.close()
+            self._clients.clear()
             self._providers.clear()
 
 
@@ -78,3 +89,33 @@ def check_credentials(fleet: FleetConfig) -> None:
     for name, server in fleet.servers.items():
         if isinstance(server.auth, OAuthClientCredentialsAuth):
             server.auth.credentials(f"servers.{name}.auth")
+
+
+def describe_auth(name: str, server: ServerConfig, providers: TokenProviders) -> dict[str, Any]:
+    """How server ``name`` is authorized, for ``longcall adapters --detect``: the kind, and for OAuth the
+    authorization server found (or configured) and whether the configured credentials get a token now (one
+    token request; never the token, the secret or the key)."""
+    auth = server.auth
+    if isinstance(auth, OAuthClientCredentialsAuth):
+        provider = providers.provider(name, server)
+        found: dict[str, Any] = {"kind": auth.kind, "scope": auth.scope}
+        if not isinstance(provider, ClientCredentialsToken):
+            return found
+        try:
+            provider()
+        except (Transient, ConfigError) as exc:
+            found["token"] = f"not granted: {exc}"
+        else:
+            found["token"] = "granted"  # noqa: S105 - what happened, not a token
+        try:
+            where = provider.authorization_server()
+        except Transient as exc:
+            found["authorization_server"] = f"not found: {exc}"
+        else:
+            found["authorization_server"] = where.issuer or "(configured token_url)"
+            found["token_endpoint"] = where.token_endpoint
+            found["token_endpoint_auth_methods"] = list(where.methods)
+        return found
+    if isinstance(auth, BearerAuth) or server.auth_env is not None or server.auth_file is not None:
+        return {"kind": "bearer"}
+    return {"kind": "none"}

@@ -56,7 +56,7 @@ class RemotePool:
         self._timeouts = timeouts or Timeouts()
         self._limits = Limits.for_results(max_result_bytes)
         self._connections = connections
-        self._tokens = TokenProviders()
+        self._tokens = TokenProviders(outcomes)
         self._adapters: dict[tuple[str, str, str], ToolAdapter] = {}
         self._clients: list[httpx2.Client] = []
         self._lock = threading.Lock()

@@ -1,5 +1,7 @@
 """Every HTTP request a worker sends, counted by server, budget and outcome, for ``longcall metrics``'
-``longcall_requests_total`` and ``longcall_polls_total``.
+``longcall_requests_total`` and ``longcall_polls_total``; and the requests to a server's token endpoint
+(counted as budget ``token``: they take no token of the server's budgets) for
+``longcall_token_requests_total``.
 
 :class:`CountingTransport` wraps an adapter client's transport: it sees each request go (its budget from the
 ``Longcall-Budget`` header: ``poll``, ``control``, or ``none`` for a request no budget paid for) and what
@@ -110,15 +112,24 @@ class RequestOutcomes:
 
 
 class CountingTransport(httpx2.BaseTransport):
-    """An adapter client's transport, each request counted with its outcome (:class:`RequestOutcomes`)."""
+    """An adapter client's transport, each request counted with its outcome (:class:`RequestOutcomes`), under
+    the budget its ``Longcall-Budget`` header names, or ``budget`` (``token``: a token endpoint's client)."""
 
-    def __init__(self, inner: httpx2.BaseTransport, server: str, outcomes: RequestOutcomes) -> None:
+    def __init__(
+        self,
+        inner: httpx2.BaseTransport,
+        server: str,
+        outcomes: RequestOutcomes,
+        *,
+        budget: str | None = None,
+    ) -> None:
         self._inner = inner
         self._server = server
         self._outcomes = outcomes
+        self._budget = budget
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
-        budget = request.headers.get(BUDGET_HEADER, "none")
+        budget: str = self._budget or request.headers.get(BUDGET_HEADER) or "none"
         try:
             response = self._inner.handle_request(request)
         except Exception:
