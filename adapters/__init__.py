@@ -49,10 +49,12 @@ from adapters.errors import (
     UnknownAdapter,
     WrongTaskMode,
 )
+from adapters.google_credentials import GoogleToken
 from adapters.mcp_2025_11_25 import McpTasksAdapter
 from adapters.mcp_2026_07_28.discovery import detect as detect_generation
 from adapters.oauth import (
     AuthorizationServer,
+    CachedToken,
     ClientCredentials,
     ClientCredentialsToken,
     DiscoveryRefused,
@@ -81,6 +83,7 @@ __all__ = [  # noqa: RUF022
     "AdapterSpec",
     "AnswerTooLarge",
     "AuthorizationServer",
+    "CachedToken",
     "CancelOutcome",
     "CapabilityRefused",
     "ClientCredentials",
@@ -92,6 +95,7 @@ __all__ = [  # noqa: RUF022
     "DiscoveryRefused",
     "ENVELOPE_MARGIN_BYTES",
     "ErrorInfo",
+    "GoogleToken",
     "InputRequest",
     "KeyedRounds",
     "Limits",

@@ -44,6 +44,7 @@ from adapters.errors import Transient
 __all__ = [
     "AuthMethod",
     "AuthorizationServer",
+    "CachedToken",
     "ClientCredentials",
     "ClientCredentialsToken",
     "DiscoveryRefused",
@@ -294,38 +295,35 @@ class _Held:
     after_refusal: bool = False
 
 
-class ClientCredentialsToken:
-    """A bearer token provider for one server: the client credentials grant, cached per process.
+class CachedToken:
+    """A bearer token provider that asks for a token only when it has none fit to send: one request at a
+    time, a backoff after failures, renewed before it expires and once after a ``401 invalid_token``. What
+    asks is :meth:`_ask` (a subclass's). ``what``: the server's URL, for the log. ``clock``:
+    ``time.monotonic``."""
 
-    ``resource``: the server's URL (the token is asked for it, RFC 8707, and discovery starts from it).
-    ``token_url``: the token endpoint, when configured (no discovery). ``clock``: ``time.monotonic``.
-    """
-
-    def __init__(
-        self,
-        credentials: Callable[[], ClientCredentials],
-        resource: str,
-        *,
-        client: httpx2.Client,
-        token_url: str | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._credentials = credentials
-        self._resource = resource
-        self._client = client
-        self._token_url = token_url
+    def __init__(self, what: str, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._what = what
         self._clock = clock
         self._lock = threading.Lock()
         self._held: _Held | None = None
-        self._server: AuthorizationServer | None = None
-        self._resource_metadata_url: str | None = None
         self._failures = 0
         self._replacing = False
         self._retry_at = 0.0
         self._last_failure = ""
-        #: Token requests sent, and failed (for the metrics and ``longcall adapters --detect``).
+        #: Token requests made, and failed.
         self.requests = 0
         self.failed = 0
+
+    def _ask(self) -> tuple[str, float | None]:
+        """One token request: the token and its lifetime in seconds (None: unknown).
+
+        Raises:
+            TokenUnavailable: no token now, with the reason.
+        """
+        raise NotImplementedError
+
+    def _on_resource_metadata(self, url: str) -> None:
+        """A ``401`` named the resource's metadata at ``url`` (RFC 9728 §5.1)."""
 
     def __call__(self) -> str:
         held = self._held
@@ -338,6 +336,7 @@ class ClientCredentialsToken:
                 return held.token
             if now < self._retry_at:
                 raise TokenUnavailable(self._last_failure, retry_after=self._retry_at - now)
+            self.requests += 1
             try:
                 token, lifetime = self._ask()
             except TokenUnavailable as exc:
@@ -358,9 +357,8 @@ class ClientCredentialsToken:
         got to replace a refused token, less than :data:`REFUSED_AGAIN_S` ago (renewed once, not for ever).
         ``resource_metadata_url``: what the ``401`` named, for the next discovery."""
         with self._lock:
-            if resource_metadata_url and resource_metadata_url != self._resource_metadata_url:
-                self._resource_metadata_url = resource_metadata_url
-                self._server = None
+            if resource_metadata_url:
+                self._on_resource_metadata(resource_metadata_url)
             held = self._held
             if held is None or (refused is not None and held.token != refused):
                 return True  # renewed already (by another thread): sent again with the new one
@@ -376,7 +374,37 @@ class ClientCredentialsToken:
         backoff = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** (self._failures - 1))
         self._retry_at = self._clock() + backoff
         self._last_failure = f"{reason} (asked again in {backoff:.0f} s at the earliest)"
-        log.warning("no token for %s: %s", self._resource, self._last_failure)
+        log.warning("no token for %s: %s", self._what, self._last_failure)
+
+
+class ClientCredentialsToken(CachedToken):
+    """A bearer token provider for one server: the client credentials grant, cached per process.
+
+    ``resource``: the server's URL (the token is asked for it, RFC 8707, and discovery starts from it).
+    ``token_url``: the token endpoint, when configured (no discovery). ``clock``: ``time.monotonic``.
+    """
+
+    def __init__(
+        self,
+        credentials: Callable[[], ClientCredentials],
+        resource: str,
+        *,
+        client: httpx2.Client,
+        token_url: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(resource, clock=clock)
+        self._credentials = credentials
+        self._resource = resource
+        self._client = client
+        self._token_url = token_url
+        self._server: AuthorizationServer | None = None
+        self._resource_metadata_url: str | None = None
+
+    def _on_resource_metadata(self, url: str) -> None:
+        if url != self._resource_metadata_url:
+            self._resource_metadata_url = url
+            self._server = None
 
     def authorization_server(self) -> AuthorizationServer:
         if self._server is None:
@@ -410,7 +438,6 @@ class ClientCredentialsToken:
                 "client_assertion_type": JWT_BEARER,
                 "client_assertion": client_assertion(credentials, server.token_endpoint),
             }
-        self.requests += 1
         try:
             answer = self._client.post(server.token_endpoint, data=form, headers=headers)
         except httpx2.HTTPError as exc:

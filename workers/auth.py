@@ -19,10 +19,10 @@ from typing import Any
 
 import httpx2
 
-from adapters import ClientCredentialsToken, Transient
+from adapters import CachedToken, ClientCredentialsToken, GoogleToken, Transient
 from workers.errors import ConfigError
 from workers.request_outcomes import CountingTransport, RequestOutcomes
-from workers.settings import BearerAuth, FleetConfig, OAuthClientCredentialsAuth, ServerConfig
+from workers.settings import BearerAuth, FleetConfig, GoogleAuth, OAuthClientCredentialsAuth, ServerConfig
 
 __all__ = ["TokenProviders", "check_credentials", "describe_auth"]
 
@@ -43,34 +43,36 @@ class TokenProviders:
         self._lock = threading.Lock()
         self._outcomes = outcomes
         self._clients: list[httpx2.Client] = []
-        self._providers: dict[str, ClientCredentialsToken] = {}
+        self._providers: dict[str, CachedToken] = {}
 
     def provider(self, name: str, server: ServerConfig) -> Callable[[], str | None]:
         """What the adapters of server ``name`` call before every request for the bearer token."""
         auth = server.auth
-        if not isinstance(auth, OAuthClientCredentialsAuth):
+        if not isinstance(auth, OAuthClientCredentialsAuth | GoogleAuth):
             return server.token
         with self._lock:
             provider = self._providers.get(name)
             if provider is None:
-                # Its requests counted as the server's budget "token" (longcall_token_requests_total).
-                outcomes = self._outcomes
-                transport = (
-                    None
-                    if outcomes is None
-                    else CountingTransport(httpx2.HTTPTransport(), name, outcomes, budget="token")
-                )
-                client = httpx2.Client(timeout=TOKEN_TIMEOUT, follow_redirects=False, transport=transport)
-                self._clients.append(client)
-                key = f"servers.{name}.auth"
-                provider = ClientCredentialsToken(
-                    lambda: auth.credentials(key),
-                    _resource(server.url),
-                    client=client,
-                    token_url=auth.token_url,
-                )
+                provider = self._made(name, server.url, auth)
                 self._providers[name] = provider
             return provider
+
+    def _made(self, name: str, url: str, auth: OAuthClientCredentialsAuth | GoogleAuth) -> CachedToken:
+        if isinstance(auth, GoogleAuth):  # google-auth asks Google's token endpoint on its own client
+            return GoogleToken(auth.credentials_file, auth.scopes, what=url)
+        # Its requests counted as the server's budget "token" (longcall_token_requests_total).
+        outcomes = self._outcomes
+        transport = (
+            None
+            if outcomes is None
+            else CountingTransport(httpx2.HTTPTransport(), name, outcomes, budget="token")
+        )
+        client = httpx2.Client(timeout=TOKEN_TIMEOUT, follow_redirects=False, transport=transport)
+        self._clients.append(client)
+        key = f"servers.{name}.auth"
+        return ClientCredentialsToken(
+            lambda: auth.credentials(key), _resource(url), client=client, token_url=auth.token_url
+        )
 
     def close(self) -> None:
         with self._lock:
@@ -116,6 +118,13 @@ def describe_auth(name: str, server: ServerConfig, providers: TokenProviders) ->
             found["token_endpoint"] = where.token_endpoint
             found["token_endpoint_auth_methods"] = list(where.methods)
         return found
+    if isinstance(auth, GoogleAuth):
+        google = providers.provider(name, server)
+        try:
+            google()
+        except Transient as exc:
+            return {"kind": auth.kind, "token": f"not granted: {exc}"}
+        return {"kind": auth.kind, "token": "granted"}
     if isinstance(auth, BearerAuth) or server.auth_env is not None or server.auth_file is not None:
         return {"kind": "bearer"}
     return {"kind": "none"}

@@ -202,7 +202,20 @@ class OAuthClientCredentialsAuth(_Strict):
         return pem
 
 
-AuthConfig = Annotated[BearerAuth | OAuthClientCredentialsAuth, Field(discriminator="kind")]
+class GoogleAuth(_Strict):
+    """Google's access tokens (an AIP-151 API on Google Cloud): google-auth's credentials, from a service
+    account's key file or, without one, Application Default Credentials (workload identity, the metadata
+    server); cached per worker process and renewed before they expire (``adapters.GoogleToken``). Needs
+    the ``google`` extra."""
+
+    kind: Literal["google"]
+    credentials_file: Path | None = None
+    scopes: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] = Field(
+        default_factory=lambda: ["https://www.googleapis.com/auth/cloud-platform"]
+    )
+
+
+AuthConfig = Annotated[BearerAuth | OAuthClientCredentialsAuth | GoogleAuth, Field(discriminator="kind")]
 
 
 class ServerConfig(_Strict):

@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from workers.auth import TokenProviders, check_credentials
 from workers.errors import ConfigError
-from workers.settings import BearerAuth, FleetConfig, OAuthClientCredentialsAuth
+from workers.settings import BearerAuth, FleetConfig, GoogleAuth, OAuthClientCredentialsAuth
 
 SERVER = """
 [servers.reports]
@@ -148,3 +148,18 @@ def test_one_provider_per_server_and_process_and_the_static_token_as_before(
         assert providers.provider("plain", fleet.servers["plain"])() == "plain-token"
     finally:
         providers.close()
+
+
+def test_the_google_kind_loads_with_the_cloud_platform_scope_by_default(tmp_path: Path) -> None:
+    fleet = _fleet(
+        tmp_path,
+        '[servers.exports]\nprotocol = "aip151"\nprotocol_version = "v1"\nurl = "https://exports.example"\n'
+        '[servers.exports.auth]\nkind = "google"\n',
+    )
+    auth = fleet.servers["exports"].auth
+    assert isinstance(auth, GoogleAuth)
+    assert (auth.credentials_file, auth.scopes) == (None, ["https://www.googleapis.com/auth/cloud-platform"])
+    with pytest.raises(
+        ConfigError, match=r"servers\.reports\.auth\.google\.scopes: List should have at least 1"
+    ):
+        _fleet(tmp_path, SERVER + '[servers.reports.auth]\nkind = "google"\nscopes = []\n')
