@@ -172,6 +172,16 @@ def _same_resource(a: str, b: str) -> bool:
     )
 
 
+def _same_issuer(named: str, asked: str) -> bool:
+    """RFC 8414 §3.3: the metadata's ``issuer`` is the one its URL was built from, identical, except for a
+    ``/`` alone as the path: the official MCP Python SDK lists ``https://as.example/`` in the resource's
+    metadata (pydantic's URL type adds it) for an issuer ``https://as.example``."""
+    if named == asked:
+        return True
+    a, b = urlsplit(named), urlsplit(asked)
+    return (a.scheme, a.netloc, a.query) == (b.scheme, b.netloc, b.query) and {a.path, b.path} == {"", "/"}
+
+
 def _get_json(client: httpx2.Client, url: str, what: str) -> dict[str, Any] | None:
     """A metadata document, or None when the server has none there (404); anything else unusable raises."""
     require_secure(url, what)
@@ -231,7 +241,8 @@ def discover(
             break
     if document is None:
         raise TokenUnavailable(f"no authorization server metadata for {issuer}")
-    if document.get("issuer") != issuer:  # RFC 8414 §3.3: identical, or the metadata is not used
+    named = document.get("issuer")
+    if not isinstance(named, str) or not _same_issuer(named, issuer):  # RFC 8414 §3.3
         raise DiscoveryRefused(
             f"the authorization server metadata names issuer {document.get('issuer')!r}, not {issuer!r}"
         )

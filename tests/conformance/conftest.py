@@ -17,11 +17,15 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx2
 import pytest
 
 from demo_server.command import command as demo_server_command
+
+if TYPE_CHECKING:
+    from tests.conformance.oauth_peer import OAuthPeer
 
 REPO = Path(__file__).resolve().parents[2]
 PEER_PROGRAMS = Path(__file__).resolve().parent / "peers"
@@ -320,3 +324,20 @@ def clean_peer(mcp_peer: McpPeer) -> McpPeer:
     """`mcp_peer` with its faults switched off and its request log cleared for this test."""
     reset_faults(mcp_peer)
     return mcp_peer
+
+
+# ----------------------------------------------------------------------------- the OAuth peers (issue 23)
+@pytest.fixture(scope="module")
+def oauth_peers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OAuthPeer]:
+    """The authorization server and the MCP resource server that trusts only it, running for the module
+    (tests/conformance/oauth_peer.py, imported here when asked for: it imports this module's helpers)."""
+    from tests.conformance.oauth_peer import start_oauth_peer  # noqa: PLC0415
+
+    yield from start_oauth_peer(tmp_path_factory.mktemp("oauth-peer"))
+
+
+@pytest.fixture
+def oauth_peer(oauth_peers: OAuthPeer) -> OAuthPeer:
+    """`oauth_peers` with every switch off and both logs cleared for this test."""
+    oauth_peers.reset()
+    return oauth_peers

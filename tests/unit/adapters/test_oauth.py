@@ -141,6 +141,22 @@ def test_discovery_refuses_what_the_spec_refuses(server: Server, refusal: str) -
     assert server.requests == []  # no token asked
 
 
+def test_an_issuer_listed_with_a_slash_for_its_path_is_the_same_issuer() -> None:
+    """The official MCP Python SDK's resource metadata lists its authorization server as
+    ``http://host:port/`` (pydantic adds the slash) where the server's issuer is ``http://host:port``."""
+    server = Server()
+    original = server.__call__
+
+    def listed_with_a_slash(request: httpx2.Request) -> httpx2.Response:
+        if request.url.path.startswith("/.well-known/oauth-protected-resource"):
+            return httpx2.Response(200, json={"resource": RESOURCE, "authorization_servers": [ISSUER + "/"]})
+        return original(request)
+
+    http = httpx2.Client(transport=httpx2.MockTransport(listed_with_a_slash))
+    assert discover(http, RESOURCE).token_endpoint == TOKEN_URL
+    assert server.gets[-1] == "http://127.0.0.1:9000/.well-known/oauth-authorization-server"
+
+
 def test_plain_http_is_refused_off_loopback() -> None:
     server = Server()
     with pytest.raises(DiscoveryRefused, match="not https"):
