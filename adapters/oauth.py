@@ -57,7 +57,8 @@ log = logging.getLogger("longcall.oauth")
 
 AuthMethod = Literal["client_secret_basic", "client_secret_post", "private_key_jwt"]
 JWT_BEARER = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
-#: A token is renewed this long before it expires, or with a tenth of its lifetime left if that is less.
+#: A token is renewed this long before it expires, or with half its lifetime left if that is less (a short
+#: token's last moments are too near its end for a request still on its way).
 RENEW_BEFORE_S = 60.0
 #: After a failed token request, the next waits this long, doubling to :data:`BACKOFF_MAX_S`.
 BACKOFF_FIRST_S = 1.0
@@ -356,7 +357,7 @@ class CachedToken:
             self._failures = 0
             now = self._clock()
             renew_in = (
-                lifetime - min(RENEW_BEFORE_S, 0.1 * lifetime) if lifetime is not None else float("inf")
+                lifetime - min(RENEW_BEFORE_S, 0.5 * lifetime) if lifetime is not None else float("inf")
             )
             self._held = _Held(token, now + max(renew_in, 0.0), now, self._replacing)
             self._replacing = False

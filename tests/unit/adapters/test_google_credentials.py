@@ -116,7 +116,7 @@ def test_a_service_account_token_is_got_cached_and_renewed_near_its_expiry(
     [claims] = endpoint.claims
     # google-auth's own assertion (its audience is Google's token URI, whatever the file's token_uri).
     assert (claims["iss"], claims["scope"]) == ("longcall@demo.iam.gserviceaccount.com", SCOPE)
-    # A 4 s token is renewed with a tenth of its life left: within 4 s, a second one.
+    # A 4 s token is renewed with half its life left: within 4 s, a second one.
     deadline = time.monotonic() + 8
     while tokens() == "ya29.local-1":
         assert time.monotonic() < deadline, "the token was not renewed"

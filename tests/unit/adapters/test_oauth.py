@@ -177,9 +177,7 @@ def test_the_token_is_cached_and_renewed_before_it_expires() -> None:
     server = Server(lifetime_s=300)
     tokens = provider(server, clock=clock)
     assert [tokens() for _ in range(5)] == ["tok-1"] * 5
-    clock.now += (
-        300 - 30 - 1
-    )  # renewed 60 s before its end, or with 10 % of its life left (30 s) if that is less
+    clock.now += 300 - 60 - 1  # renewed 60 s before its end (or with half its life left, if that is less)
     assert tokens() == "tok-1"
     clock.now += 2
     assert tokens() == "tok-2"
