@@ -88,6 +88,11 @@ class OAuthPeer:
         log: list[dict[str, Any]] = self.control(f"{self.as_control_url}/log", "GET")
         return log
 
+    def issued_tokens(self) -> list[str]:
+        """Every access token the AS has issued (for a test that greps for them where none may be)."""
+        tokens: list[str] = self.control(f"{self.as_control_url}/issued", "GET")
+        return tokens
+
     def fail_once(self, method: str) -> None:
         """The RS answers the next request carrying JSON-RPC `method` with 401 invalid_token."""
         self.control(f"{self.rs_control_url}/fail-once", "POST", {"method": method})

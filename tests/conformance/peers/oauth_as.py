@@ -28,6 +28,7 @@ Test controls, JSON over HTTP, loopback only (the server binds 127.0.0.1 and che
     POST   /_control/token-lifetime    {"seconds": 3}       lifetime of tokens issued from now on
     POST   /_control/token-unavailable {"count": 2}         the next N token requests answer 503
     GET    /_control/log                                     the token requests, oldest first (no secrets)
+    GET    /_control/issued                                  every access token issued (a test greps for them)
     DELETE /_control/log
     DELETE /_control/faults                                  undo revokes, lifetime and 503s
 """
@@ -450,6 +451,9 @@ def build_app(state: State) -> Starlette:
                 state.unavailable = int(body["count"])
             elif (what, request.method) == ("log", "GET"):
                 return JSONResponse(state.log)
+            elif (what, request.method) == ("issued", "GET"):
+                # Every access token issued so far, for a test that looks for them where none may be.
+                return JSONResponse(sorted(state.tokens))
             elif (what, request.method) == ("log", "DELETE"):
                 state.log.clear()
             elif (what, request.method) == ("faults", "DELETE"):

@@ -1,0 +1,142 @@
+"""Issue 23, done when: an MCP server that accepts only OAuth client-credentials tokens (the official MCP
+Python SDK's auth, in front of a real task server; an Authlib authorization server) serves a whole long call
+to a real fleet (create, polls, an input round, a cancel, results), its tokens expiring every 4 s and one
+status read refused with a 401, with one ``tools/call`` per call node, and no token nor the client's secret
+in any log line, ledger row, event, metric or Redis key (all of them read back and searched)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+from sqlalchemy import text
+
+from ledger.states import OpState
+from tests import support
+from tests.support.fleet import FleetParts
+from tests.support.oauth_fleet import OAuthFleet, running_oauth_fleet
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def oauth_fleet(fleet_parts: FleetParts) -> Iterator[OAuthFleet]:
+    with running_oauth_fleet(fleet_parts) as running:
+        yield running
+
+
+def redis_value(client: redis.Redis, key: bytes) -> object:
+    """A key's value, whatever its type."""
+    named = client.type(key)
+    kind = named.decode() if isinstance(named, bytes) else str(named)
+    reads: dict[str, Callable[[], object]] = {
+        "string": lambda: client.get(key),
+        "hash": lambda: client.hgetall(key),
+        "list": lambda: client.lrange(key, 0, -1),
+        "set": lambda: client.smembers(key),
+        "zset": lambda: client.zrange(key, 0, -1, withscores=True),
+        "stream": lambda: client.xrange(key),
+    }
+    assert kind in reads, f"{key!r} is a {kind}"
+    return reads[kind]()
+
+
+def everything_kept(oauth: OAuthFleet) -> dict[str, str]:
+    """Every place a secret could end up, as text: the fleet's logs, every row of every ledger table, every
+    Redis key of this fleet (its name and its value), and a scrape of ``longcall metrics``."""
+    fleet = oauth.fleet
+    places: dict[str, str] = {}
+    for path in sorted(fleet.log_dir.rglob("*")):
+        if path.is_file() and not path.name.startswith("oauth-"):  # the peers' own logs are not longcall's
+            places[f"log {path.name}"] = path.read_text(errors="replace")
+    with fleet.ledger.engine.begin() as conn:
+        tables = conn.execute(
+            text("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")
+        ).scalars()
+        for table in list(tables):
+            rows = conn.execute(text(f'SELECT t::text FROM "{table}" t')).scalars()
+            places[f"table {table}"] = "\n".join(rows)
+    client = fleet.redis
+    prefix = fleet.env["LONGCALL_BROKER_KEYPREFIX"]
+    dumped = [
+        f"{key!r} {redis_value(client, key)!r}" for key in client.scan_iter(match=f"{prefix}*", count=1000)
+    ]
+    places["redis"] = "\n".join(dumped)
+    scrape = subprocess.run(
+        [sys.executable, "-m", "console", "metrics", "--once"],
+        env={**os.environ, **fleet.env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    places["metrics"] = scrape.stdout
+    return places
+
+
+@pytest.mark.timeout(240)
+def test_a_whole_long_call_through_oauth_and_no_token_anywhere(oauth_fleet: OAuthFleet) -> None:
+    peer, fleet = oauth_fleet.peer, oauth_fleet.fleet
+    peer.set_token_lifetime(4)
+
+    # A report of 6 s: its tokens renewed as they near their end, polled through.
+    oauth_fleet.submit("n/oauth-report", "slow_report", {"seconds": 6})
+    # One status read refused with a 401: the token renewed once, the read made again.
+    peer.fail_once("tasks/get")
+    oauth_fleet.submit("n/oauth-401", "slow_report", {"seconds": 2})
+    # An input round: the approval gate answers through longcall.provide_input.
+    oauth_fleet.submit("n/oauth-input", "ask_approval", {"question": "Ship?"})
+    [request] = support.wait_for("the input request", lambda: fleet.input_requests() or None, timeout=60)
+    fleet.send(
+        "longcall.provide_input",
+        op_id=request["op_id"],
+        input_round=request["input_round"],
+        response={"action": "accept", "content": {"approved": True}},
+    )
+    # A cancel of a long one once it works.
+    op_id = oauth_fleet.submit("n/oauth-cancel", "slow_report", {"seconds": 60})
+    fleet.wait_state(op_id, OpState.WORKING, timeout=60)
+    fleet.send("longcall.cancel", op_id=str(op_id))
+
+    expected = {
+        "n/oauth-report": "completed",
+        "n/oauth-401": "completed",
+        "n/oauth-input": "completed",
+        "n/oauth-cancel": "cancelled",
+    }
+    for node, terminal in expected.items():
+        receipt = fleet.wait_receipt(node, timeout=90)
+        assert receipt["terminal_state"] == terminal, receipt
+    assert sorted(r["call_node_id"] for r in fleet.receipts()) == sorted(expected)  # one receipt each
+    approval = fleet.wait_receipt("n/oauth-input")["result"]
+    assert approval["content"][0]["text"] == "approved"
+
+    # One tools/call per call node; one 401 on the wire (the armed one), every other request authorized.
+    served = peer.rs_log()
+    assert sum(1 for e in served if e.get("method") == "tools/call" and e["status"] == 200) == len(expected)
+    assert [e["method"] for e in served if e["status"] == 401] == ["tasks/get"], served
+    issued = peer.issued_tokens()
+    assert len(issued) >= 3, issued  # 4 s tokens over the run, and the one the 401 replaced
+
+    # No token, no secret: not in a log line, a ledger row, an event, a Redis key or value, a metric.
+    secrets = [*issued, oauth_fleet.secret]
+    fleet.redis.hset(f"{fleet.env['LONGCALL_BROKER_KEYPREFIX']}canary", "field", "canary-value")
+    places = everything_kept(oauth_fleet)
+    # Each place was read (what is known to be there is found there).
+    logs = "".join(body for name, body in places.items() if name.startswith("log longcall"))
+    assert str(op_id) in logs
+    assert "n/oauth-cancel" in places["table tool_operation"]
+    assert (
+        "stale_write_rejected" in places["table operation_event"]
+        or "created" in places["table operation_event"]
+    )
+    assert "canary-value" in places["redis"]
+    assert 'longcall_token_requests_total{outcome="ok",server="secured"}' in places["metrics"]
+    leaks = [
+        (name, secret[:6] + "...") for name, body in places.items() for secret in secrets if secret in body
+    ]
+    assert leaks == []
