@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 
 import httpx2
 
-from adapters.errors import AdapterError, NotSent, TokenRenewed, Transient, Unauthorized
+from adapters.errors import AdapterError, NoBearerToken, TokenRenewed, Transient, Unauthorized
 from adapters.oauth import challenge_params
 
 __all__ = ["BearerToken", "Credentials", "RenewableToken"]
@@ -55,7 +55,7 @@ class Credentials:
         """The bearer token as it is now.
 
         Raises:
-            NotSent: the token provider failed (a variable not set, a token endpoint down): nothing was
+            NoBearerToken: the token provider failed (a variable not set, a token endpoint down): nothing was
                 sent, so a create is undone (rule 1), never taken for an unknown outcome; the provider's
                 ``retry_after`` (its backoff) is kept.
         """
@@ -65,7 +65,7 @@ class Credentials:
                 return token()
             except Exception as exc:  # any failure to read the token: the request is not sent
                 retry_after = exc.retry_after if isinstance(exc, Transient) else None
-                raise NotSent(
+                raise NoBearerToken(
                     f"not sent: the bearer token could not be read: {exc}", retry_after=retry_after
                 ) from exc
         return token
@@ -75,7 +75,7 @@ class Credentials:
         none.
 
         Raises:
-            NotSent: the token provider failed; nothing was sent.
+            NoBearerToken: the token provider failed; nothing was sent.
         """
         token = self.bearer()
         authorization = f"Bearer {token}" if token is not None else self.basic

@@ -9,7 +9,9 @@ of these, with ``raise ... from``. Each class carries its retry meaning::
      │    │    └── TooManyRequests       429: also NoWorkDone
      │    ├── NoWorkDone                 the server provably did no work for the request
      │    │    ├── NotSent               the request never left (connect / pool failure, or a step
-     │    │    │                         before it failed)
+     │    │    │    │                    before it failed)
+     │    │    │    └── NoBearerToken    no bearer token could be had (a token endpoint down, a variable
+     │    │    │                         not set): ``retry_after`` is the provider's backoff, not a server's
      │    │    └── TokenRenewed          401 invalid_token: the bearer token was renewed, send again
      │    ├── ResultNotReady             tasks/result asked before a terminal status
      │    └── ResultContradictsStatus    a result the observed terminal state rules out
@@ -31,6 +33,7 @@ __all__ = [
     "AdapterError",
     "AnswerTooLarge",
     "CapabilityRefused",
+    "NoBearerToken",
     "NoWorkDone",
     "NotFound",
     "NotSent",
@@ -82,6 +85,12 @@ class TooManyRequests(RateLimited, NoWorkDone):
 class NotSent(NoWorkDone):
     """The request never reached the server: the connection (or the pool) failed before it was sent, or a
     request it depends on (the handshake, the tool list) failed first."""
+
+
+class NoBearerToken(NotSent):
+    """No bearer token could be had for the request, so it was not sent: the token provider failed (its
+    token endpoint down or refusing the client, a variable not set). ``retry_after`` is the provider's own
+    backoff, not a wait the server asked for: it holds nothing for the server's other requests."""
 
 
 class ResultNotReady(Transient):

@@ -47,7 +47,7 @@ from pathlib import Path
 import httpx2
 import redis
 
-from adapters import OutcomeUnknown, ResultNotReady, Transient
+from adapters import NoBearerToken, OutcomeUnknown, ResultNotReady, Transient
 from workers.errors import NoToken
 from workers.hot import (
     MAX_SERVER_WAIT_S,
@@ -343,8 +343,9 @@ def late_slot_s(rate_per_s: float) -> float:
 def server_wait_s(exc: BaseException) -> float | None:
     """The wait a server asked for with its refusal (a Retry-After or RetryInfo on a 429, a 503 or another
     5xx), in seconds; None when it asked for none. A result asked for too early (:class:`ResultNotReady`)
-    carries the task's poll interval, not a server's refusal: no wait."""
-    if isinstance(exc, ResultNotReady) or not isinstance(exc, (Transient, OutcomeUnknown)):
+    carries the task's poll interval, not a server's refusal: no wait; nor does a request that had no bearer
+    token (:class:`NoBearerToken`: its wait is the token provider's backoff, in this process)."""
+    if isinstance(exc, ResultNotReady | NoBearerToken) or not isinstance(exc, (Transient, OutcomeUnknown)):
         return None
     if exc.retry_after is None or exc.retry_after <= 0:
         return None

@@ -82,9 +82,10 @@ def everything_kept(oauth: OAuthFleet) -> dict[str, str]:
 def test_a_whole_long_call_through_oauth_and_no_token_anywhere(oauth_fleet: OAuthFleet) -> None:
     peer, fleet = oauth_fleet.peer, oauth_fleet.fleet
     peer.set_token_lifetime(4)
+    peer.token_unavailable(1)  # the first token request answers 503: nothing is sent, the create waits
 
     # A report of 6 s: its tokens renewed as they near their end, polled through.
-    oauth_fleet.submit("n/oauth-report", "slow_report", {"seconds": 6})
+    report = oauth_fleet.submit("n/oauth-report", "slow_report", {"seconds": 6})
     # One status read refused with a 401: the token renewed once, the read made again.
     peer.fail_once("tasks/get")
     oauth_fleet.submit("n/oauth-401", "slow_report", {"seconds": 2})
@@ -112,6 +113,14 @@ def test_a_whole_long_call_through_oauth_and_no_token_anywhere(oauth_fleet: OAut
         receipt = fleet.wait_receipt(node, timeout=90)
         assert receipt["terminal_state"] == terminal, receipt
     assert sorted(r["call_node_id"] for r in fleet.receipts()) == sorted(expected)  # one receipt each
+    # The token endpoint's 503 is why the first step waited (its event's error, longcall status's last
+    # error), and it held nothing for the server's other requests (no "asked for a wait" line).
+    errors = [str((e["detail"] or {}).get("error", "")) for e in fleet.ledger.events(report)]
+    said = [e for e in errors if "not sent: the bearer token could not be read" in e]
+    assert said, errors
+    assert "HTTP 503" in said[0]
+    logs = "".join(p.log() for p in fleet.processes if p.name.startswith("longcall"))
+    assert "secured asked for a" not in logs
     approval = fleet.wait_receipt("n/oauth-input")["result"]
     assert approval["content"][0]["text"] == "approved"
 
@@ -136,6 +145,7 @@ def test_a_whole_long_call_through_oauth_and_no_token_anywhere(oauth_fleet: OAut
     )
     assert "canary-value" in places["redis"]
     assert 'longcall_token_requests_total{outcome="ok",server="secured"}' in places["metrics"]
+    assert 'longcall_token_requests_total{outcome="server_error",server="secured"} 1.0' in places["metrics"]
     leaks = [
         (name, secret[:6] + "...") for name, body in places.items() for secret in secrets if secret in body
     ]

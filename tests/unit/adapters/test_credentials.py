@@ -11,8 +11,9 @@ import httpx2
 import pytest
 
 from adapters.base import Limits, Timeouts, redact_url
-from adapters.errors import NotSent, NoWorkDone, Transient
+from adapters.errors import NoBearerToken, NotSent, NoWorkDone, Transient
 from adapters.streamable_http import StreamableHttpClient
+from workers.budget import server_wait_s
 
 PASSWORD = "pw-s3cret-7Qx"
 
@@ -104,5 +105,7 @@ def test_a_create_whose_token_cannot_be_read_was_not_sent_never_an_unknown_outco
     with pytest.raises(NoWorkDone, match="not sent: the bearer token could not be read") as raised:
         sender.request("tools/call", {"name": "slow_report", "arguments": {}}, session=None, idempotent=False)
     assert isinstance(raised.value, NotSent)
-    assert raised.value.retry_after == 4.0  # the provider's own backoff is kept
+    assert isinstance(raised.value, NoBearerToken)
+    assert raised.value.retry_after == 4.0  # the provider's own backoff is kept...
+    assert server_wait_s(raised.value) is None  # ...and is no wait the server asked for: nothing held
     assert seen == []
