@@ -12,7 +12,7 @@ from typing import Any
 import click
 import httpx2
 
-from adapters import detect_generation
+from adapters import NoBearerToken, detect_generation
 from console import output
 from console.common import acting_operator, as_unreachable, cli_settings, console, open_ledger
 from console.launch_gate import evaluate_gate
@@ -139,10 +139,12 @@ def _detected_generations(settings: Settings) -> list[dict[str, Any]]:
                         bearer_token=tokens.provider(name, server),
                         budget=ctx.budget.per_request(name, "control"),
                     ).to_json()
-                except NoToken as no_token:
+                except (NoToken, NoBearerToken) as refused:
                     detail = (
-                        f"no control token (the next in {no_token.wait_s:.1f} s; control_qps "
+                        f"no control token (the next in {refused.wait_s:.1f} s; control_qps "
                         f"{server.control_qps:g}): nothing more is sent to it now, within its control budget"
+                        if isinstance(refused, NoToken)
+                        else f"no bearer token, nothing sent: {refused}"
                     )
                     generation = {"server": name, "generation": "unknown", "tasks": False, "detail": detail}
                     found.append(
