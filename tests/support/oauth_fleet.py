@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -66,17 +66,22 @@ class OAuthFleet:
 
 @contextmanager
 def running_oauth_fleet(
-    parts: FleetParts, *, client_id: str = "basic", workers: int = 2
+    parts: FleetParts,
+    *,
+    client_id: str = "basic",
+    workers: int = 2,
+    extra: Callable[[OAuthPeer], str] | None = None,
 ) -> Iterator[OAuthFleet]:
     """The OAuth peers, a configuration naming longcall's own MCP server (``reports``) and the protected one
     (``secured``), then :func:`running_fleet` pointed at it (as in ext_fleet, the MCP server it starts
-    itself is ``reports``)."""
+    itself is ``reports``). ``extra``: more of the configuration, made knowing the peers' URLs."""
     with contextlib.ExitStack() as stack:
         peer = stack.enter_context(contextmanager(start_oauth_peer)(parts.log_dir))
         secret = peer.clients[client_id].secret
         assert secret is not None, f"client {client_id!r} has no secret"
         config = parts.tmp_path / "longcall-oauth.toml"
-        config.write_text(fleet_config("http://127.0.0.1:9/mcp") + secured_config(peer.mcp_url))
+        more = extra(peer) if extra is not None else ""
+        config.write_text(fleet_config("http://127.0.0.1:9/mcp") + secured_config(peer.mcp_url) + more)
         env = {"LONGCALL_CONFIG": str(config), CLIENT_ID_ENV: client_id, CLIENT_SECRET_ENV: secret}
         with running_fleet(parts, workers=workers, env=env) as fleet:
             yield OAuthFleet(fleet, peer, client_id, secret)

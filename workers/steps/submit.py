@@ -22,6 +22,7 @@ from adapters import (
     Rejected,
     RemoteResult,
     RemoteStatus,
+    Unauthorized,
 )
 from ledger.errors import AdapterDisabled, UnstorableResult
 from ledger.events import EventKind
@@ -98,6 +99,13 @@ def create(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved
         # moved on or broke answers here, not with the server's refusal, a retry or a token wait.
         if _disabled(ctx, op):
             return _refused_as_disabled(ctx, op, fence, AdapterDisabled(op.protocol, op.protocol_version))
+        if isinstance(exc, Unauthorized):
+            # Refused before any work (rule 1): the credentials may be put right (a rotated secret, a
+            # client let in again); asked again after a growing pause, within the wait budget.
+            detail = {"error": describe(exc)}
+            return ctx.reschedule(
+                op, fence, _unauthorized_pause(ctx, op), EventKind.CAPABILITIES_FAILED, detail
+            )
         if isinstance(exc, Rejected):
             return _answered_at_once(ctx, op, fence, error_result(exc), EventKind.REJECTED)
         if not isinstance(exc, AdapterError):  # NoToken: rescheduled by the step's guard
@@ -127,6 +135,11 @@ def create(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved
             sync_upper_bound_s=tool.sync_upper_bound_s if tool else None,
             budget=budget,
         )
+    except Unauthorized as exc:
+        # A 401 or 403 to the create: the server refused it before any work (rule 1), the attempt is undone
+        # and the create made again after a growing pause (a 401 invalid_token renewed the token already:
+        # TokenRenewed, a NoWorkDone, below).
+        return _undo_attempt(ctx, op, fence, _unauthorized_pause(ctx, op), describe(exc))
     except (CapabilityRefused, Rejected) as exc:
         return _answered_at_once(ctx, op, fence, error_result(exc), EventKind.REJECTED)
     except NoWorkDone as exc:
@@ -158,6 +171,23 @@ def arguments_of(ctx: StepContext, op: Operation) -> Any:
     if op.body is BODY_NOT_READ:
         return ctx.ledger.get(op.id).body
     return op.body
+
+
+#: The pauses after a create refused for its credentials (401, 403): 1 s, doubling to this.
+UNAUTHORIZED_PAUSE_MAX_S = 60.0
+
+
+def _unauthorized_pause(ctx: StepContext, op: Operation) -> float:
+    """1 s after the first refusal of this operation's credentials, doubling with each (its events that
+    say so), to :data:`UNAUTHORIZED_PAUSE_MAX_S`: a fleet with a wrong or revoked credential asks the server
+    a few times a minute per operation, not at once."""
+    refusals = sum(
+        1
+        for event in ctx.ledger.events(op.id)
+        if isinstance(event["detail"], dict)
+        and str(event["detail"].get("error", "")).startswith("Unauthorized:")
+    )
+    return min(UNAUTHORIZED_PAUSE_MAX_S, 2.0**refusals)
 
 
 def _undo_attempt(ctx: StepContext, op: Operation, fence: Fence, retry_in_s: float, why: str) -> StepOutcome:

@@ -9,14 +9,18 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
+import httpx2
 import pytest
 import redis
 from sqlalchemy import text
 
 from ledger.states import OpState
 from tests import support
+from tests.conformance.oauth_peer import SCOPE, OAuthPeer
 from tests.support.fleet import FleetParts
 from tests.support.oauth_fleet import OAuthFleet, running_oauth_fleet
 
@@ -150,3 +154,71 @@ def test_a_whole_long_call_through_oauth_and_no_token_anywhere(oauth_fleet: OAut
         (name, secret[:6] + "...") for name, body in places.items() for secret in secrets if secret in body
     ]
     assert leaks == []
+
+
+def a_token_for(peer: OAuthPeer, client_id: str) -> str:
+    """A token asked of the authorization server directly (client_secret_post), for the static server."""
+    client = peer.clients[client_id]
+    answer = httpx2.post(
+        peer.token_url,
+        data={
+            "grant_type": "client_credentials",
+            "client_id": client_id,
+            "client_secret": client.secret or "",
+            "resource": peer.resource,
+            "scope": SCOPE,
+        },
+        timeout=10,
+    )
+    assert answer.status_code == 200, answer.text
+    token: str = answer.json()["access_token"]
+    return token
+
+
+@pytest.mark.timeout(240)
+def test_a_refused_credential_holds_the_call_before_any_create_until_it_is_put_right(
+    fleet_parts: FleetParts,
+) -> None:
+    """A static bearer token the server refuses (401 to the handshake): no tools/call, no receipt, the call
+    asked again after a growing pause (1, 2, 4 s...), the reason on its events; once the token file holds a
+    good token, the same operation goes on to its one create and its receipt."""
+    token_file = fleet_parts.tmp_path / "static-token"
+    token_file.write_text("not-a-token-the-server-knows")
+
+    def static(peer: OAuthPeer) -> str:
+        return (
+            '[servers.static]\nprotocol = "mcp"\nprotocol_version = "2025-11-25"\n'
+            f'url = "{peer.mcp_url}"\nauth_file = "{token_file}"\npoll_qps = 50\ncontrol_qps = 50\n'
+        )
+
+    with running_oauth_fleet(fleet_parts, extra=static) as oauth:
+        fleet, peer = oauth.fleet, oauth.peer
+        signature = dict(fleet.pipeline.signature("pipeline.record", queue="pipeline"))
+        answer = fleet.send(
+            "longcall.submit",
+            call_node_id="n/static",
+            server="static",
+            tool="slow_report",
+            arguments={"seconds": 1},
+            on_terminal=signature,
+        )
+        op_id = uuid.UUID(answer["op_id"])
+
+        def refusals() -> list[dict[str, Any]]:
+            return [
+                e
+                for e in fleet.ledger.events(op_id)
+                if str((e["detail"] or {}).get("error", "")).startswith("Unauthorized: HTTP 401")
+            ]
+
+        support.wait_for("three refusals of the credential", lambda: len(refusals()) >= 3, timeout=60)
+        gaps = [(b["at"] - a["at"]).total_seconds() for a, b in zip(refusals(), refusals()[1:], strict=False)]
+        assert gaps[1] > 1.5 * gaps[0], gaps  # the pause grows (2 s, then 4 s)
+        assert fleet.receipts() == []
+        assert not [e for e in peer.rs_log() if e.get("method") == "tools/call"]
+        assert fleet.ledger.get(op_id).state is OpState.SUBMITTING
+
+        token_file.write_text(a_token_for(peer, "basic"))
+        receipt = fleet.wait_receipt("n/static", timeout=60)
+        assert receipt["terminal_state"] == "completed"
+        assert sum(1 for e in peer.rs_log() if e.get("method") == "tools/call") == 1
