@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
+import httpx2
 import pytest
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
-from adapters import GoogleToken, TokenUnavailable
+from adapters import AdapterConfig, GoogleToken, RemoteRef, TokenRenewed, TokenUnavailable
+from adapters.aip151 import AipOperationsAdapter
 from workers.auth import TokenProviders, describe_auth
 from workers.settings import FleetConfig
 
@@ -153,3 +155,46 @@ def test_an_aip151_server_with_kind_google_sends_its_token(
         assert describe_auth("exports", server, providers) == {"kind": "google", "token": "granted"}
     finally:
         providers.close()
+
+
+def test_the_aip151_adapter_sends_the_google_token_and_renews_it_once_on_a_401(
+    endpoint_and_key: tuple[TokenEndpoint, Path],
+) -> None:
+    """An AIP-151 API (as Google's answer an expired token: 401 UNAUTHENTICATED, ``invalid_token``) read with
+    the service account's token; refused once, the token is renewed and the next read carries the new one."""
+    endpoint, path = endpoint_and_key
+    seen: list[str] = []
+    refuse = {"ya29.local-1"}
+
+    def api(request: httpx2.Request) -> httpx2.Response:
+        token = request.headers["authorization"].removeprefix("Bearer ")
+        seen.append(token)
+        if token in refuse:
+            refuse.discard(token)
+            body = {
+                "error": {
+                    "code": 401,
+                    "message": "Request had invalid credentials.",
+                    "status": "UNAUTHENTICATED",
+                }
+            }
+            challenge = 'Bearer realm="https://accounts.google.com/", error="invalid_token"'
+            return httpx2.Response(401, json=body, headers={"WWW-Authenticate": challenge})
+        return httpx2.Response(200, json={"name": "operations/1", "done": False})
+
+    tokens = GoogleToken(path, (SCOPE,), what="exports")
+    config = AdapterConfig(
+        name="exports",
+        url="https://exports.example",
+        protocol="aip151",
+        protocol_version="v1",
+        token_provider=tokens,
+    )
+    ref = RemoteRef("operations/1", None, "v1", "aip151")
+    with httpx2.Client(transport=httpx2.MockTransport(api)) as client:
+        adapter = AipOperationsAdapter(config, client)
+        with pytest.raises(TokenRenewed, match="UNAUTHENTICATED"):
+            adapter.get(ref)
+        assert adapter.get(ref).terminal is None
+    assert seen == ["ya29.local-1", "ya29.local-2"]
+    assert endpoint.issued == 2

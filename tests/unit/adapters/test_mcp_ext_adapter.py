@@ -18,6 +18,7 @@ from adapters import (
     OutcomeUnknown,
     RemoteRef,
     ResultNotReady,
+    TokenRenewed,
     TooManyRequests,
     Transient,
 )
@@ -284,3 +285,50 @@ def test_a_task_of_the_other_generation_is_never_sent_on_this_wire() -> None:
     with pytest.raises(ValueError, match="2025-11-25"):
         make(fake).get(RemoteRef(TASK, "sess", "2025-11-25"))
     assert fake.requests == []
+
+
+class Renewable:
+    """A token provider that renews on a refusal (as ``adapters.oauth.CachedToken`` does): tok-1, tok-2."""
+
+    def __init__(self) -> None:
+        self.tokens = iter(["tok-1", "tok-2"])
+        self.current = next(self.tokens)
+        self.renewed: list[str | None] = []
+
+    def __call__(self) -> str:
+        return self.current
+
+    def renew(self, refused: str | None, *, resource_metadata_url: str | None = None) -> bool:
+        self.renewed.append(refused)
+        self.current = next(self.tokens)
+        return True
+
+
+def test_a_401_invalid_token_renews_the_token_once_and_no_work_was_done() -> None:
+    """Issue 23 on the 2026-07-28 transport: a ``tasks/get`` answered 401 ``invalid_token`` is TokenRenewed
+    (no work done: the step reads again), the refused token handed to the provider, the next read sent with
+    the new token."""
+    answers = iter(
+        [
+            httpx2.Response(
+                401,
+                json={"error": "invalid_token", "error_description": "expired"},
+                headers={
+                    "WWW-Authenticate": 'Bearer error="invalid_token", resource_metadata="https://h/.well-known/x"'
+                },
+            )
+        ]
+    )
+    fake = Fake(
+        {"tasks/get": lambda b: next(answers, None) or ok(b, {"resultType": "complete", **task_fields()})}
+    )
+    tokens = Renewable()
+    config = AdapterConfig(
+        name="ext", url=URL, protocol="mcp", protocol_version="2026-07-28", token_provider=tokens
+    )
+    adapter = McpExtTasksAdapter(config, httpx2.Client(transport=httpx2.MockTransport(fake)))
+    with pytest.raises(TokenRenewed):
+        adapter.get(REF)
+    assert adapter.get(REF).server_state == "working"
+    assert tokens.renewed == ["tok-1"]
+    assert [r.headers["authorization"] for r in fake.requests] == ["Bearer tok-1", "Bearer tok-2"]
