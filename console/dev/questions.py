@@ -76,7 +76,10 @@ class KeyQuestion:
         self._answer: bool | None = None
         self._closed = threading.Event()
         self._saved = termios.tcgetattr(fd)
-        tty.setcbreak(fd)  # one key at a time, not echoed over the live table
+        tty.setcbreak(fd)  # one key at a time...
+        mode = termios.tcgetattr(fd)
+        mode[tty.LFLAG] &= ~termios.ECHO  # ...not echoed over the live table (3.12's setcbreak keeps ECHO)
+        termios.tcsetattr(fd, termios.TCSANOW, mode)
         self._thread = threading.Thread(target=self._read, name="longcall-dev-question", daemon=True)
         self._thread.start()
 
