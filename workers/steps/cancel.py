@@ -26,6 +26,7 @@ from adapters import (
     RemoteStatus,
     RequestBudget,
     ToolAdapter,
+    Unauthorized,
 )
 from ledger.errors import StaleTransition
 from ledger.events import EventKind
@@ -41,6 +42,7 @@ from workers.steps.context import (
     describe,
     remote_ref,
     server_status,
+    unauthorized_pause,
 )
 from workers.steps.poll import observed, rejected_read
 from workers.steps.result import accept, not_found, too_large
@@ -212,6 +214,14 @@ def send(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
         return not_found(ctx, op, fence, exc)
     except AnswerTooLarge as exc:
         return too_large(ctx, op, fence, exc)  # the status read first carried a result over the cap
+    except Unauthorized as exc:
+        # The credentials refused (after the token's one renewal), not the cancel: the server did nothing
+        # with it, so the intent stays and the cancel is sent again after a growing pause, within the wait
+        # budget (then the status read decides, as for any cancel that could not be sent).
+        if _budget_spent(ctx, op):
+            return after(None, EventKind.CANCEL_FAILED, {_ANSWER: _UNSENT, "error": describe(exc)})
+        detail = {"error": describe(exc)}
+        return ctx.reschedule(op, fence, unauthorized_pause(ctx, op), EventKind.CANCEL_FAILED, detail)
     except Rejected as exc:
         # No cancel on this server: the outcome comes from polling, as for AIP-151.
         return after(None, EventKind.CANCEL_REFUSED, {"error": describe(exc), _ANSWER: "refused"})

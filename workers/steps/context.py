@@ -255,6 +255,24 @@ class StepContext:
         return interval + self.jitter(interval)
 
 
+#: The pauses after a request refused for its credentials (401, 403): 1 s, doubling to this.
+UNAUTHORIZED_PAUSE_MAX_S = 60.0
+
+
+def unauthorized_pause(ctx: StepContext, op: Operation) -> float:
+    """1 s after the first refusal of this operation's credentials (a 401 or 403 after the token's one
+    renewal), doubling with each (its events that say so), to :data:`UNAUTHORIZED_PAUSE_MAX_S`: a fleet with
+    a wrong or revoked credential asks the server a few times a minute per operation, not at once. The
+    create, the cancel and the input reply wait so (the server did no work; the intent is kept)."""
+    refusals = sum(
+        1
+        for event in ctx.ledger.events(op.id)
+        if isinstance(event["detail"], dict)
+        and str(event["detail"].get("error", "")).startswith("Unauthorized:")
+    )
+    return min(UNAUTHORIZED_PAUSE_MAX_S, 2.0**refusals)
+
+
 def retry_s(exc: AdapterError) -> float:
     """Never sooner than the server's Retry-After (at most :data:`~workers.hot.MAX_SERVER_WAIT_S`: a server
     asking for a day parks nothing that long); without one, a short pause."""

@@ -12,7 +12,16 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from adapters import SHIPPED, AdapterError, InputRequest, KeyedRounds, NotFound, Rejected, RemoteStatus
+from adapters import (
+    SHIPPED,
+    AdapterError,
+    InputRequest,
+    KeyedRounds,
+    NotFound,
+    Rejected,
+    RemoteStatus,
+    Unauthorized,
+)
 from ledger.digests import canonical_json, digest
 from ledger.events import EventKind
 from ledger.reasons import ReconciliationReason
@@ -27,6 +36,7 @@ from workers.steps.context import (
     remote_ref,
     retry_s,
     server_status,
+    unauthorized_pause,
 )
 from workers.steps.result import not_found
 
@@ -282,6 +292,14 @@ def send_reply(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
         )
     except NotFound as exc:
         return not_found(ctx, op, fence, exc)  # the task (or its session) is gone: as a poll would find
+    except Unauthorized as exc:
+        # The credentials refused, not the reply (the server did nothing with it): kept, and sent again
+        # after a growing pause, within the reply's own bound (LONGCALL_INPUT_REPLY_S, then an operator).
+        pause = unauthorized_pause(ctx, op)
+        op = ctx.ledger.record_input_reply_failed(
+            op.id, fence, reply=reply, error=describe(exc), retry_in_s=pause
+        )
+        return StepOutcome(op.id, StepAction.INPUT_REPLY_FAILED, op.state, detail={"sent_again_in_s": pause})
     except Rejected as exc:
         op = ctx.ledger.record_input_reply_failed(
             op.id, fence, reply=reply, error=describe(exc), answered=op.input_request or {}

@@ -41,6 +41,7 @@ from workers.steps.context import (
     describe,
     retry_s,
     server_status,
+    unauthorized_pause,
 )
 from workers.steps.poll import observed
 from workers.steps.result import accept, error_result, fetch, result_json, storable, unstorable
@@ -104,7 +105,7 @@ def create(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved
             # client let in again); asked again after a growing pause, within the wait budget.
             detail = {"error": describe(exc)}
             return ctx.reschedule(
-                op, fence, _unauthorized_pause(ctx, op), EventKind.CAPABILITIES_FAILED, detail
+                op, fence, unauthorized_pause(ctx, op), EventKind.CAPABILITIES_FAILED, detail
             )
         if isinstance(exc, Rejected):
             return _answered_at_once(ctx, op, fence, error_result(exc), EventKind.REJECTED)
@@ -139,7 +140,7 @@ def create(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved
         # A 401 or 403 to the create: the server refused it before any work (rule 1), the attempt is undone
         # and the create made again after a growing pause (a 401 invalid_token renewed the token already:
         # TokenRenewed, a NoWorkDone, below).
-        return _undo_attempt(ctx, op, fence, _unauthorized_pause(ctx, op), describe(exc))
+        return _undo_attempt(ctx, op, fence, unauthorized_pause(ctx, op), describe(exc))
     except (CapabilityRefused, Rejected) as exc:
         return _answered_at_once(ctx, op, fence, error_result(exc), EventKind.REJECTED)
     except NoWorkDone as exc:
@@ -171,23 +172,6 @@ def arguments_of(ctx: StepContext, op: Operation) -> Any:
     if op.body is BODY_NOT_READ:
         return ctx.ledger.get(op.id).body
     return op.body
-
-
-#: The pauses after a create refused for its credentials (401, 403): 1 s, doubling to this.
-UNAUTHORIZED_PAUSE_MAX_S = 60.0
-
-
-def _unauthorized_pause(ctx: StepContext, op: Operation) -> float:
-    """1 s after the first refusal of this operation's credentials, doubling with each (its events that
-    say so), to :data:`UNAUTHORIZED_PAUSE_MAX_S`: a fleet with a wrong or revoked credential asks the server
-    a few times a minute per operation, not at once."""
-    refusals = sum(
-        1
-        for event in ctx.ledger.events(op.id)
-        if isinstance(event["detail"], dict)
-        and str(event["detail"].get("error", "")).startswith("Unauthorized:")
-    )
-    return min(UNAUTHORIZED_PAUSE_MAX_S, 2.0**refusals)
 
 
 def _undo_attempt(ctx: StepContext, op: Operation, fence: Fence, retry_in_s: float, why: str) -> StepOutcome:
