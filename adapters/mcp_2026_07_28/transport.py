@@ -127,7 +127,9 @@ class ExtHttp:
                 if 400 <= answer.status_code < 500 and answer.status_code != 429:
                     raw = read_error_body(answer)
                     error = _rpc_error_in(raw)
-                    if error is not None:
+                    # A 401 or 403 is the credentials' refusal whatever its body (a gateway's JSON-RPC error
+                    # included): renewed once, or waited out, never the server's answer to the request.
+                    if error is not None and answer.status_code not in (401, 403):
                         raise error_for(method, *error, server=self._server)
                     refusal = classify_http_status(
                         answer.status_code, headers=answer.headers, body=raw, idempotent=idempotent

@@ -304,7 +304,14 @@ class Renewable:
         return True
 
 
-def test_a_401_invalid_token_renews_the_token_once_and_no_work_was_done() -> None:
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"error": "invalid_token", "error_description": "expired"},
+        {"jsonrpc": "2.0", "id": "x", "error": {"code": -32001, "message": "Unauthorized"}},  # a gateway's
+    ],
+)
+def test_a_401_invalid_token_renews_the_token_once_and_no_work_was_done(body: Json) -> None:
     """Issue 23 on the 2026-07-28 transport: a ``tasks/get`` answered 401 ``invalid_token`` is TokenRenewed
     (no work done: the step reads again), the refused token handed to the provider, the next read sent with
     the new token."""
@@ -312,7 +319,7 @@ def test_a_401_invalid_token_renews_the_token_once_and_no_work_was_done() -> Non
         [
             httpx2.Response(
                 401,
-                json={"error": "invalid_token", "error_description": "expired"},
+                json=body,
                 headers={
                     "WWW-Authenticate": 'Bearer error="invalid_token", resource_metadata="https://h/.well-known/x"'
                 },
