@@ -84,19 +84,23 @@ class Credentials:
     def refused(self, exc: AdapterError, sent: Mapping[str, str]) -> AdapterError:
         """What a ``401`` to a request sent with the headers ``sent`` means: :class:`TokenRenewed` when its
         bearer token was refused as invalid (RFC 6750 ``invalid_token``, or no error named) and the provider
-        renewed it; else ``exc`` as it is (a static token, a 403, a fresh token refused again)."""
+        renewed it; else ``exc`` as it is (a static token, a 403, a fresh token refused again), the token
+        taken out of its message if the server echoed it."""
         provider = self.token
-        if (
-            not isinstance(exc, Unauthorized)
-            or exc.http_status != 401
-            or not isinstance(provider, RenewableToken)
-        ):
+        if not isinstance(exc, Unauthorized):
+            return exc
+        authorization = sent.get("Authorization", "")
+        token = authorization.removeprefix("Bearer ") if authorization.startswith("Bearer ") else None
+        if token and token in str(exc):  # a server that echoes the token it refused does not log it here
+            text = str(exc).replace(token, "[redacted]")
+            exc = Unauthorized(
+                text, http_status=exc.http_status or 401, challenge=exc.challenge, code=exc.code
+            )
+        if exc.http_status != 401 or not isinstance(provider, RenewableToken):
             return exc
         params = challenge_params(exc.challenge or "")
         if params.get("error", "invalid_token") != "invalid_token":
             return exc
-        authorization = sent.get("Authorization", "")
-        token = authorization.removeprefix("Bearer ") if authorization.startswith("Bearer ") else None
         if provider.renew(token, resource_metadata_url=params.get("resource_metadata")):
             return TokenRenewed(f"{exc} (the bearer token was renewed: the request is sent again)")
         return exc

@@ -32,7 +32,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -161,6 +161,26 @@ def _well_known(url: str, name: str) -> list[str]:
     return [inserted] if inserted == root else [inserted, root]
 
 
+def authorization_server_metadata_urls(issuer: str) -> list[str]:
+    """Where an authorization server's metadata is looked for, in the order MCP's authorization spec gives:
+    for an issuer with a path, OAuth's path insertion (RFC 8414), OpenID Connect's path insertion, then
+    OpenID Connect's path appending (``{issuer}/.well-known/openid-configuration``: Entra, Keycloak realms);
+    for one without, OAuth's then OpenID Connect's at the root."""
+    parts = urlsplit(issuer)
+    path = parts.path.rstrip("/")
+
+    def at(well_known_path: str) -> str:
+        return urlunsplit((parts.scheme, parts.netloc, well_known_path, "", ""))
+
+    if not path:
+        return [at("/.well-known/oauth-authorization-server"), at("/.well-known/openid-configuration")]
+    return [
+        at(f"/.well-known/oauth-authorization-server{path}"),
+        at(f"/.well-known/openid-configuration{path}"),
+        at(f"{path}/.well-known/openid-configuration"),
+    ]
+
+
 def _same_resource(a: str, b: str) -> bool:
     """Two resource identifiers compared as RFC 8707 / MCP's canonical URI: the scheme and host in any
     case, a trailing ``/`` ignored."""
@@ -184,13 +204,14 @@ def _same_issuer(named: str, asked: str) -> bool:
 
 
 def _get_json(client: httpx2.Client, url: str, what: str) -> dict[str, Any] | None:
-    """A metadata document, or None when the server has none there (404); anything else unusable raises."""
+    """A metadata document, or None when there is none there (a 4xx: the next place is tried); a server
+    error, no answer or an unusable document raises."""
     require_secure(url, what)
     try:
         answer = client.get(url, headers={"Accept": "application/json"})
     except httpx2.HTTPError as exc:
         raise TokenUnavailable(f"{what} at {url} cannot be read: {type(exc).__name__}") from None
-    if answer.status_code == 404:
+    if 400 <= answer.status_code < 500:
         return None
     if answer.status_code != 200:
         raise TokenUnavailable(f"{what} at {url} answered HTTP {answer.status_code}")
@@ -210,14 +231,20 @@ def discover(
 ) -> AuthorizationServer:
     """The authorization server of the protected resource at ``resource`` (the MCP server's URL), as RFC
     9728 and RFC 8414 find it; ``resource_metadata_url``: the one a ``401`` named."""
-    candidates = (
-        [resource_metadata_url]
-        if resource_metadata_url
-        else _well_known(resource, "oauth-protected-resource")
-    )
+    # The URL a 401 named first (RFC 9728 §5.1), then the well-known ones: a named URL that is not there,
+    # or not https, is passed over (a wrong one would otherwise stop every token request for good).
+    candidates = [
+        *([resource_metadata_url] if resource_metadata_url else []),
+        *_well_known(resource, "oauth-protected-resource"),
+    ]
     metadata = None
     for url in candidates:
-        metadata = _get_json(client, url, "the protected resource metadata")
+        try:
+            metadata = _get_json(client, url, "the protected resource metadata")
+        except DiscoveryRefused:
+            if url != resource_metadata_url:
+                raise
+            continue
         if metadata is not None:
             break
     if metadata is None:
@@ -233,10 +260,7 @@ def discover(
     issuer: str = servers[0]
     require_secure(issuer, "the authorization server")
     document = None
-    for url in [
-        *_well_known(issuer, "oauth-authorization-server"),
-        *_well_known(issuer, "openid-configuration"),
-    ]:
+    for url in authorization_server_metadata_urls(issuer):
         document = _get_json(client, url, "the authorization server metadata")
         if document is not None:
             break
@@ -351,9 +375,12 @@ class CachedToken:
             self.requests += 1
             try:
                 token, lifetime = self._ask()
-            except TokenUnavailable as exc:
-                self._failed(str(exc))
-                raise TokenUnavailable(str(exc), retry_after=self._retry_at - self._clock()) from None
+            except Exception as exc:  # noqa: BLE001 - any failure is a wait with its reason, backed off
+                # A variable unset since the start, a key it cannot sign with, an unreadable answer: as a
+                # token endpoint that is down, never a step retried at once without a backoff.
+                reason = str(exc) if isinstance(exc, TokenUnavailable) else f"{type(exc).__name__}: {exc}"
+                self._failed(reason)
+                raise TokenUnavailable(reason, retry_after=self._retry_at - self._clock()) from None
             self._failures = 0
             now = self._clock()
             renew_in = (
@@ -456,7 +483,12 @@ class ClientCredentialsToken(CachedToken):
             raise TokenUnavailable(
                 f"the token endpoint {server.token_endpoint} cannot be reached: {type(exc).__name__}"
             ) from None
-        return _token_answer(answer, server.token_endpoint)
+        try:
+            return _token_answer(answer, server.token_endpoint)
+        except TokenUnavailable as exc:
+            # An authorization server that echoes what it was sent does not put it in a log line.
+            secrets = [credentials.secret, form.get("client_assertion")]
+            raise TokenUnavailable(_scrubbed(str(exc), secrets)) from None
 
 
 def _method(credentials: ClientCredentials, server: AuthorizationServer) -> AuthMethod:
@@ -477,6 +509,17 @@ def _basic(client_id: str, secret: str) -> str:
     return "Basic " + base64.b64encode(pair).decode("ascii")
 
 
+_ERROR_CODE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def _scrubbed(text: str, secrets: Sequence[str | None]) -> str:
+    """``text`` with each of ``secrets`` (a client secret, an assertion, a token) in it replaced."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "[redacted]")
+    return text
+
+
 def _token_answer(answer: httpx2.Response, endpoint: str) -> tuple[str, float | None]:
     body: Mapping[str, Any] = {}
     try:
@@ -487,7 +530,7 @@ def _token_answer(answer: httpx2.Response, endpoint: str) -> tuple[str, float | 
         pass
     if answer.status_code != 200:
         error = body.get("error")
-        said = f": {error}" if isinstance(error, str) else ""
+        said = f": {error}" if isinstance(error, str) and _ERROR_CODE.match(error) else ""
         description = body.get("error_description")
         if isinstance(description, str):
             said += f" ({description[:200]})"

@@ -11,6 +11,7 @@ import re
 import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -147,6 +148,20 @@ class OAuthClientCredentialsAuth(_Strict):
     @classmethod
     def _names(cls, value: str | None) -> str | None:
         return _env_name(value, "it")
+
+    @field_validator("token_url")
+    @classmethod
+    def _token_url(cls, value: str | None) -> str | None:
+        """https (plain http on loopback only, as discovery requires), with no credentials or query in it."""
+        if value is None:
+            return value
+        parts = urlsplit(value)
+        if parts.username is not None or parts.password is not None or parts.query or parts.fragment:
+            raise ValueError("must be the token endpoint's URL alone (no user:password, query or fragment)")
+        loopback = parts.hostname in ("localhost", "127.0.0.1", "::1")
+        if parts.scheme != "https" and not (parts.scheme == "http" and loopback):
+            raise ValueError("must be https (plain http is accepted on loopback only)")
+        return value
 
     @model_validator(mode="after")
     def _one_proof(self) -> OAuthClientCredentialsAuth:

@@ -70,6 +70,14 @@ def test_each_kind_loads(tmp_path: Path) -> None:
         ),
         (('scope = "reports.run"', 'token_url = "ftp://x"'), r"token_url"),
         (
+            ('scope = "reports.run"', 'token_url = "http://auth.example/token"'),
+            r"token_url: Value error, must be https",
+        ),
+        (
+            ('scope = "reports.run"', 'token_url = "https://u:p@auth.example/token"'),
+            r"token_url: .*no user:password",
+        ),
+        (
             ('scope = "reports.run"', 'token_endpoint_auth_method = "private_key_jwt"'),
             "private_key_jwt needs private_key_file",
         ),

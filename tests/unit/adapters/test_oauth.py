@@ -328,3 +328,84 @@ def test_a_private_key_jwt_assertion_verifies_with_the_public_key(kind: str) -> 
     assert asked["form"]["client_assertion_type"] == "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
     assert _verify(asked["form"]["client_assertion"], key)["aud"] == TOKEN_URL
     assert server.gets == []  # a configured token_url: no discovery
+
+
+def test_an_issuer_with_a_path_is_looked_up_in_the_specs_order_down_to_openid_s_path_appending() -> None:
+    """Entra's and Keycloak's issuers have a path; their metadata is at ``{issuer}/.well-known/openid-
+    configuration``, the third place MCP's authorization spec names (a 4xx at the others is passed over)."""
+    issuer = "http://127.0.0.1:9000/tenant/v2.0"
+    asked: list[str] = []
+
+    def realm(request: httpx2.Request) -> httpx2.Response:
+        asked.append(request.url.path)
+        if request.url.path == "/.well-known/oauth-protected-resource/mcp":
+            return httpx2.Response(200, json={"resource": RESOURCE, "authorization_servers": [issuer]})
+        if request.url.path == "/tenant/v2.0/.well-known/openid-configuration":
+            return httpx2.Response(200, json={"issuer": issuer, "token_endpoint": f"{issuer}/oauth2/token"})
+        return httpx2.Response(404 if "oauth" in request.url.path else 400)
+
+    found = discover(httpx2.Client(transport=httpx2.MockTransport(realm)), RESOURCE)
+    assert found.token_endpoint == f"{issuer}/oauth2/token"
+    assert asked == [
+        "/.well-known/oauth-protected-resource/mcp",
+        "/.well-known/oauth-authorization-server/tenant/v2.0",
+        "/.well-known/openid-configuration/tenant/v2.0",
+        "/tenant/v2.0/.well-known/openid-configuration",
+    ]
+
+
+@pytest.mark.parametrize("named", ["http://127.0.0.1:8765/nowhere", "http://metadata.internal/prm"])
+def test_a_resource_metadata_url_a_401_named_that_is_not_there_falls_back_to_the_well_known_ones(
+    named: str,
+) -> None:
+    server = Server()
+    found = discover(
+        httpx2.Client(transport=httpx2.MockTransport(server)), RESOURCE, resource_metadata_url=named
+    )
+    assert found.token_endpoint == TOKEN_URL
+    assert "http://metadata.internal/prm" not in server.gets  # plain http off loopback: not even asked
+
+
+def test_what_the_token_endpoint_echoes_of_the_secret_never_reaches_the_error() -> None:
+    def echo(request: httpx2.Request) -> httpx2.Response:
+        body = {"error": f"bad {SECRET}", "error_description": f"secret {SECRET} is not this client's"}
+        return httpx2.Response(401, json=body)
+
+    tokens = ClientCredentialsToken(
+        lambda: ClientCredentials("reports-worker", secret=SECRET, method="client_secret_post"),
+        RESOURCE,
+        client=httpx2.Client(transport=httpx2.MockTransport(echo)),
+        token_url=TOKEN_URL,
+    )
+    with pytest.raises(TokenUnavailable) as refused:
+        tokens()
+    assert SECRET not in str(refused.value)
+    assert "[redacted]" in str(refused.value)
+
+
+def test_a_token_the_server_echoes_in_its_401_is_taken_out_of_the_error() -> None:
+    credentials = Credentials("tok-static-123")
+    echoed = Unauthorized("HTTP 401: token tok-static-123 is not valid", http_status=401, challenge=None)
+    said = credentials.refused(echoed, credentials.headers())
+    assert isinstance(said, Unauthorized)
+    assert "tok-static-123" not in str(said)
+
+
+def test_any_failure_to_get_a_token_is_a_wait_with_its_reason_and_a_backoff() -> None:
+    clock = Clock()
+
+    def unset() -> ClientCredentials:
+        raise LookupError("servers.reports.auth.client_secret_env 'REPORTS_CLIENT_SECRET' is not set")
+
+    server = Server()
+    tokens = ClientCredentialsToken(
+        unset, RESOURCE, client=httpx2.Client(transport=httpx2.MockTransport(server)), clock=clock
+    )
+    with pytest.raises(
+        TokenUnavailable, match=r"LookupError: servers\.reports\.auth\.client_secret_env"
+    ) as first:
+        tokens()
+    assert first.value.retry_after == pytest.approx(1.0)
+    with pytest.raises(TokenUnavailable, match="asked again in 1 s"):
+        tokens()  # within the backoff: not tried again
+    assert tokens.failed == 1
