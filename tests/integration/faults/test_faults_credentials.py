@@ -10,6 +10,7 @@ real Postgres and Redis; every wait bounded."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 
 import pytest
 
@@ -30,57 +31,61 @@ def refused_for_credentials(fleet: Fleet, op_id: uuid.UUID, kind: str) -> int:
     return len([error for error in errors if error.startswith("Unauthorized: HTTP 401")])
 
 
-@pytest.mark.timeout(180)
-def test_a_cancel_refused_for_the_credentials_is_kept_and_cancels_once_they_are_put_right(
-    fleet_parts: FleetParts,
-) -> None:
+@pytest.fixture
+def guarded_fleet(fleet_parts: FleetParts) -> Iterator[Fleet]:
+    """A fleet whose server takes only the token in the fleet's token file (as it is at first)."""
     token = fleet_parts.tmp_path / "reports.token"
     token.write_text(GOOD)
-    with running_fleet(fleet_parts, server={"auth_file": str(token)}) as fleet:
-        fleet.mcp.faults(require_bearer=GOOD)
-        op_id = fleet.submit("n/cancel-401", "slow_report", {"seconds": 60})
-        fleet.wait_state(op_id, OpState.WORKING, timeout=60)
+    with running_fleet(fleet_parts, server={"auth_file": str(token)}) as running:
+        running.mcp.faults(require_bearer=GOOD)
+        yield running
 
-        fleet.mcp.faults(require_bearer="a-token-the-fleet-does-not-have")
-        fleet.send("longcall.cancel", op_id=str(op_id))
-        support.wait_for(
-            "two cancels refused for the credentials",
-            lambda: refused_for_credentials(fleet, op_id, "cancel_failed") >= 2,
-            timeout=60,
-        )
-        assert fleet.ledger.get(op_id).state is OpState.CANCEL_REQUESTED  # the intent is kept
-        assert not [e for e in fleet.ledger.events(op_id) if e["kind"] == "cancel_refused"]
 
-        fleet.mcp.faults(require_bearer=GOOD)
-        receipt = fleet.wait_receipt("n/cancel-401", timeout=60)
-        assert receipt["terminal_state"] == "cancelled"
-        assert any(e["method"] == "tasks/cancel" for e in fleet.mcp.log())  # sent once the token was good
+@pytest.mark.timeout(180)
+def test_a_cancel_refused_for_the_credentials_is_kept_and_cancels_once_they_are_put_right(
+    guarded_fleet: Fleet,
+) -> None:
+    fleet = guarded_fleet
+    op_id = fleet.submit("n/cancel-401", "slow_report", {"seconds": 60})
+    fleet.wait_state(op_id, OpState.WORKING, timeout=60)
+
+    fleet.mcp.faults(require_bearer="a-token-the-fleet-does-not-have")
+    fleet.send("longcall.cancel", op_id=str(op_id))
+    support.wait_for(
+        "two cancels refused for the credentials",
+        lambda: refused_for_credentials(fleet, op_id, "cancel_failed") >= 2,
+        timeout=60,
+    )
+    assert fleet.ledger.get(op_id).state is OpState.CANCEL_REQUESTED  # the intent is kept
+    assert not [e for e in fleet.ledger.events(op_id) if e["kind"] == "cancel_refused"]
+
+    fleet.mcp.faults(require_bearer=GOOD)
+    receipt = fleet.wait_receipt("n/cancel-401", timeout=60)
+    assert receipt["terminal_state"] == "cancelled"
+    assert any(e["method"] == "tasks/cancel" for e in fleet.mcp.log())  # sent once the token was good
 
 
 @pytest.mark.timeout(180)
 def test_an_input_reply_refused_for_the_credentials_is_kept_and_answers_once_they_are_put_right(
-    fleet_parts: FleetParts,
+    guarded_fleet: Fleet,
 ) -> None:
-    token = fleet_parts.tmp_path / "reports.token"
-    token.write_text(GOOD)
-    with running_fleet(fleet_parts, server={"auth_file": str(token)}) as fleet:
-        fleet.mcp.faults(require_bearer=GOOD)
-        op_id = fleet.submit("n/reply-401", "ask_approval", {"question": "Ship?"})
-        [request] = support.wait_for("the input request", lambda: fleet.input_requests() or None, timeout=60)
+    fleet = guarded_fleet
+    op_id = fleet.submit("n/reply-401", "ask_approval", {"question": "Ship?"})
+    [request] = support.wait_for("the input request", lambda: fleet.input_requests() or None, timeout=60)
 
-        fleet.mcp.faults(require_bearer="a-token-the-fleet-does-not-have")
-        fleet.send(
-            "longcall.provide_input",
-            op_id=request["op_id"],
-            input_round=request["input_round"],
-            response={"action": "accept", "content": {"approved": True}},
-        )
-        support.wait_for(
-            "a reply refused for the credentials",
-            lambda: refused_for_credentials(fleet, op_id, "input_reply_failed") >= 1,
-            timeout=60,
-        )
-        fleet.mcp.faults(require_bearer=GOOD)
-        receipt = fleet.wait_receipt("n/reply-401", timeout=60)
-        assert receipt["terminal_state"] == "completed"
-        assert receipt["result"]["content"][0]["text"] == "approved"
+    fleet.mcp.faults(require_bearer="a-token-the-fleet-does-not-have")
+    fleet.send(
+        "longcall.provide_input",
+        op_id=request["op_id"],
+        input_round=request["input_round"],
+        response={"action": "accept", "content": {"approved": True}},
+    )
+    support.wait_for(
+        "a reply refused for the credentials",
+        lambda: refused_for_credentials(fleet, op_id, "input_reply_failed") >= 1,
+        timeout=60,
+    )
+    fleet.mcp.faults(require_bearer=GOOD)
+    receipt = fleet.wait_receipt("n/reply-401", timeout=60)
+    assert receipt["terminal_state"] == "completed"
+    assert receipt["result"]["content"][0]["text"] == "approved"
