@@ -101,7 +101,11 @@ class Terminal:
         return self.process.returncode
 
     def close(self) -> None:
+        """Kill the command if it still runs (not what it started: the caller stops that), and let go of the
+        terminal (idempotent)."""
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
-        os.close(self._master)
+        if self._master >= 0:
+            os.close(self._master)
+            self._master = -1

@@ -113,6 +113,12 @@ def test_the_demo_at_a_terminal_asks_while_its_table_stays_live_and_its_receipts
         screen.read_until(second, timeout=120)
         screen.type("\r")  # Enter: the default, yes
         code = screen.wait(timeout=200)
+    except BaseException:
+        # A failed interaction: what it started is stopped (killing longcall dev does not stop its children).
+        screen.close()
+        if (data_dir / "processes.json").exists():
+            _clean_up(data_dir, [])
+        raise
     finally:
         screen.close()
     output = plain(bytes(screen.raw))
