@@ -20,7 +20,6 @@ from typing import Any
 import httpx2
 
 from adapters import CachedToken, ClientCredentialsToken, GoogleToken, Transient
-from workers.errors import ConfigError
 from workers.request_outcomes import CountingTransport, RequestOutcomes
 from workers.settings import BearerAuth, FleetConfig, GoogleAuth, OAuthClientCredentialsAuth, ServerConfig
 
@@ -93,22 +92,27 @@ def check_credentials(fleet: FleetConfig) -> None:
             server.auth.credentials(f"servers.{name}.auth")
 
 
+def _granted(provider: Callable[[], str | None]) -> str:
+    """Whether the provider gets a token now (one token request), or why not; never the token."""
+    try:
+        provider()
+    except Transient as exc:  # every failure to get one is a TokenUnavailable (adapters.oauth.CachedToken)
+        return f"not granted: {exc}"
+    return "granted"
+
+
 def describe_auth(name: str, server: ServerConfig, providers: TokenProviders) -> dict[str, Any]:
     """How server ``name`` is authorized, for ``longcall adapters --detect``: the kind, and for OAuth the
     authorization server found (or configured) and whether the configured credentials get a token now (one
     token request; never the token, the secret or the key)."""
     auth = server.auth
+    if isinstance(auth, GoogleAuth):
+        return {"kind": auth.kind, "token": _granted(providers.provider(name, server))}
     if isinstance(auth, OAuthClientCredentialsAuth):
         provider = providers.provider(name, server)
-        found: dict[str, Any] = {"kind": auth.kind, "scope": auth.scope}
+        found: dict[str, Any] = {"kind": auth.kind, "scope": auth.scope, "token": _granted(provider)}
         if not isinstance(provider, ClientCredentialsToken):
             return found
-        try:
-            provider()
-        except (Transient, ConfigError) as exc:
-            found["token"] = f"not granted: {exc}"
-        else:
-            found["token"] = "granted"  # noqa: S105 - what happened, not a token
         try:
             where = provider.authorization_server()
         except Transient as exc:
@@ -118,13 +122,6 @@ def describe_auth(name: str, server: ServerConfig, providers: TokenProviders) ->
             found["token_endpoint"] = where.token_endpoint
             found["token_endpoint_auth_methods"] = list(where.methods)
         return found
-    if isinstance(auth, GoogleAuth):
-        google = providers.provider(name, server)
-        try:
-            google()
-        except Transient as exc:
-            return {"kind": auth.kind, "token": f"not granted: {exc}"}
-        return {"kind": auth.kind, "token": "granted"}
     if isinstance(auth, BearerAuth) or server.auth_env is not None or server.auth_file is not None:
         return {"kind": "bearer"}
     return {"kind": "none"}

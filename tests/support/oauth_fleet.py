@@ -47,14 +47,16 @@ class OAuthFleet:
     client_id: str
     secret: str
 
-    def submit(self, call_node_id: str, tool: str, arguments: dict[str, Any], **extra: Any) -> uuid.UUID:
+    def submit(
+        self, call_node_id: str, tool: str, arguments: dict[str, Any], *, server: str = SECURED, **extra: Any
+    ) -> uuid.UUID:
         """``longcall.submit`` on the protected server, the pipeline's record task as ``on_terminal`` and
         ``on_input``."""
         signature = dict(self.fleet.pipeline.signature("pipeline.record", queue="pipeline"))
         answer = self.fleet.send(
             "longcall.submit",
             call_node_id=call_node_id,
-            server=SECURED,
+            server=server,
             tool=tool,
             arguments=arguments,
             on_terminal=signature,

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -193,16 +192,7 @@ def test_a_refused_credential_holds_the_call_before_any_create_until_it_is_put_r
 
     with running_oauth_fleet(fleet_parts, extra=static) as oauth:
         fleet, peer = oauth.fleet, oauth.peer
-        signature = dict(fleet.pipeline.signature("pipeline.record", queue="pipeline"))
-        answer = fleet.send(
-            "longcall.submit",
-            call_node_id="n/static",
-            server="static",
-            tool="slow_report",
-            arguments={"seconds": 1},
-            on_terminal=signature,
-        )
-        op_id = uuid.UUID(answer["op_id"])
+        op_id = oauth.submit("n/static", "slow_report", {"seconds": 1}, server="static")
 
         def refusals() -> list[dict[str, Any]]:
             return [
