@@ -43,6 +43,7 @@ import contextlib
 import cProfile
 import functools
 import json
+import os
 import pstats
 import statistics
 import sys
@@ -421,6 +422,8 @@ def profile_round(fixture: Batch, reps: int, top: int) -> None:
     finally:
         fixture.profiler = None
     stats = pstats.Stats(profiler)
+    if out := os.environ.get("BENCH_PROFILE_OUT"):
+        stats.dump_stats(out)  # for a closer look: pstats, snakeviz
     print(f"\nprofile of {reps} batches of {len(fixture.op_ids)} (members in turn), by own time:")
     stats.sort_stats("tottime").print_stats(top)
     print("by cumulative time:")

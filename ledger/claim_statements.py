@@ -274,17 +274,21 @@ def update_claim_one(with_epoch: bool, cancel_before_create: bool = False) -> An
 
 
 def update_release_claims() -> Any:
-    """Let go of the claims ``(:claim_ids[i], :claim_cursors[i])`` in one statement (each lease cleared,
-    nothing else): each row is due again as it was. Returns the ids let go (a claim no longer the row's is
-    left alone)."""
+    """Let go of the claims ``(:claim_ids[i], :claim_cursors[i])`` in one statement, each row due again in
+    ``:claim_due_in_s[i]`` seconds (its lease cleared; no event): the next tick claims it again then. The
+    claim that sent a WORKING row's poll set its next poll an interval on (:func:`next_poll_ahead`); a claim
+    handed back without its poll must not keep that, or the row would skip a round of polls. Returns the
+    ids let go (a claim no longer the row's is left alone)."""
     claims = (
         func.unnest(
             bindparam("claim_ids", type_=ARRAY(OP.c.id.type)),
             bindparam("claim_cursors", type_=ARRAY(BigInteger())),
+            bindparam("claim_due_in_s", type_=ARRAY(Float())),
         )
-        .table_valued("id", "cursor")
+        .table_valued("id", "cursor", "due_in_s")
         .render_derived(name="claims")
     )
+    second = literal(dt.timedelta(seconds=1), Interval())
     return (
         update(OP)
         .where(
@@ -292,6 +296,6 @@ def update_release_claims() -> Any:
             OP.c.poll_cursor == claims.c.cursor,
             OP.c.lease_until.is_not(None),
         )
-        .values(lease_until=None)
+        .values(lease_until=None, next_poll_at=func.now() + claims.c.due_in_s * second)
         .returning(OP.c.id)
     )

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import func, text, update
+from sqlalchemy import Connection, func, text, update
 
 from ledger.digests import digest
 from ledger.errors import OperationNotFound
@@ -295,6 +295,13 @@ class OperationMoves(GuardedWrites):
         it), is not written: it is left out of the ids returned, and nothing is recorded for it."""
         if not members:
             return set()
+        with self._one_statement() as conn:
+            return self._record_unchanged(conn, members)
+
+    def _record_unchanged(
+        self, conn: Connection, members: Sequence[tuple[uuid.UUID, Fence]]
+    ) -> set[uuid.UUID]:
+        """:meth:`record_unchanged_polls`' statement, on ``conn`` (in the caller's transaction)."""
         for _, fence in members:
             if fence.poll_cursor is None:
                 raise ValueError("an unchanged poll is recorded under its claim's cursor")
@@ -305,8 +312,7 @@ class OperationMoves(GuardedWrites):
             "cursors": [fence.poll_cursor for _, fence in members],
             "fence_executor": self.executor_id,
         }
-        with self._one_statement() as conn:
-            rows = conn.execute(STATEMENTS.get(update_unchanged_polls), params).all()
+        rows = conn.execute(STATEMENTS.get(update_unchanged_polls), params).all()
         return {row.id for row in rows}
 
     def reschedule(

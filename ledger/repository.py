@@ -35,7 +35,7 @@ from ledger.listing import OperationListing
 from ledger.moves import OperationMoves
 from ledger.outbox import OutboxTransactions
 from ledger.reasons import ReconciliationReason
-from ledger.records import Claim, Operation, Receipt, ReconciliationRecord, adapter_key
+from ledger.records import Claim, Fence, Operation, Receipt, ReconciliationRecord, adapter_key
 from ledger.results import ResultStorage
 from ledger.retention import HistoryRetention
 from ledger.shadow import ShadowComparisons
@@ -133,6 +133,22 @@ class Ledger(
         if rows:
             self._saw_ownership(rows[0].control_epoch, rows[0].control_epoch_owner)
         return {op.id: op for op in Operation.from_rows(rows, with_body=False)}
+
+    def record_then_read(
+        self, unchanged: Sequence[tuple[uuid.UUID, Fence]], op_ids: Sequence[uuid.UUID]
+    ) -> tuple[set[uuid.UUID], dict[uuid.UUID, Operation]]:
+        """:meth:`record_unchanged_polls` of ``unchanged`` (the process's earlier batches'), then
+        :meth:`get_many` of ``op_ids`` (the next batch's), in one transaction: the operations whose record
+        was written, and the rows read. One commit where the two would make two: a worker process taking
+        batches one after another records each one's unchanged polls on the next one's read."""
+        if not unchanged:
+            return set(), self.get_many(op_ids)
+        with self._tx() as conn:
+            written = self._record_unchanged(conn, unchanged)
+            rows = conn.execute(STATEMENTS.get(select_operations_by_ids), {"op_ids": list(op_ids)}).all()
+        if rows:
+            self._saw_ownership(rows[0].control_epoch, rows[0].control_epoch_owner)
+        return written, {op.id: op for op in Operation.from_rows(rows, with_body=False)}
 
     def find_by_call_node(self, call_node_id: str) -> Operation | None:
         with self._tx() as conn:
@@ -265,22 +281,28 @@ class Ledger(
         return Claim.from_row(row) if row is not None else None
 
     def hand_back_claim(self, op_id: uuid.UUID, poll_cursor: int) -> bool:
-        """Let go of the claim ``poll_cursor`` without running its step: its lease is cleared, nothing else
-        changes and no event is appended, so the row is the next claim's as it was due. What a worker of a
-        fleet that does not own the epoch does with a step message of the owner's it took from a shared
-        broker (rule 13): the owner's dispatcher claims the row again at its next tick instead of waiting
-        for the lease to run out. False when the claim is not the row's any more."""
-        return op_id in self.hand_back_claims([(op_id, poll_cursor)])
+        """Let go of the claim ``poll_cursor`` without running its step: its lease is cleared, the row is due
+        at once (its claim may have set its next poll an interval on) and no event is appended, so the row
+        is the next claim's. What a worker of a fleet that does not own the epoch does with a step message
+        of the owner's it took from a shared broker (rule 13): the owner's dispatcher claims the row again
+        at its next tick instead of waiting for the lease to run out. The message came at its due time
+        (its countdown), so due at once is never sooner than it was. False when the claim is not the row's
+        any more."""
+        return op_id in self.hand_back_claims([(op_id, poll_cursor, 0.0)])
 
-    def hand_back_claims(self, claims: Sequence[tuple[uuid.UUID, int]]) -> set[uuid.UUID]:
-        """:meth:`hand_back_claim` for many ``(op_id, poll_cursor)`` in one statement (the polls a worker
-        process sheds from a batch); the ids let go."""
+    def hand_back_claims(self, claims: Sequence[tuple[uuid.UUID, int, float]]) -> set[uuid.UUID]:
+        """:meth:`hand_back_claim` for many ``(op_id, poll_cursor, due_in_s)`` in one statement (the polls a
+        worker process sheds from a batch), each row due again ``due_in_s`` from now; the ids let go."""
         if not claims:
             return set()
         with self._one_statement() as conn:
             rows = conn.execute(
                 STATEMENTS.get(update_release_claims),
-                {"claim_ids": [op_id for op_id, _ in claims], "claim_cursors": [c for _, c in claims]},
+                {
+                    "claim_ids": [op_id for op_id, _, _ in claims],
+                    "claim_cursors": [cursor for _, cursor, _ in claims],
+                    "claim_due_in_s": [max(0.0, due_in) for _, _, due_in in claims],
+                },
             ).all()
         return {row.id for row in rows}
 

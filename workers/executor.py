@@ -280,22 +280,28 @@ class Executor:
         (:class:`~workers.poll_batch.PollBatch`)."""
         started = time.monotonic()
         tick = self.rt.settings.dispatch_interval_s
+        unrecorded = self.rt.unrecorded
         batch = PollBatch(
             len(members),
-            self.ledger.record_unchanged_polls,
+            unrecorded,
             bound_s=STRAGGLER_BOUND_TICKS * tick,
             on_step=on_step,
             on_finish=on_finish,
         )
+        earlier = unrecorded.take()  # the process's unchanged polls not yet recorded go with this read
         try:
-            rows = self.ledger.get_many([member.op_id for member in members])
-        except INFRASTRUCTURE as exc:
+            written, rows = self.ledger.record_then_read(earlier.polls, [member.op_id for member in members])
+        except Exception as exc:
+            earlier.settle(exc)
+            if not isinstance(exc, INFRASTRUCTURE):
+                raise
             log.warning(
                 "reading a batch of %d polls met %s; %s", len(members), describe_fault(exc), AGAIN_AFTER_LEASE
             )
             for index, member in enumerate(members):
                 batch.done(index, _deferred(member.op_id, exc))
             return batch
+        earlier.settle(written)
         admitted = self._admit(batch, members, rows)
         slots = self._book_status_reads([members[i] for i in admitted], rows, started)
         threads = member_threads.server_threads(self.rt.settings.poll_batch)
@@ -315,9 +321,13 @@ class Executor:
     ) -> list[int]:
         """The members this process starts now, by server within its room (``workers.members.admit``);
         the others are answered DEFERRED (``shed``) at once, their claims handed back in one statement per
-        server (each row is due when its claim set it: the poll skips one round; through a fault, when its
-        lease runs out), and the process says so (once per ten seconds and server)."""
+        server, and the process says so (once per ten seconds and server). A row handed back is due again a
+        dispatch tick on, or at its own due time if that is later (its wait in the batch): the next tick but
+        one claims it again, in whichever process has room, and a process that stays full costs its shed
+        polls a tick each, never a round of polls (the claim had set the next poll an interval on). Through
+        a fault, it is due when its lease runs out."""
         poll_batch = self.rt.settings.poll_batch
+        tick = self.rt.settings.dispatch_interval_s
         by_server: dict[str, list[int]] = {}
         for index, member in enumerate(members):
             row = rows.get(member.op_id)
@@ -335,13 +345,15 @@ class Executor:
             if shed:
                 if member_threads.say_shed(server):
                     log.warning(
-                        "this process runs all the polls it can (%s: %d shed); they are due again when"
-                        " their claims said",
+                        "this process runs all the polls it can (%s: %d shed); they are due again in a"
+                        " dispatch tick",
                         server,
                         len(shed),
                     )
                 try:
-                    self.ledger.hand_back_claims([(members[i].op_id, members[i].cursor) for i in shed])
+                    self.ledger.hand_back_claims(
+                        [(members[i].op_id, members[i].cursor, max(members[i].wait_s, tick)) for i in shed]
+                    )
                 except INFRASTRUCTURE as exc:
                     # Their leases run out instead: each row is claimed again then.
                     log.warning("handing back %d shed claims met %s", len(shed), describe_fault(exc))

@@ -1,14 +1,19 @@
-"""Rule 3: one batched ``longcall.poll`` on its way in a worker process (:class:`PollBatch`).
+"""Rule 3: one batched ``longcall.poll`` on its way in a worker process (:class:`PollBatch`), and the record
+of the polls that changed nothing (``workers.records_later``).
 
-Its members run on their server's member threads (``workers/members.py``) and answer one by one; the polls
-that changed nothing are recorded together (``Ledger.record_unchanged_polls``, one statement), when the last
-member is done or :data:`STRAGGLER_BOUND_TICKS` dispatch ticks after the first unchanged one was, whichever
-comes first: a slow member holds up the others' record (and so their claims, which the record lets go) for
-that long only, and writes its own when it is done.
+A batch's members run on their server's member threads (``workers/members.py``) and answer one by one; the
+polls that changed nothing are handed over together (one ``Ledger.record_unchanged_polls`` statement for
+them) when the last member is done, or :data:`STRAGGLER_BOUND_TICKS` dispatch ticks after the first
+unchanged one was, whichever comes first: a slow member holds up the others' record (and so their claims,
+which the record lets go) for that long only, and is handed over alone when it is done.
+
+A worker process records what its batches handed over with its next batch's read of its rows
+(``workers.records_later.RecordLater``).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -18,23 +23,22 @@ from collections.abc import Callable
 from ledger.records import Fence
 from workers.faults import INFRASTRUCTURE, describe_fault
 from workers.members import Stragglers
+from workers.records_later import Recorder, RecordNow, Records
 from workers.steps.context import StepAction, StepOutcome
 
 __all__ = ["STRAGGLER_BOUND_TICKS", "PollBatch", "Unchanged"]
 
 log = logging.getLogger("longcall")
 
-#: How many dispatch ticks after a batch's first unchanged poll its unchanged polls are recorded at the
+#: How many dispatch ticks after a batch's first unchanged poll its unchanged polls are handed over at the
 #: latest, whether or not every member is done (a second at the default tick: the members of one batch
 #: answer within a few milliseconds of each other on a quiet machine, within some hundreds on a loaded one;
-#: a member slower than that is a straggler, and records its poll alone).
+#: a member slower than that is a straggler, and is handed over alone).
 STRAGGLER_BOUND_TICKS = 4.0
 
 #: An unchanged poll to record: the member's place in the batch, its operation, its claim's fence, and what
 #: lets its claim go in this process once it is recorded.
 Unchanged = tuple[int, uuid.UUID, Fence, Callable[[], None] | None]
-#: Records unchanged polls (``Ledger.record_unchanged_polls``): the operations whose record was written.
-Recorder = Callable[[list[tuple[uuid.UUID, Fence]]], set[uuid.UUID]]
 
 
 class PollBatch:
@@ -45,27 +49,26 @@ class PollBatch:
     def __init__(
         self,
         size: int,
-        record: Recorder,
+        record: Recorder | Records,
         *,
         bound_s: float,
         on_step: Callable[[StepOutcome], None] | None = None,
         on_finish: Callable[[list[StepOutcome]], None] | None = None,
     ) -> None:
-        self._record = record
+        self._records = record if isinstance(record, Records) else RecordNow(record)
         self._on_finish = on_finish
         self._bound_s = bound_s
         self._on_step = on_step
         self._lock = threading.Lock()
-        self._flush_lock = threading.Lock()
         self._outcomes: list[StepOutcome | None] = [None] * size
         self._left = size
         self._unrecorded: list[Unchanged] = []
+        self._unsettled = 0  # hand-overs not recorded yet
         self._bound_set = False
+        self._finishing = False
         self._finished = threading.Event()
         if size == 0:
-            self._finished.set()
-            if on_finish is not None:
-                on_finish([])
+            self._finish_if_done()
 
     def done(
         self,
@@ -96,12 +99,7 @@ class PollBatch:
                 log.exception("what follows the poll of %s failed", step.op_id)
         if last:
             self._flush()
-            self._finished.set()
-            if self._on_finish is not None:
-                try:
-                    self._on_finish(self.wait(0))
-                except Exception:
-                    log.exception("what follows a batch of %d polls failed", len(self._outcomes))
+            self._finish_if_done()
         elif set_bound:
             Stragglers.of_process().at(time.monotonic() + self._bound_s, self._flush)
 
@@ -113,36 +111,53 @@ class PollBatch:
             return [step for step in self._outcomes if step is not None]
 
     def _flush(self) -> None:
-        """Record the unchanged polls answered so far, in one statement; a member whose fence moved meanwhile
-        is answered STALE. Through a fault, they stay claimed until their leases run out, and are due when
-        their claims said."""
-        with self._flush_lock:
-            with self._lock:
-                taken, self._unrecorded = self._unrecorded, []
-                self._bound_set = False
+        """Hand over the unchanged polls answered so far to be recorded together; once recorded, a member
+        whose fence moved meanwhile is answered STALE. Through a fault, they stay claimed until their leases
+        run out, and are due when their claims said."""
+        with self._lock:
+            taken, self._unrecorded = self._unrecorded, []
+            self._bound_set = False
             if not taken:
                 return
-            try:
-                self._record_taken(taken)
-            finally:
-                # Whatever the record met, the claims are this process's no more (a copy may run them).
-                for *_, let_go in taken:
-                    if let_go is not None:
-                        let_go()
+            self._unsettled += 1
+        polls = [(op_id, fence) for _, op_id, fence, _ in taken]
+        self._records.put(polls, functools.partial(self._settle, taken))
 
-    def _record_taken(self, taken: list[Unchanged]) -> None:
+    def _settle(self, taken: list[Unchanged], result: set[uuid.UUID] | Exception) -> None:
         try:
-            written = self._record([(op_id, fence) for _, op_id, fence, _ in taken])
-        except INFRASTRUCTURE as exc:
-            log.warning(
-                "recording %d unchanged polls met %s; they are due again when their leases run out",
-                len(taken),
-                describe_fault(exc),
-            )
-            return
+            if isinstance(result, INFRASTRUCTURE):
+                log.warning(
+                    "recording %d unchanged polls met %s; they are due again when their leases run out",
+                    len(taken),
+                    describe_fault(result),
+                )
+            elif isinstance(result, Exception):
+                log.error("recording %d unchanged polls failed", len(taken), exc_info=result)
+            else:
+                with self._lock:
+                    for index, op_id, _, _ in taken:
+                        if op_id not in result:
+                            self._outcomes[index] = StepOutcome(
+                                op_id, StepAction.STALE, None, detail={"unchanged": "not recorded"}
+                            )
+        finally:
+            # Whatever the record met, the claims are this process's no more (a copy may run them).
+            for *_, let_go in taken:
+                if let_go is not None:
+                    let_go()
+            with self._lock:
+                self._unsettled -= 1
+            self._finish_if_done()
+
+    def _finish_if_done(self) -> None:
+        """Finish once every member is done and every hand-over recorded (once)."""
         with self._lock:
-            for index, op_id, _, _ in taken:
-                if op_id not in written:
-                    self._outcomes[index] = StepOutcome(
-                        op_id, StepAction.STALE, None, detail={"unchanged": "not recorded"}
-                    )
+            if self._left or self._unsettled or self._finishing:
+                return
+            self._finishing = True
+        self._finished.set()
+        if self._on_finish is not None:
+            try:
+                self._on_finish(self.wait(0))
+            except Exception:
+                log.exception("what follows a batch of %d polls failed", len(self._outcomes))

@@ -20,6 +20,7 @@ from ledger.engine import make_engine
 from ledger.records import EpochOwnership
 from ledger.repository import Ledger
 from workers.hot import HotState
+from workers.records_later import RecordLater
 from workers.remote import RemotePool
 from workers.request_outcomes import RequestOutcomes
 from workers.settings import FleetConfig, Settings, load_settings
@@ -52,6 +53,7 @@ class Runtime:
     _ledger: Ledger | None = field(default=None, repr=False)
     _hot: HotState | None = field(default=None, repr=False)
     _remote: RemotePool | None = field(default=None, repr=False)
+    _unrecorded: RecordLater | None = field(default=None, repr=False)
     _pid: int = field(default_factory=os.getpid, repr=False)
     _not_owner_said_at: float = field(default=-math.inf, repr=False)
 
@@ -63,6 +65,7 @@ class Runtime:
         """A pool created in a parent process is never used by its child."""
         if self._pid != os.getpid():
             self._ledger = self._hot = self._remote = None
+            self._unrecorded = None
             self._pid = os.getpid()
 
     @property
@@ -76,6 +79,18 @@ class Runtime:
                 executor_id=self.settings.executor_id,
             )
         return self._ledger
+
+    @property
+    def unrecorded(self) -> RecordLater:
+        """This process's unchanged polls waiting for their record (``workers.records_later``): recorded with
+        its next batch's read, or a dispatch tick after the first of them."""
+        self._forked()
+        if self._unrecorded is None:
+            self._unrecorded = RecordLater(
+                self.ledger.record_unchanged_polls,
+                bound_s=self.settings.dispatch_interval_s,
+            )
+        return self._unrecorded
 
     @property
     def hot(self) -> HotState:

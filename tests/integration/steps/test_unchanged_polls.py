@@ -10,6 +10,7 @@ ledger's statements are counted on its engine.
 from __future__ import annotations
 
 import datetime as dt
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -144,6 +145,93 @@ def test_a_batch_of_unchanged_polls_reads_once_and_writes_once(
     assert sum(1 for e in mcp.log() if e["method"] == "tasks/get") == reads_before + 6
 
 
+def test_a_process_records_a_batchs_unchanged_polls_with_its_next_batchs_read(
+    database_url: str, broker_prefix: str, tmp_path: Path, log_dir: Path
+) -> None:
+    """One commit for a batch's read and the earlier batch's record (issue 21: at most 0.1 ledger commits
+    per unchanged poll): the first batch's unchanged polls stay claimed, unrecorded, until the second batch
+    is read, and are written in the same transaction as that read."""
+    mcp = start_mcp_server(log_dir, poll_interval_ms=30_000)
+    config = tmp_path / "longcall.toml"
+    config.write_text(fleet_config(mcp.url, poll_qps=5000, control_qps=5000))
+    # A long tick: no record at the bound (a tick) while the test looks.
+    runtime = in_process_runtime(database_url, broker_prefix, config, lease_s=60, dispatch_interval_s=20)
+    try:
+        executor = Executor(runtime)
+        first_ids, second_ids = _submit(executor, 3), _submit(executor, 2)
+        before = {op_id: executor.ledger.get(op_id).unchanged_polls for op_id in first_ids + second_ids}
+        _due_now(executor, first_ids)
+        first = [PollMember(d.op_id, d.cursor) for d in _claim(executor, 3)]
+        answered = threading.Semaphore(0)
+        first_batch = executor.start_batch(first, on_step=lambda _step: answered.release())
+        for _ in first:
+            assert answered.acquire(timeout=10)
+        with pytest.raises(TimeoutError):
+            first_batch.wait(timeout_s=0.3)  # answered, not recorded yet
+        for op_id in first_ids:
+            op = executor.ledger.get(op_id)
+            assert (op.unchanged_polls, op.lease_until is not None) == (before[op_id], True)
+
+        _due_now(executor, second_ids)
+        second = [PollMember(d.op_id, d.cursor) for d in _claim(executor, 2)]
+        seen: list[str] = []
+
+        def sent(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+            seen.append(statement.lstrip().split()[0].upper())
+
+        engine = executor.ledger.engine
+        listeners: list[tuple[str, Any]] = [
+            ("before_cursor_execute", sent),
+            ("begin", lambda _conn: seen.append("BEGIN")),
+            ("commit", lambda _conn: seen.append("COMMIT")),
+        ]
+        for name, listener in listeners:
+            event.listen(engine, name, listener)
+        try:
+            second_batch = executor.start_batch(second, on_step=lambda _step: answered.release())
+            first_steps = first_batch.wait(timeout_s=10)  # recorded by the second batch's read
+        finally:
+            for name, listener in listeners:
+                event.remove(engine, name, listener)
+        # The first batch's record and the second's read: one transaction, one commit.
+        assert seen[:4] == ["BEGIN", "UPDATE", "SELECT", "COMMIT"], seen
+        assert [s.action for s in first_steps] == [StepAction.STILL_WORKING] * 3
+        for op_id in first_ids:
+            op = executor.ledger.get(op_id)
+            assert (op.unchanged_polls, op.lease_until) == (before[op_id] + 1, None)
+
+        for _ in second:
+            assert answered.acquire(timeout=10)
+        runtime.unrecorded.flush()  # no third batch: the second's record now, not a tick (20 s) on
+        assert [s.action for s in second_batch.wait(timeout_s=10)] == [StepAction.STILL_WORKING] * 2
+        for op_id in second_ids:
+            assert executor.ledger.get(op_id).unchanged_polls == before[op_id] + 1
+    finally:
+        runtime.close()
+        mcp.process.stop()
+
+
+def test_a_claim_handed_back_without_its_poll_is_due_at_once_not_a_round_later(
+    mcp_executor: tuple[McpServer, Executor],
+) -> None:
+    """What a worker of a fleet that does not own the epoch does with a poll message of the owner's (rule 13,
+    ``Ledger.hand_back_claim``): the claim had set the row's next poll an interval on (2 s here); handed
+    back, the row is due at once, for the owner's next tick."""
+    _mcp, executor = mcp_executor
+    [op_id] = _submit(executor, 1)
+    _due_now(executor, [op_id])
+    [claim] = _claim(executor, 1)
+    claimed = executor.ledger.get(op_id)
+    assert claimed.next_poll_at is not None
+    assert claimed.next_poll_at > dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1)
+
+    assert executor.ledger.hand_back_claim(op_id, claim.cursor)
+    op = executor.ledger.get(op_id)
+    assert (op.lease_until, op.poll_cursor) == (None, claim.cursor)
+    assert op.next_poll_at is not None
+    assert op.next_poll_at <= dt.datetime.now(dt.UTC)
+
+
 def test_a_poll_whose_answer_changed_writes_its_event(mcp_executor: tuple[McpServer, Executor]) -> None:
     _mcp, executor = mcp_executor
     [changed, same] = _submit(executor, 2)
@@ -273,8 +361,8 @@ def test_polls_past_the_process_room_are_shed_and_handed_back_in_one_statement(
 ) -> None:
     """A worker process runs at most four batches' worth of one server's polls (``workers/members.py``):
     with a ``poll_batch`` of 1, four. The rest of a batch is answered DEFERRED at once, its claims handed
-    back in one statement: not polled, each row's cursor as claimed and its lease cleared, so the next tick
-    claims it when its claim said."""
+    back in one statement: not polled, each row's cursor as claimed and its lease cleared, due again a tick
+    on (the soak at 10,000 in flight shed a third of its polls, each then a round of 25 s late)."""
     mcp, executor = mcp_executor
     ids = _submit(executor, 6)
     _due_now(executor, ids)
@@ -295,6 +383,13 @@ def test_polls_past_the_process_room_are_shed_and_handed_back_in_one_statement(
     assert sum(1 for e in mcp.log() if e["method"] == "tasks/get") == reads_before + 4
     assert sum(1 for s in sent if "claim_ids" in s) == 1, [s[:60] for s in sent]  # one hand-back for both
     cursors = {d.op_id: d.cursor for d in claims}
+    handed_back = dt.datetime.now(dt.UTC)
+    tick = dt.timedelta(seconds=small.rt.settings.dispatch_interval_s)
     for op_id in shed:
         op = executor.ledger.get(op_id)
         assert (op.poll_cursor, op.lease_until, op.last_polled_at) == (cursors[op_id], None, None)
+        # Due again a tick on, not where its claim had set it (2 s on: a round of polls skipped).
+        assert op.next_poll_at is not None
+        assert op.next_poll_at <= handed_back + tick + dt.timedelta(milliseconds=200), (
+            op.next_poll_at - handed_back
+        )
