@@ -277,8 +277,10 @@ def update_release_claims() -> Any:
     """Let go of the claims ``(:claim_ids[i], :claim_cursors[i])`` in one statement, each row due again in
     ``:claim_due_in_s[i]`` seconds (its lease cleared; no event): the next tick claims it again then. The
     claim that sent a WORKING row's poll set its next poll an interval on (:func:`next_poll_ahead`); a claim
-    handed back without its poll must not keep that, or the row would skip a round of polls. Returns the
-    ids let go (a claim no longer the row's is left alone)."""
+    handed back without its poll must not keep that, or the row would skip a round of polls.
+    ``:claim_no_token`` (0 or 1) is added to each row's ``no_token_count``: 1 when the claims are handed
+    back because the server's budget had no token for their requests. Returns the ids let go (a claim no
+    longer the row's is left alone)."""
     claims = (
         func.unnest(
             bindparam("claim_ids", type_=ARRAY(OP.c.id.type)),
@@ -296,6 +298,10 @@ def update_release_claims() -> Any:
             OP.c.poll_cursor == claims.c.cursor,
             OP.c.lease_until.is_not(None),
         )
-        .values(lease_until=None, next_poll_at=func.now() + claims.c.due_in_s * second)
+        .values(
+            lease_until=None,
+            next_poll_at=func.now() + claims.c.due_in_s * second,
+            no_token_count=OP.c.no_token_count + bindparam("claim_no_token", type_=Integer()),
+        )
         .returning(OP.c.id)
     )

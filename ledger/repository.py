@@ -290,9 +290,13 @@ class Ledger(
         any more."""
         return op_id in self.hand_back_claims([(op_id, poll_cursor, 0.0)])
 
-    def hand_back_claims(self, claims: Sequence[tuple[uuid.UUID, int, float]]) -> set[uuid.UUID]:
+    def hand_back_claims(
+        self, claims: Sequence[tuple[uuid.UUID, int, float]], *, no_token: bool = False
+    ) -> set[uuid.UUID]:
         """:meth:`hand_back_claim` for many ``(op_id, poll_cursor, due_in_s)`` in one statement (the polls a
-        worker process sheds from a batch), each row due again ``due_in_s`` from now; the ids let go."""
+        worker process sheds from a batch), each row due again ``due_in_s`` from now; the ids let go.
+        ``no_token``: handed back for want of a token (each row's ``no_token_count`` counts it, no event, as
+        ``reschedule`` counts one)."""
         if not claims:
             return set()
         with self._one_statement() as conn:
@@ -302,6 +306,7 @@ class Ledger(
                     "claim_ids": [op_id for op_id, _, _ in claims],
                     "claim_cursors": [cursor for _, cursor, _ in claims],
                     "claim_due_in_s": [max(0.0, due_in) for _, _, due_in in claims],
+                    "claim_no_token": 1 if no_token else 0,
                 },
             ).all()
         return {row.id for row in rows}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import logging
+import random
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -24,6 +25,7 @@ from typing import Any, ParamSpec, Protocol, TypeVar
 import redis
 
 from ledger.errors import StaleTransition
+from ledger.events import EventKind
 from ledger.records import Fence, NewOperation, Operation, Submission
 from ledger.repository import Ledger
 from ledger.shadow import LegacyRecording, ShadowComparison
@@ -303,7 +305,11 @@ class Executor:
             return batch
         earlier.settle(written)
         admitted = self._admit(batch, members, rows)
-        slots = self._book_status_reads([members[i] for i in admitted], rows, started)
+        slots, refused = self._book_status_reads([members[i] for i in admitted], rows, started)
+        if refused:
+            without = [i for i in admitted if members[i].op_id in refused]
+            self._without_slots(batch, members, rows, refused, without)
+            admitted = [i for i in admitted if members[i].op_id not in refused]
         threads = member_threads.server_threads(self.rt.settings.poll_batch)
         for index in admitted:
             member = members[index]
@@ -364,9 +370,10 @@ class Executor:
 
     def _book_status_reads(
         self, members: Sequence[PollMember], rows: Mapping[uuid.UUID, Operation], started: float
-    ) -> dict[uuid.UUID, TokenBudget]:
+    ) -> tuple[dict[uuid.UUID, TokenBudget], dict[uuid.UUID, NoToken]]:
         """The poll budgets of the members whose step begins with a status read (``poll.reads_status``),
-        booked per server in one script call, each slot no earlier than its member is due."""
+        booked per server in one script call, each slot no earlier than its member is due; and the members
+        refused a slot, with the refusal."""
         tick = self.rt.settings.dispatch_interval_s
         now = self.ctx.now()
         elapsed = time.monotonic() - started
@@ -377,6 +384,7 @@ class Executor:
                 offset = max(0.0, min(member.wait_s, tick) - elapsed)
                 by_server.setdefault(row.server, []).append((offset, member.op_id))
         budgets: dict[uuid.UUID, TokenBudget] = {}
+        refused: dict[uuid.UUID, NoToken] = {}
         for server, asked in by_server.items():
             asked.sort()
             try:
@@ -384,8 +392,41 @@ class Executor:
             except UnknownServer:
                 continue  # each member meets it in its own step (rule 14)
             for index, (_, op_id) in enumerate(asked):
-                budgets[op_id] = booked.budget(index)
-        return budgets
+                if index < len(booked.delays_s):
+                    budgets[op_id] = booked.budget(index)
+                else:
+                    refused[op_id] = booked.refused or NoToken(REDIS_PAUSE_S)
+        return budgets, refused
+
+    def _without_slots(
+        self,
+        batch: PollBatch,
+        members: Sequence[PollMember],
+        rows: Mapping[uuid.UUID, Operation],
+        refused: Mapping[uuid.UUID, NoToken],
+        indexes: Sequence[int],
+    ) -> None:
+        """The members refused a slot (the server's poll budget has none within a tick of their time), not
+        started: their claims handed back in one statement, each row due again when the bucket said (a
+        little spread, never past its wait deadline while it is ahead) and its ``no_token_count`` counted,
+        as each member's own step would have rescheduled it, one write and one read each (rule 4). Through
+        a fault, each is due when its lease runs out."""
+        claims: list[tuple[uuid.UUID, int, float]] = []
+        for index in indexes:
+            member = members[index]
+            row = rows[member.op_id]
+            delay = refused[member.op_id].wait_s + random.uniform(0.0, 0.05)  # noqa: S311 - a spread
+            claims.append((member.op_id, member.cursor, self.ctx.until_deadline(row, delay)))
+            member_threads.leave(row.server)
+        try:
+            self.ledger.hand_back_claims(claims, no_token=True)
+        except INFRASTRUCTURE as exc:
+            log.warning("handing back %d polls without a token met %s", len(claims), describe_fault(exc))
+        for index, (op_id, _, delay) in zip(indexes, claims, strict=True):
+            step = StepOutcome(
+                op_id, EventKind.NO_TOKEN, rows[op_id].state, detail={"delay_s": round(delay, 3)}
+            )
+            batch.done(index, step)
 
     def _run_member(
         self,

@@ -207,11 +207,12 @@ class StepContext:
         deadline while it is ahead (rule 3): a server's long wait, or a hold, that outlasts the deadline
         hands the operation to its deadline path then (the fleet-wide hold still refuses its requests), not
         a silent wait past it."""
-        delay_s = self._until_deadline(op, delay_s)
+        delay_s = self.until_deadline(op, delay_s)
         self.ledger.reschedule(op.id, fence, state=op.state, delay_s=delay_s, event=event, detail=detail)
         return StepOutcome(op.id, event, op.state, detail={"delay_s": round(delay_s, 3)})
 
-    def _until_deadline(self, op: Operation, delay_s: float) -> float:
+    def until_deadline(self, op: Operation, delay_s: float) -> float:
+        """``delay_s``, never past ``op``'s wait deadline (and its slack) while the deadline is ahead."""
         if op.wait_deadline is None:
             return delay_s
         left = (op.wait_deadline - self.now()).total_seconds()

@@ -232,6 +232,44 @@ def test_a_claim_handed_back_without_its_poll_is_due_at_once_not_a_round_later(
     assert op.next_poll_at <= dt.datetime.now(dt.UTC)
 
 
+def test_members_refused_a_slot_are_handed_back_in_one_statement_each_counted(
+    mcp_executor: tuple[McpServer, Executor], database_url: str, broker_prefix: str, tmp_path: Path
+) -> None:
+    """A batch larger than its server's poll budget can take within a tick (rule 4): the members refused a
+    slot are not started; their claims are handed back in one statement, each row due again when the
+    bucket said and its ``no_token_count`` counted, no event (they were a read and a write each)."""
+    mcp, executor = mcp_executor
+    ids = _submit(executor, 6)
+    before = {op_id: executor.ledger.get(op_id) for op_id in ids}
+    _due_now(executor, ids)
+    claims = _claim(executor, 6)
+    config = tmp_path / "tight.toml"
+    config.write_text(fleet_config(mcp.url, poll_qps=1, control_qps=50))
+    tight = Executor(in_process_runtime(database_url, broker_prefix, config, lease_s=30))
+    reads_before = sum(1 for e in mcp.log() if e["method"] == "tasks/get")
+    try:
+        with _statements(tight) as sent:
+            steps = tight.advance_batch([PollMember(d.op_id, d.cursor) for d in claims])
+    finally:
+        tight.rt.close()
+
+    refused = [s for s in steps if s.action is EventKind.NO_TOKEN]
+    sent_reads = sum(1 for e in mcp.log() if e["method"] == "tasks/get") - reads_before
+    assert refused, steps
+    assert len(refused) + sent_reads == 6
+    assert sum(1 for s in sent if "claim_ids" in s) == 1, [s[:60] for s in sent]
+    assert len(_writes(sent)) == 2, [s[:60] for s in sent]  # the hand-back, and the others' record
+    handed_back = dt.datetime.now(dt.UTC)
+    cursors = {d.op_id: d.cursor for d in claims}
+    for step in refused:
+        op = executor.ledger.get(step.op_id)
+        assert (op.poll_cursor, op.lease_until) == (cursors[step.op_id], None)
+        assert op.no_token_count == before[step.op_id].no_token_count + 1
+        assert op.event_seq == before[step.op_id].event_seq  # no event
+        assert op.next_poll_at is not None
+        assert op.next_poll_at < handed_back + dt.timedelta(seconds=3)  # when the bucket said
+
+
 def test_a_poll_whose_answer_changed_writes_its_event(mcp_executor: tuple[McpServer, Executor]) -> None:
     _mcp, executor = mcp_executor
     [changed, same] = _submit(executor, 2)
