@@ -275,7 +275,8 @@ def update_claim_one(with_epoch: bool, cancel_before_create: bool = False) -> An
 
 def update_release_claims() -> Any:
     """Let go of the claims ``(:claim_ids[i], :claim_cursors[i])`` in one statement, each row due again in
-    ``:claim_due_in_s[i]`` seconds (its lease cleared; no event): the next tick claims it again then. The
+    ``:claim_due_in_s[i]`` seconds at the latest (its lease cleared; no event): the next tick claims it again
+    then. The
     claim that sent a WORKING row's poll set its next poll an interval on (:func:`next_poll_ahead`); a claim
     handed back without its poll must not keep that, or the row would skip a round of polls.
     ``:claim_no_token`` (0 or 1) is added to each row's ``no_token_count``: 1 when the claims are handed
@@ -300,7 +301,8 @@ def update_release_claims() -> Any:
         )
         .values(
             lease_until=None,
-            next_poll_at=func.now() + claims.c.due_in_s * second,
+            # Never later than it is: a cancel intent recorded meanwhile made the row due at once.
+            next_poll_at=func.least(OP.c.next_poll_at, func.now() + claims.c.due_in_s * second),
             no_token_count=OP.c.no_token_count + bindparam("claim_no_token", type_=Integer()),
         )
         .returning(OP.c.id)

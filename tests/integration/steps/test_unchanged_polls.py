@@ -232,6 +232,25 @@ def test_a_claim_handed_back_without_its_poll_is_due_at_once_not_a_round_later(
     assert op.next_poll_at <= dt.datetime.now(dt.UTC)
 
 
+def test_a_claim_handed_back_later_never_puts_off_a_row_made_due_meanwhile(
+    mcp_executor: tuple[McpServer, Executor],
+) -> None:
+    """A hand-back's due time is a latest one: a row another writer made due at once while it was claimed
+    (an intent, under its own fence) stays due at once."""
+    _mcp, executor = mcp_executor
+    [op_id] = _submit(executor, 1)
+    _due_now(executor, [op_id])
+    [claim] = _claim(executor, 1)
+    with executor.ledger.engine.begin() as conn:
+        conn.execute(text("UPDATE tool_operation SET next_poll_at = now() WHERE id = :id"), {"id": op_id})
+
+    assert executor.ledger.hand_back_claims([(op_id, claim.cursor, 30.0)]) == {op_id}
+    op = executor.ledger.get(op_id)
+    assert op.lease_until is None
+    assert op.next_poll_at is not None
+    assert op.next_poll_at <= dt.datetime.now(dt.UTC)
+
+
 def test_members_refused_a_slot_are_handed_back_in_one_statement_each_counted(
     mcp_executor: tuple[McpServer, Executor], database_url: str, broker_prefix: str, tmp_path: Path
 ) -> None:
