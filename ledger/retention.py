@@ -1,5 +1,4 @@
-"""Retention (DESIGN §3): the history of final operations and delivered outbox rows is not kept forever,
-nor is a cancel asked for by a call node id that never came to be submitted.
+"""Retention (DESIGN §3): the history of final operations and delivered outbox rows is not kept forever.
 
 The operation row and its terminal receipt stay for good (they are the record of what was promised and
 accepted); an operation that is not final keeps every event, and an outbox row is deleted only once it was
@@ -15,7 +14,7 @@ from dataclasses import dataclass
 from sqlalchemy import delete, func, select, tuple_
 
 from ledger.guarded import GuardedWrites
-from ledger.statements import CALL_NODE_CANCEL, EVENT, OP, OUTBOX
+from ledger.statements import EVENT, OP, OUTBOX
 from ledger.states import FINAL_STATES
 
 
@@ -25,7 +24,6 @@ class Purged:
 
     events: int
     outbox_rows: int
-    call_node_cancels: int = 0
 
 
 class HistoryRetention(GuardedWrites):
@@ -34,11 +32,9 @@ class HistoryRetention(GuardedWrites):
     def purge_history(
         self, *, event_retention_s: float, outbox_retention_s: float, limit: int = 10_000
     ) -> Purged:
-        """Delete the events of final operations older than ``event_retention_s``, the dispatched outbox
-        rows dispatched more than ``outbox_retention_s`` ago, and the cancels asked for by call node id
-        (``call_node_cancel``) whose call node was not submitted within ``event_retention_s``, at most
-        ``limit`` of each, in one transaction. (A call node submitted after that is not cancelled by them:
-        a pipeline that cancels a call node and submits it a month later has moved on.)"""
+        """Delete the events of final operations older than ``event_retention_s`` and the dispatched outbox
+        rows dispatched more than ``outbox_retention_s`` ago, at most ``limit`` of each, in one
+        transaction."""
         old_events = (
             select(EVENT.c.op_id, EVENT.c.seq)
             .join(OP, OP.c.id == EVENT.c.op_id)
@@ -58,18 +54,9 @@ class HistoryRetention(GuardedWrites):
             .order_by(OUTBOX.c.dispatched_at)
             .limit(limit)
         )
-        old_cancels = (
-            select(CALL_NODE_CANCEL.c.call_node_id)
-            .where(CALL_NODE_CANCEL.c.requested_at < func.now() - dt.timedelta(seconds=event_retention_s))
-            .order_by(CALL_NODE_CANCEL.c.requested_at)
-            .limit(limit)
-        )
         with self._tx() as conn:
             events = conn.execute(
                 delete(EVENT).where(tuple_(EVENT.c.op_id, EVENT.c.seq).in_(old_events))
             ).rowcount
             outbox = conn.execute(delete(OUTBOX).where(OUTBOX.c.id.in_(old_outbox))).rowcount
-            cancels = conn.execute(
-                delete(CALL_NODE_CANCEL).where(CALL_NODE_CANCEL.c.call_node_id.in_(old_cancels))
-            ).rowcount
-        return Purged(events=int(events), outbox_rows=int(outbox), call_node_cancels=int(cancels))
+        return Purged(events=int(events), outbox_rows=int(outbox))

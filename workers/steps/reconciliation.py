@@ -105,7 +105,6 @@ def reconcile(ctx: StepContext) -> dict[str, int]:
         "inputs_timed_out": unanswered,
         "events_purged": purged.events,
         "outbox_purged": purged.outbox_rows,
-        "call_node_cancels_purged": purged.call_node_cancels,
     }
 
 

@@ -201,29 +201,8 @@ def test_retention_deletes_exactly_the_old_events_and_dispatched_outbox_rows_of_
         _age(ledger, op.id, days=40)
     _age(ledger, young_final.id, days=2)
 
-    # Cancels asked for by call node id: one whose call node never came in 40 days, one of 2 days ago.
-    assert ledger.cancel_call_node("never/submitted") is None
-    assert ledger.cancel_call_node("submitted/later") is None
-    with ledger.engine.begin() as conn:
-        conn.execute(
-            text(
-                "UPDATE call_node_cancel SET requested_at = now() - make_interval(days => 40)"
-                " WHERE call_node_id = 'never/submitted'"
-            )
-        )
-        conn.execute(
-            text(
-                "UPDATE call_node_cancel SET requested_at = now() - make_interval(days => 2)"
-                " WHERE call_node_id = 'submitted/later'"
-            )
-        )
-
     purged = ledger.purge_history(event_retention_s=30 * 86_400, outbox_retention_s=7 * 86_400)
 
-    with ledger.engine.begin() as conn:
-        rows = conn.execute(text("SELECT call_node_id FROM call_node_cancel")).all()
-    assert {row.call_node_id for row in rows} == {"submitted/later"}
-    assert purged.call_node_cancels == 1
     assert event_count(ledger, old_final.id) == 0
     assert event_count(ledger, young_final.id) > 0
     assert event_count(ledger, old_open.id) == ledger.get(old_open.id).event_seq  # every one kept

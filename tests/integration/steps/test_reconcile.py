@@ -48,7 +48,6 @@ def test_unanswered_input_past_its_deadline_goes_to_an_operator(executor: Execut
         "inputs_timed_out": 1,
         "events_purged": 0,
         "outbox_purged": 0,
-        "call_node_cancels_purged": 0,
     }
     assert ledger.get(waiting.id).state is OpState.INPUT_REQUIRED
     assert ledger.get(late.id).state is OpState.MANUAL_RECONCILIATION
