@@ -276,12 +276,11 @@ def update_claim_one(with_epoch: bool, cancel_before_create: bool = False) -> An
 def update_release_claims() -> Any:
     """Let go of the claims ``(:claim_ids[i], :claim_cursors[i])`` in one statement, each row due again in
     ``:claim_due_in_s[i]`` seconds at the latest (its lease cleared; no event): the next tick claims it again
-    then. The
-    claim that sent a WORKING row's poll set its next poll an interval on (:func:`next_poll_ahead`); a claim
-    handed back without its poll must not keep that, or the row would skip a round of polls.
-    ``:claim_no_token`` (0 or 1) is added to each row's ``no_token_count``: 1 when the claims are handed
-    back because the server's budget had no token for their requests. Returns the ids let go (a claim no
-    longer the row's is left alone)."""
+    then. The claim that sent a WORKING row's poll set its next poll an interval on
+    (:func:`next_poll_ahead`); a claim handed back without its poll must not keep that, or the row would
+    skip a round of polls. ``:claim_no_token`` 1: handed back because the server's budget had no token for
+    the requests: each row is due in exactly ``due_in_s``, never sooner, and its ``no_token_count`` counts
+    it. Returns the ids let go (a claim no longer the row's is left alone)."""
     claims = (
         func.unnest(
             bindparam("claim_ids", type_=ARRAY(OP.c.id.type)),
@@ -292,6 +291,7 @@ def update_release_claims() -> Any:
         .render_derived(name="claims")
     )
     second = literal(dt.timedelta(seconds=1), Interval())
+    no_token = bindparam("claim_no_token", type_=Integer())
     return (
         update(OP)
         .where(
@@ -301,9 +301,13 @@ def update_release_claims() -> Any:
         )
         .values(
             lease_until=None,
-            # Never later than it is: a cancel intent recorded meanwhile made the row due at once.
-            next_poll_at=func.least(OP.c.next_poll_at, func.now() + claims.c.due_in_s * second),
-            no_token_count=OP.c.no_token_count + bindparam("claim_no_token", type_=Integer()),
+            # Handed back for want of a token: due when the bucket said, not sooner (rule 4, as a reschedule
+            # would); else never later than it is (a row another writer made due at once stays so).
+            next_poll_at=case(
+                (no_token == 1, func.now() + claims.c.due_in_s * second),
+                else_=func.least(OP.c.next_poll_at, func.now() + claims.c.due_in_s * second),
+            ),
+            no_token_count=OP.c.no_token_count + no_token,
         )
         .returning(OP.c.id)
     )

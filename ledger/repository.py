@@ -17,7 +17,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Engine, func, select, update
+from sqlalchemy import Connection, Engine, func, select, text, update
+from sqlalchemy.exc import DBAPIError
 
 from ledger.acceptance import Acceptances
 from ledger.claim_statements import (
@@ -55,6 +56,10 @@ from ledger.submissions import Submissions
 
 #: The seed's gate: what no rule can decide is resolved by an operator within 15 minutes.
 DEFAULT_RECONCILE_DEADLINE_S = 900.0
+
+
+#: How long the record of earlier unchanged polls waits for a row lock before the batch's read goes alone.
+RECORD_LOCK_WAIT = "2s"
 
 
 class Ledger(
@@ -136,16 +141,25 @@ class Ledger(
 
     def record_then_read(
         self, unchanged: Sequence[tuple[uuid.UUID, Fence]], op_ids: Sequence[uuid.UUID]
-    ) -> tuple[set[uuid.UUID], dict[uuid.UUID, Operation]]:
+    ) -> tuple[set[uuid.UUID] | DBAPIError, dict[uuid.UUID, Operation]]:
         """:meth:`record_unchanged_polls` of ``unchanged`` (the process's earlier batches'), then
         :meth:`get_many` of ``op_ids`` (the next batch's), in one transaction: the operations whose record
         was written, and the rows read. One commit where the two would make two: a worker process taking
-        batches one after another records each one's unchanged polls on the next one's read."""
+        batches one after another records each one's unchanged polls on the next one's read.
+
+        The record waits at most :data:`RECORD_LOCK_WAIT` for a row another transaction holds (a takeover's
+        update of every row, say). When it fails so, the rows are read alone and the record's error is
+        answered in place of the ids: the earlier batches' claims then run out, and this batch is not held
+        up by them. A failure of the read itself is raised."""
         if not unchanged:
             return set(), self.get_many(op_ids)
-        with self._tx() as conn:
-            written = self._record_unchanged(conn, unchanged)
-            rows = conn.execute(STATEMENTS.get(select_operations_by_ids), {"op_ids": list(op_ids)}).all()
+        try:
+            with self._tx() as conn:
+                conn.execute(text(f"SET LOCAL lock_timeout = '{RECORD_LOCK_WAIT}'"))
+                written = self._record_unchanged(conn, unchanged)
+                rows = conn.execute(STATEMENTS.get(select_operations_by_ids), {"op_ids": list(op_ids)}).all()
+        except DBAPIError as exc:
+            return exc, self.get_many(op_ids)
         if rows:
             self._saw_ownership(rows[0].control_epoch, rows[0].control_epoch_owner)
         return written, {op.id: op for op in Operation.from_rows(rows, with_body=False)}

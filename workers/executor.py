@@ -290,26 +290,48 @@ class Executor:
             on_step=on_step,
             on_finish=on_finish,
         )
+        # Each member's claim is held in this process from now until its step is recorded: a copy of this
+        # message on its way here runs none of them, nor hands any back (``workers.members.hold_claim``).
+        held: list[int] = []
+        for index, member in enumerate(members):
+            if member_threads.hold_claim(member.op_id, member.cursor):
+                held.append(index)
+            else:
+                running = StepOutcome(
+                    member.op_id, StepAction.NOTHING_TO_DO, None, detail={"claim": "running"}
+                )
+                batch.done(index, running)
+        if not held:
+            return batch
         earlier = unrecorded.take()  # the process's unchanged polls not yet recorded go with this read
+        recorded: set[uuid.UUID] | Exception = RuntimeError("the batch's read did not finish")
         try:
-            written, rows = self.ledger.record_then_read(earlier.polls, [member.op_id for member in members])
+            recorded, rows = self.ledger.record_then_read(earlier.polls, [members[i].op_id for i in held])
         except Exception as exc:
-            earlier.settle(exc)
+            recorded = exc
+            self._let_go(batch, members, held, exc)
             if not isinstance(exc, INFRASTRUCTURE):
                 raise
             log.warning(
                 "reading a batch of %d polls met %s; %s", len(members), describe_fault(exc), AGAIN_AFTER_LEASE
             )
-            for index, member in enumerate(members):
-                batch.done(index, _deferred(member.op_id, exc))
             return batch
-        earlier.settle(written)
-        admitted = self._admit(batch, members, rows)
-        slots, refused = self._book_status_reads([members[i] for i in admitted], rows, started)
-        if refused:
-            without = [i for i in admitted if members[i].op_id in refused]
-            self._without_slots(batch, members, rows, refused, without)
-            admitted = [i for i in admitted if members[i].op_id not in refused]
+        finally:
+            earlier.settle(recorded)
+        admitted = self._admit(batch, members, rows, held)
+        try:
+            slots, refused = self._book_status_reads([members[i] for i in admitted], rows, started)
+            if refused:
+                without = [i for i in admitted if members[i].op_id in refused]
+                admitted = [i for i in admitted if members[i].op_id not in refused]
+                self._without_slots(batch, members, rows, refused, without)
+        except Exception as exc:
+            # Not started: their room and their claims go back; each is due when its lease runs out.
+            for index in admitted:
+                row = rows.get(members[index].op_id)
+                member_threads.leave(row.server if row is not None else "")
+            self._let_go(batch, members, admitted, exc)
+            raise
         threads = member_threads.server_threads(self.rt.settings.poll_batch)
         for index in admitted:
             member = members[index]
@@ -322,8 +344,23 @@ class Executor:
             member_threads.submit(server, threads, functools.partial(_then_leave, run, server))
         return batch
 
+    @staticmethod
+    def _let_go(
+        batch: PollBatch, members: Sequence[PollMember], indexes: Sequence[int], exc: Exception
+    ) -> None:
+        """Members not run, answered DEFERRED, their claims let go in this process (each row is claimed again
+        when its lease runs out)."""
+        for index in indexes:
+            member = members[index]
+            member_threads.let_go(member.op_id, member.cursor)
+            batch.done(index, _deferred(member.op_id, exc))
+
     def _admit(
-        self, batch: PollBatch, members: Sequence[PollMember], rows: Mapping[uuid.UUID, Operation]
+        self,
+        batch: PollBatch,
+        members: Sequence[PollMember],
+        rows: Mapping[uuid.UUID, Operation],
+        held: Sequence[int],
     ) -> list[int]:
         """The members this process starts now, by server within its room (``workers.members.admit``);
         the others are answered DEFERRED (``shed``) at once, their claims handed back in one statement per
@@ -335,8 +372,8 @@ class Executor:
         poll_batch = self.rt.settings.poll_batch
         tick = self.rt.settings.dispatch_interval_s
         by_server: dict[str, list[int]] = {}
-        for index, member in enumerate(members):
-            row = rows.get(member.op_id)
+        for index in held:
+            row = rows.get(members[index].op_id)
             by_server.setdefault(row.server if row is not None else "", []).append(index)
         admitted: list[int] = []
         for server, indexes in by_server.items():
@@ -356,14 +393,20 @@ class Executor:
                         server,
                         len(shed),
                     )
+                claims = []
+                for i in shed:
+                    row = rows.get(members[i].op_id)
+                    due_in = max(members[i].wait_s, tick)
+                    if row is not None:
+                        due_in = self.ctx.until_deadline(row, due_in)
+                    claims.append((members[i].op_id, members[i].cursor, due_in))
                 try:
-                    self.ledger.hand_back_claims(
-                        [(members[i].op_id, members[i].cursor, max(members[i].wait_s, tick)) for i in shed]
-                    )
+                    self.ledger.hand_back_claims(claims)
                 except INFRASTRUCTURE as exc:
                     # Their leases run out instead: each row is claimed again then.
                     log.warning("handing back %d shed claims met %s", len(shed), describe_fault(exc))
             for index in shed:
+                member_threads.let_go(members[index].op_id, members[index].cursor)
                 step = StepOutcome(members[index].op_id, StepAction.DEFERRED, None, detail={"shed": True})
                 batch.done(index, step)
         return sorted(admitted)
@@ -409,24 +452,39 @@ class Executor:
         """The members refused a slot (the server's poll budget has none within a tick of their time), not
         started: their claims handed back in one statement, each row due again when the bucket said (a
         little spread, never past its wait deadline while it is ahead) and its ``no_token_count`` counted,
-        as each member's own step would have rescheduled it, one write and one read each (rule 4). Through
-        a fault, each is due when its lease runs out."""
+        as each member's own step would have rescheduled it, one write and one read each (rule 4). A fleet
+        that does not own the epoch hands the claim back instead (rule 13, as the step would). Through a
+        fault, each is answered DEFERRED and is due when its lease runs out."""
         claims: list[tuple[uuid.UUID, int, float]] = []
+        counted: list[int] = []
         for index in indexes:
             member = members[index]
             row = rows[member.op_id]
+            member_threads.leave(row.server)
+            not_owner = self._not_owner(row, member.cursor)
+            if not_owner is not None:
+                member_threads.let_go(member.op_id, member.cursor)
+                batch.done(index, not_owner)
+                continue
             delay = refused[member.op_id].wait_s + random.uniform(0.0, 0.05)  # noqa: S311 - a spread
             claims.append((member.op_id, member.cursor, self.ctx.until_deadline(row, delay)))
-            member_threads.leave(row.server)
-        try:
-            self.ledger.hand_back_claims(claims, no_token=True)
-        except INFRASTRUCTURE as exc:
-            log.warning("handing back %d polls without a token met %s", len(claims), describe_fault(exc))
-        for index, (op_id, _, delay) in zip(indexes, claims, strict=True):
-            step = StepOutcome(
-                op_id, EventKind.NO_TOKEN, rows[op_id].state, detail={"delay_s": round(delay, 3)}
-            )
-            batch.done(index, step)
+            counted.append(index)
+        fault: Exception | None = None
+        if claims:
+            try:
+                self.ledger.hand_back_claims(claims, no_token=True)
+            except INFRASTRUCTURE as exc:
+                log.warning("handing back %d polls without a token met %s", len(claims), describe_fault(exc))
+                fault = exc
+        for index, (op_id, cursor, delay) in zip(counted, claims, strict=True):
+            member_threads.let_go(op_id, cursor)
+            if fault is not None:
+                batch.done(index, _deferred(op_id, fault))
+            else:
+                state = rows[op_id].state
+                batch.done(
+                    index, StepOutcome(op_id, EventKind.NO_TOKEN, state, detail={"delay_s": round(delay, 3)})
+                )
 
     def _run_member(
         self,
@@ -438,11 +496,8 @@ class Executor:
         budget: TokenBudget | None,
         started: float,
     ) -> None:
-        """One member, on a member thread: its answer goes to ``batch``."""
-        if not member_threads.hold_claim(member.op_id, member.cursor):
-            running = StepOutcome(member.op_id, StepAction.NOTHING_TO_DO, None, detail={"claim": "running"})
-            batch.done(index, running)
-            return
+        """One member, on a member thread (its claim held in this process by :meth:`start_batch`): its answer
+        goes to ``batch``, which lets the claim go once its step is recorded."""
         fence = None
         try:
             if budget is None:

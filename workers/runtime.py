@@ -172,6 +172,8 @@ class Runtime:
 
     def close(self) -> None:
         if self._pid == os.getpid():
+            if self._unrecorded is not None and self._ledger is not None:
+                self._unrecorded.flush()  # the unchanged polls waiting for their record, before the pool goes
             if self._ledger is not None:
                 self._ledger.dispose()
             if self._hot is not None:
@@ -179,6 +181,7 @@ class Runtime:
             if self._remote is not None:
                 self._remote.close()
         self._ledger = self._hot = self._remote = None
+        self._unrecorded = None
 
 
 def ledger_pool_size(settings: Settings) -> int:

@@ -30,6 +30,7 @@ from tests.support.fleet import McpServer, fleet_config, in_process_runtime, sta
 from workers import logs
 from workers.budget import rate_key
 from workers.executor import Dispatch, Executor, PollMember
+from workers.poll_batch import PollBatch
 from workers.steps.context import StepAction
 from workers.submission import validate_submission
 
@@ -145,6 +146,89 @@ def test_a_batch_of_unchanged_polls_reads_once_and_writes_once(
     assert sum(1 for e in mcp.log() if e["method"] == "tasks/get") == reads_before + 6
 
 
+@pytest.fixture
+def slow_tick(
+    database_url: str, broker_prefix: str, tmp_path: Path, log_dir: Path
+) -> Iterator[tuple[McpServer, Executor]]:
+    """An executor whose dispatch tick is 20 s: a batch's unchanged polls wait for the next batch's read
+    (or 20 s) while the test looks; tasks that poll every 30 s."""
+    mcp = start_mcp_server(log_dir, poll_interval_ms=30_000)
+    config = tmp_path / "longcall.toml"
+    config.write_text(fleet_config(mcp.url, poll_qps=5000, control_qps=5000))
+    runtime = in_process_runtime(database_url, broker_prefix, config, lease_s=60, dispatch_interval_s=20)
+    try:
+        yield mcp, Executor(runtime)
+    finally:
+        runtime.close()
+        mcp.process.stop()
+
+
+def _answered_unrecorded(executor: Executor, ids: list[uuid.UUID]) -> tuple[list[PollMember], PollBatch]:
+    """A batch of ``ids`` started, every member answered (unchanged), none recorded yet."""
+    _due_now(executor, ids)
+    members = [PollMember(d.op_id, d.cursor) for d in _claim(executor, len(ids))]
+    answered = threading.Semaphore(0)
+    batch = executor.start_batch(members, on_step=lambda _step: answered.release())
+    for _ in members:
+        assert answered.acquire(timeout=10)
+    with pytest.raises(TimeoutError):
+        batch.wait(timeout_s=0.3)  # answered, not recorded yet
+    return members, batch
+
+
+def test_a_copy_of_a_batch_whose_claims_this_process_holds_reads_nothing_and_hands_nothing_back(
+    slow_tick: tuple[McpServer, Executor],
+) -> None:
+    """A copy of a batch message taken while the first copy's members are answered and their record waits:
+    not a statement, not a slot, not a hand-back (which would let the first copy's claims go early, and
+    the dispatcher poll the rows again at once)."""
+    mcp, executor = slow_tick
+    ids = _submit(executor, 3)
+    members, first = _answered_unrecorded(executor, ids)
+    reads = sum(1 for e in mcp.log() if e["method"] == "tasks/get")
+
+    with _statements(executor) as sent:
+        copy = executor.start_batch(members).wait(timeout_s=5)
+
+    assert [(s.action, s.detail.get("claim")) for s in copy] == [(StepAction.NOTHING_TO_DO, "running")] * 3
+    assert sent == []
+    assert sum(1 for e in mcp.log() if e["method"] == "tasks/get") == reads
+    executor.rt.unrecorded.flush()
+    assert [s.action for s in first.wait(timeout_s=10)] == [StepAction.STILL_WORKING] * 3
+
+
+def test_a_record_that_waits_on_a_locked_row_lets_the_next_batch_be_read_alone(
+    slow_tick: tuple[McpServer, Executor],
+) -> None:
+    """The earlier batch's record rides on the next batch's read; when a row it writes is locked past the
+    record's lock wait (a takeover's update of every row, say), the next batch is read alone and runs, and
+    the earlier batch finishes, its claims left to run out."""
+    mcp, executor = slow_tick
+    first_ids, second_ids = _submit(executor, 2), _submit(executor, 2)
+    _members, first = _answered_unrecorded(executor, first_ids)
+    _due_now(executor, second_ids)
+    second = [PollMember(d.op_id, d.cursor) for d in _claim(executor, 2)]
+    reads = sum(1 for e in mcp.log() if e["method"] == "tasks/get")
+
+    with executor.ledger.engine.connect() as locker:
+        locker.execute(text("SELECT 1 FROM tool_operation WHERE id = :id FOR UPDATE"), {"id": first_ids[0]})
+        started = time.monotonic()
+        second_batch = executor.start_batch(second)
+        first_steps = first.wait(timeout_s=10)
+        locker.rollback()
+    assert time.monotonic() - started < 8
+    assert [s.action for s in first_steps] == [StepAction.STILL_WORKING] * 2  # unrecorded: due when leased
+    for op_id in first_ids:
+        assert executor.ledger.get(op_id).lease_until is not None
+    support.wait_for(
+        "the second batch's status reads",
+        lambda: sum(1 for e in mcp.log() if e["method"] == "tasks/get") == reads + 2,
+        timeout=10,
+    )
+    executor.rt.unrecorded.flush()
+    assert [s.action for s in second_batch.wait(timeout_s=10)] == [StepAction.STILL_WORKING] * 2
+
+
 def test_a_process_records_a_batchs_unchanged_polls_with_its_next_batchs_read(
     database_url: str, broker_prefix: str, tmp_path: Path, log_dir: Path
 ) -> None:
@@ -194,7 +278,7 @@ def test_a_process_records_a_batchs_unchanged_polls_with_its_next_batchs_read(
             for name, listener in listeners:
                 event.remove(engine, name, listener)
         # The first batch's record and the second's read: one transaction, one commit.
-        assert seen[:4] == ["BEGIN", "UPDATE", "SELECT", "COMMIT"], seen
+        assert seen[:5] == ["BEGIN", "SET", "UPDATE", "SELECT", "COMMIT"], seen  # SET: its lock wait
         assert [s.action for s in first_steps] == [StepAction.STILL_WORKING] * 3
         for op_id in first_ids:
             op = executor.ledger.get(op_id)
