@@ -31,7 +31,8 @@ from workers import logs
 from workers.budget import rate_key
 from workers.executor import Dispatch, Executor, PollMember
 from workers.poll_batch import PollBatch
-from workers.steps.context import StepAction
+from workers.runtime import Runtime
+from workers.steps.context import StepAction, StepOutcome
 from workers.submission import validate_submission
 
 
@@ -105,6 +106,18 @@ def _statements(executor: Executor) -> Iterator[list[str]]:
         yield sent
     finally:
         event.remove(executor.ledger.engine, "before_cursor_execute", seen)
+
+
+def _batch_on(runtime: Runtime, claims: list[Dispatch]) -> tuple[list[StepOutcome], list[str]]:
+    """The batch of ``claims`` run to its end by an executor on ``runtime`` (closed after), and the statements
+    its ledger sent."""
+    executor = Executor(runtime)
+    try:
+        with _statements(executor) as sent:
+            steps = executor.advance_batch([PollMember(d.op_id, d.cursor) for d in claims])
+    finally:
+        runtime.close()
+    return steps, sent
 
 
 def _writes(sent: list[str]) -> list[str]:
@@ -230,69 +243,54 @@ def test_a_record_that_waits_on_a_locked_row_lets_the_next_batch_be_read_alone(
 
 
 def test_a_process_records_a_batchs_unchanged_polls_with_its_next_batchs_read(
-    database_url: str, broker_prefix: str, tmp_path: Path, log_dir: Path
+    slow_tick: tuple[McpServer, Executor],
 ) -> None:
     """One commit for a batch's read and the earlier batch's record (issue 21: at most 0.1 ledger commits
     per unchanged poll): the first batch's unchanged polls stay claimed, unrecorded, until the second batch
     is read, and are written in the same transaction as that read."""
-    mcp = start_mcp_server(log_dir, poll_interval_ms=30_000)
-    config = tmp_path / "longcall.toml"
-    config.write_text(fleet_config(mcp.url, poll_qps=5000, control_qps=5000))
-    # A long tick: no record at the bound (a tick) while the test looks.
-    runtime = in_process_runtime(database_url, broker_prefix, config, lease_s=60, dispatch_interval_s=20)
+    _mcp, executor = slow_tick
+    first_ids, second_ids = _submit(executor, 3), _submit(executor, 2)
+    before = {op_id: executor.ledger.get(op_id).unchanged_polls for op_id in first_ids + second_ids}
+    _first, first_batch = _answered_unrecorded(executor, first_ids)
+    for op_id in first_ids:
+        op = executor.ledger.get(op_id)
+        assert (op.unchanged_polls, op.lease_until is not None) == (before[op_id], True)
+
+    _due_now(executor, second_ids)
+    second = [PollMember(d.op_id, d.cursor) for d in _claim(executor, 2)]
+    answered = threading.Semaphore(0)
+    seen: list[str] = []
+
+    def sent(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        seen.append(statement.lstrip().split()[0].upper())
+
+    engine = executor.ledger.engine
+    listeners: list[tuple[str, Any]] = [
+        ("before_cursor_execute", sent),
+        ("begin", lambda _conn: seen.append("BEGIN")),
+        ("commit", lambda _conn: seen.append("COMMIT")),
+    ]
+    for name, listener in listeners:
+        event.listen(engine, name, listener)
     try:
-        executor = Executor(runtime)
-        first_ids, second_ids = _submit(executor, 3), _submit(executor, 2)
-        before = {op_id: executor.ledger.get(op_id).unchanged_polls for op_id in first_ids + second_ids}
-        _due_now(executor, first_ids)
-        first = [PollMember(d.op_id, d.cursor) for d in _claim(executor, 3)]
-        answered = threading.Semaphore(0)
-        first_batch = executor.start_batch(first, on_step=lambda _step: answered.release())
-        for _ in first:
-            assert answered.acquire(timeout=10)
-        with pytest.raises(TimeoutError):
-            first_batch.wait(timeout_s=0.3)  # answered, not recorded yet
-        for op_id in first_ids:
-            op = executor.ledger.get(op_id)
-            assert (op.unchanged_polls, op.lease_until is not None) == (before[op_id], True)
-
-        _due_now(executor, second_ids)
-        second = [PollMember(d.op_id, d.cursor) for d in _claim(executor, 2)]
-        seen: list[str] = []
-
-        def sent(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-            seen.append(statement.lstrip().split()[0].upper())
-
-        engine = executor.ledger.engine
-        listeners: list[tuple[str, Any]] = [
-            ("before_cursor_execute", sent),
-            ("begin", lambda _conn: seen.append("BEGIN")),
-            ("commit", lambda _conn: seen.append("COMMIT")),
-        ]
-        for name, listener in listeners:
-            event.listen(engine, name, listener)
-        try:
-            second_batch = executor.start_batch(second, on_step=lambda _step: answered.release())
-            first_steps = first_batch.wait(timeout_s=10)  # recorded by the second batch's read
-        finally:
-            for name, listener in listeners:
-                event.remove(engine, name, listener)
-        # The first batch's record and the second's read: one transaction, one commit.
-        assert seen[:5] == ["BEGIN", "SET", "UPDATE", "SELECT", "COMMIT"], seen  # SET: its lock wait
-        assert [s.action for s in first_steps] == [StepAction.STILL_WORKING] * 3
-        for op_id in first_ids:
-            op = executor.ledger.get(op_id)
-            assert (op.unchanged_polls, op.lease_until) == (before[op_id] + 1, None)
-
-        for _ in second:
-            assert answered.acquire(timeout=10)
-        runtime.unrecorded.flush()  # no third batch: the second's record now, not a tick (20 s) on
-        assert [s.action for s in second_batch.wait(timeout_s=10)] == [StepAction.STILL_WORKING] * 2
-        for op_id in second_ids:
-            assert executor.ledger.get(op_id).unchanged_polls == before[op_id] + 1
+        second_batch = executor.start_batch(second, on_step=lambda _step: answered.release())
+        first_steps = first_batch.wait(timeout_s=10)  # recorded by the second batch's read
     finally:
-        runtime.close()
-        mcp.process.stop()
+        for name, listener in listeners:
+            event.remove(engine, name, listener)
+    # The first batch's record and the second's read: one transaction, one commit.
+    assert seen[:5] == ["BEGIN", "SET", "UPDATE", "SELECT", "COMMIT"], seen  # SET: its lock wait
+    assert [s.action for s in first_steps] == [StepAction.STILL_WORKING] * 3
+    for op_id in first_ids:
+        op = executor.ledger.get(op_id)
+        assert (op.unchanged_polls, op.lease_until) == (before[op_id] + 1, None)
+
+    for _ in second:
+        assert answered.acquire(timeout=10)
+    executor.rt.unrecorded.flush()  # no third batch: the second's record now, not a tick (20 s) on
+    assert [s.action for s in second_batch.wait(timeout_s=10)] == [StepAction.STILL_WORKING] * 2
+    for op_id in second_ids:
+        assert executor.ledger.get(op_id).unchanged_polls == before[op_id] + 1
 
 
 def test_a_claim_handed_back_without_its_poll_is_due_at_once_not_a_round_later(
@@ -348,13 +346,8 @@ def test_members_refused_a_slot_are_handed_back_in_one_statement_each_counted(
     claims = _claim(executor, 6)
     config = tmp_path / "tight.toml"
     config.write_text(fleet_config(mcp.url, poll_qps=1, control_qps=50))
-    tight = Executor(in_process_runtime(database_url, broker_prefix, config, lease_s=30))
     reads_before = sum(1 for e in mcp.log() if e["method"] == "tasks/get")
-    try:
-        with _statements(tight) as sent:
-            steps = tight.advance_batch([PollMember(d.op_id, d.cursor) for d in claims])
-    finally:
-        tight.rt.close()
+    steps, sent = _batch_on(in_process_runtime(database_url, broker_prefix, config, lease_s=30), claims)
 
     refused = [s for s in steps if s.action is EventKind.NO_TOKEN]
     sent_reads = sum(1 for e in mcp.log() if e["method"] == "tasks/get") - reads_before
@@ -510,13 +503,10 @@ def test_polls_past_the_process_room_are_shed_and_handed_back_in_one_statement(
     claims = _claim(executor, 6)
     config = executor.rt.settings.config
     assert config is not None
-    small = Executor(in_process_runtime(database_url, broker_prefix, config, lease_s=30, poll_batch=1))
+    small = in_process_runtime(database_url, broker_prefix, config, lease_s=30, poll_batch=1)
+    tick = dt.timedelta(seconds=small.settings.dispatch_interval_s)
     reads_before = sum(1 for e in mcp.log() if e["method"] == "tasks/get")
-    try:
-        with _statements(small) as sent:
-            steps = small.advance_batch([PollMember(d.op_id, d.cursor) for d in claims])
-    finally:
-        small.rt.close()
+    steps, sent = _batch_on(small, claims)
 
     shed = [s.op_id for s in steps if s.detail.get("shed")]
     assert len(shed) == 2, steps
@@ -525,7 +515,6 @@ def test_polls_past_the_process_room_are_shed_and_handed_back_in_one_statement(
     assert sum(1 for s in sent if "claim_ids" in s) == 1, [s[:60] for s in sent]  # one hand-back for both
     cursors = {d.op_id: d.cursor for d in claims}
     handed_back = dt.datetime.now(dt.UTC)
-    tick = dt.timedelta(seconds=small.rt.settings.dispatch_interval_s)
     for op_id in shed:
         op = executor.ledger.get(op_id)
         assert (op.poll_cursor, op.lease_until, op.last_polled_at) == (cursors[op_id], None, None)
