@@ -366,6 +366,34 @@ def test_members_refused_a_slot_are_handed_back_in_one_statement_each_counted(
         assert op.next_poll_at < handed_back + dt.timedelta(seconds=3)  # when the bucket said
 
 
+def test_members_refused_a_slot_by_a_fleet_that_does_not_own_the_epoch_are_handed_back_as_the_step_would(
+    mcp_executor: tuple[McpServer, Executor], database_url: str, broker_prefix: str, tmp_path: Path
+) -> None:
+    """Rule 13: after a rollback to another owner, this fleet's batch writes nothing of its own for its
+    members, those refused a slot included: each claim is handed back due at once, for the owner, no
+    ``no_token_count``, no status read."""
+    mcp, executor = mcp_executor
+    ids = _submit(executor, 6)
+    before = {op_id: executor.ledger.get(op_id) for op_id in ids}
+    _due_now(executor, ids)
+    claims = _claim(executor, 6)
+    executor.ledger.bump_epoch(actor="test", reason="a rollback to another fleet", owner="another-fleet")
+    config = tmp_path / "tight.toml"
+    config.write_text(fleet_config(mcp.url, poll_qps=1, control_qps=50))
+    reads_before = sum(1 for e in mcp.log() if e["method"] == "tasks/get")
+
+    steps, _sent = _batch_on(in_process_runtime(database_url, broker_prefix, config, lease_s=30), claims)
+
+    assert [s.action for s in steps] == [StepAction.NOT_OWNER] * 6, steps
+    assert sum(1 for e in mcp.log() if e["method"] == "tasks/get") == reads_before
+    for op_id in ids:
+        op = executor.ledger.get(op_id)
+        assert op.no_token_count == before[op_id].no_token_count
+        assert op.lease_until is None
+        assert op.next_poll_at is not None
+        assert op.next_poll_at <= dt.datetime.now(dt.UTC)
+
+
 def test_a_poll_whose_answer_changed_writes_its_event(mcp_executor: tuple[McpServer, Executor]) -> None:
     _mcp, executor = mcp_executor
     [changed, same] = _submit(executor, 2)
