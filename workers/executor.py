@@ -457,11 +457,17 @@ class Executor:
         fault, each is answered DEFERRED and is due when its lease runs out."""
         claims: list[tuple[uuid.UUID, int, float]] = []
         counted: list[int] = []
+        for index in indexes:  # none of them runs: their room goes back first, whatever follows
+            member_threads.leave(rows[members[index].op_id].server)
         for index in indexes:
             member = members[index]
             row = rows[member.op_id]
-            member_threads.leave(row.server)
-            not_owner = self._not_owner(row, member.cursor)
+            try:
+                not_owner = self._not_owner(row, member.cursor)
+            except INFRASTRUCTURE as exc:  # due when its lease runs out
+                member_threads.let_go(member.op_id, member.cursor)
+                batch.done(index, _deferred(member.op_id, exc))
+                continue
             if not_owner is not None:
                 member_threads.let_go(member.op_id, member.cursor)
                 batch.done(index, not_owner)
