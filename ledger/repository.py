@@ -134,7 +134,11 @@ class Ledger(
         if not op_ids:
             return {}
         with self._one_statement() as conn:
-            rows = conn.execute(STATEMENTS.get(select_operations_by_ids), {"op_ids": list(op_ids)}).all()
+            return self._read_many(conn, op_ids)
+
+    def _read_many(self, conn: Connection, op_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Operation]:
+        """:meth:`get_many`'s statement on ``conn``, the epoch's owner noted as the rows saw it."""
+        rows = conn.execute(STATEMENTS.get(select_operations_by_ids), {"op_ids": list(op_ids)}).all()
         if rows:
             self._saw_ownership(rows[0].control_epoch, rows[0].control_epoch_owner)
         return {op.id: op for op in Operation.from_rows(rows, with_body=False)}
@@ -157,12 +161,9 @@ class Ledger(
             with self._tx() as conn:
                 conn.execute(text(f"SET LOCAL lock_timeout = '{RECORD_LOCK_WAIT}'"))
                 written = self._record_unchanged(conn, unchanged)
-                rows = conn.execute(STATEMENTS.get(select_operations_by_ids), {"op_ids": list(op_ids)}).all()
+                return written, self._read_many(conn, op_ids)
         except DBAPIError as exc:
             return exc, self.get_many(op_ids)
-        if rows:
-            self._saw_ownership(rows[0].control_epoch, rows[0].control_epoch_owner)
-        return written, {op.id: op for op in Operation.from_rows(rows, with_body=False)}
 
     def find_by_call_node(self, call_node_id: str) -> Operation | None:
         with self._tx() as conn:

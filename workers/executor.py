@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import logging
-import random
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -39,7 +38,7 @@ from workers.lease import keep_lease
 from workers.poll_batch import STRAGGLER_BOUND_TICKS, PollBatch
 from workers.runtime import OWNER_SEEN_S, Runtime
 from workers.steps import cancel, dispatch, input_rounds, poll, reconciliation, result, submit
-from workers.steps.context import StepAction, StepContext, StepOutcome, spread, utc_now
+from workers.steps.context import StepAction, StepContext, StepOutcome, no_token_delay, spread, utc_now
 from workers.steps.dispatch import Dispatch
 from workers.steps.reconciliation import Resolution
 from workers.submission import canary_admission, operation_summary, parse_legacy_outcome, validate_submission
@@ -465,15 +464,14 @@ class Executor:
             try:
                 not_owner = self._not_owner(row, member.cursor)
             except INFRASTRUCTURE as exc:  # due when its lease runs out
-                member_threads.let_go(member.op_id, member.cursor)
-                batch.done(index, _deferred(member.op_id, exc))
+                self._let_go(batch, members, [index], exc)
                 continue
             if not_owner is not None:
                 member_threads.let_go(member.op_id, member.cursor)
                 batch.done(index, not_owner)
                 continue
-            delay = refused[member.op_id].wait_s + random.uniform(0.0, 0.05)  # noqa: S311 - a spread
-            claims.append((member.op_id, member.cursor, self.ctx.until_deadline(row, delay)))
+            delay = self.ctx.until_deadline(row, no_token_delay(refused[member.op_id]))
+            claims.append((member.op_id, member.cursor, delay))
             counted.append(index)
         fault: Exception | None = None
         if claims:

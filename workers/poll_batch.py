@@ -23,7 +23,7 @@ from collections.abc import Callable
 from ledger.records import Fence
 from workers.faults import INFRASTRUCTURE, describe_fault
 from workers.members import Stragglers
-from workers.records_later import Recorder, RecordNow, Records
+from workers.records_later import Records
 from workers.steps.context import StepAction, StepOutcome
 
 __all__ = ["STRAGGLER_BOUND_TICKS", "PollBatch", "Unchanged"]
@@ -49,13 +49,13 @@ class PollBatch:
     def __init__(
         self,
         size: int,
-        record: Recorder | Records,
+        records: Records,
         *,
         bound_s: float,
         on_step: Callable[[StepOutcome], None] | None = None,
         on_finish: Callable[[list[StepOutcome]], None] | None = None,
     ) -> None:
-        self._records = record if isinstance(record, Records) else RecordNow(record)
+        self._records = records
         self._on_finish = on_finish
         self._bound_s = bound_s
         self._on_step = on_step

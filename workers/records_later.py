@@ -103,5 +103,4 @@ class RecordLater(Records):
         """Record what waits, now."""
         with self._lock:
             self._flush_set = False
-            taken, self._waiting = self._waiting, []
-        Taken(taken).record(self._record)
+        self.take().record(self._record)

@@ -16,6 +16,7 @@ from ledger.records import Fence
 from workers import logs, members
 from workers.members import run_side_by_side
 from workers.poll_batch import PollBatch
+from workers.records_later import RecordNow
 from workers.steps.context import StepAction, StepOutcome
 
 
@@ -81,7 +82,7 @@ def test_a_batch_records_its_unchanged_polls_in_one_call_when_the_last_member_is
         recorded.append([op_id for op_id, _ in polls])
         return {op_id for op_id, _ in polls if op_id != ids[1]}  # the second one's fence moved
 
-    batch = PollBatch(3, record, bound_s=10.0)
+    batch = PollBatch(3, RecordNow(record), bound_s=10.0)
     for index, op_id in enumerate(ids):
         batch.done(index, _step(op_id), Fence(1, 0, index), let_go=functools.partial(let_go.append, op_id))
 
@@ -104,7 +105,7 @@ def test_a_straggler_holds_up_its_batchs_record_for_the_bound_only() -> None:
         return {op_id for op_id, _ in polls}
 
     finished: list[list[StepOutcome]] = []
-    batch = PollBatch(3, record, bound_s=0.2, on_finish=finished.append)
+    batch = PollBatch(3, RecordNow(record), bound_s=0.2, on_finish=finished.append)
     started = time.monotonic()
     batch.done(0, _step(ids[0]), Fence(1, 0, 1))
     batch.done(1, _step(ids[1]), Fence(1, 0, 1))
@@ -128,7 +129,7 @@ def test_a_batch_whose_record_fails_leaves_its_answers_and_lets_its_claims_go() 
     def record(_polls: list[tuple[uuid.UUID, Fence]]) -> set[uuid.UUID]:
         raise OperationalError("UPDATE", {}, ConnectionError("the ledger went away"))
 
-    batch = PollBatch(1, record, bound_s=1.0)
+    batch = PollBatch(1, RecordNow(record), bound_s=1.0)
     batch.done(0, _step(op_id), Fence(1, 0, 1), let_go=functools.partial(let_go.append, op_id))
     [step] = batch.wait(timeout_s=5)
     assert step.action is StepAction.STILL_WORKING  # due again when its lease runs out

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
-import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +39,7 @@ from workers.steps.context import (
     StepContext,
     StepOutcome,
     describe,
+    no_token_delay,
     remote_ref,
     server_status,
     unauthorized_pause,
@@ -367,7 +367,7 @@ def _read_later(
     fleet-wide) is read once after that wait, when it is at most :data:`FINAL_READ_WAIT_S`."""
     if _budget_spent(ctx, op):
         if detail.get(_ANSWER) == _UNSENT and not quiet and no_token.wait_s <= FINAL_READ_WAIT_S:
-            delay = no_token.wait_s + random.uniform(0.0, 0.05)  # noqa: S311 - spreading load, not a secret
+            delay = no_token_delay(no_token)
             return ctx.reschedule(
                 op, fence, delay, event, {**detail, "no_token_s": round(no_token.wait_s, 3)}
             )
@@ -382,7 +382,7 @@ def _read_later(
         )
     if quiet:
         raise no_token
-    delay = no_token.wait_s + random.uniform(0.0, 0.05)  # noqa: S311 - spreading load, not a secret
+    delay = no_token_delay(no_token)
     return ctx.reschedule(op, fence, delay, event, {**detail, "no_token_s": round(no_token.wait_s, 3)})
 
 

@@ -225,8 +225,7 @@ class StepContext:
         return self.reschedule(op, fence, retry_s(exc), event, {"error": describe(exc)})
 
     def no_token(self, op: Operation, fence: Fence, no_token: NoToken) -> StepOutcome:
-        # A little spread, so operations refused together do not all come back at the same instant.
-        delay = no_token.wait_s + random.uniform(0.0, 0.05)  # noqa: S311
+        delay = no_token_delay(no_token)
         return self.reschedule(op, fence, delay, EventKind.NO_TOKEN, {"wait_s": round(no_token.wait_s, 3)})
 
     def hand_to_operator(
@@ -254,6 +253,12 @@ class StepContext:
 
     def jittered(self, interval: float) -> float:
         return interval + self.jitter(interval)
+
+
+def no_token_delay(no_token: NoToken) -> float:
+    """When a step refused a token is due again: the bucket's wait, and a little spread, so operations
+    refused together do not all come back at the same instant."""
+    return no_token.wait_s + random.uniform(0.0, 0.05)  # noqa: S311 - spreading load, not a secret
 
 
 #: The pauses after a request refused for its credentials (401, 403): 1 s, doubling to this.
