@@ -44,7 +44,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 import httpx
@@ -54,6 +54,7 @@ import urllib3
 from _harness import free_port, log_directory, raise_on_sigterm, start_child, verdict
 
 from adapters import RemoteRef, ToolAdapter
+from workers.budget import TokenBudget
 from workers.remote import RemotePool
 from workers.runtime import Runtime
 from workers.settings import FleetConfig, Settings
@@ -282,10 +283,29 @@ ADAPTERS = {
 }
 
 
-def adapter_reads(protocol: str, version: str, remote_id: str, *, kept: int | None = None) -> Client:
-    """``ToolAdapter.get`` of one protocol on the adapter and client a worker makes (its runtime's
-    ``RemotePool``, for a ``poll_batch`` of ``batch``); with ``kept``, on a pool whose clients keep that
-    many connections instead (20: httpx's default, what every client kept before issue 21)."""
+class PollSlot:
+    """A poll's budget as the adapter sees it (``workers.budget.TokenBudget``), without Redis: every charge
+    granted, and each request labelled ``poll`` as a poll's is (``Settings.status_reads`` sends those)."""
+
+    def __init__(self) -> None:
+        self._budget = TokenBudget("poll", lambda **_: None)
+
+    def charge(self) -> None:
+        self._budget.charge()
+
+
+def adapter_reads(
+    protocol: str,
+    version: str,
+    remote_id: str,
+    *,
+    kept: int | None = None,
+    status_reads: Literal["aiohttp", "httpx2"] = "aiohttp",
+) -> Client:
+    """``ToolAdapter.get`` of one protocol, paid by a poll's budget, on the adapter and client a worker
+    makes (its runtime's ``RemotePool``, for a ``poll_batch`` of ``batch``, its status reads sent as
+    ``status_reads`` says); with ``kept``, on a pool whose clients keep that many connections instead (20:
+    httpx's default, what every client kept before issue 21) and send on httpx2's transport."""
 
     def make(url: str, batch: int) -> tuple[Callable[[], object], Callable[[], None]]:
         path = "" if protocol == "aip151" else "/mcp"
@@ -293,10 +313,11 @@ def adapter_reads(protocol: str, version: str, remote_id: str, *, kept: int | No
             {"servers": {"bench": {"protocol": protocol, "protocol_version": version, "url": url + path}}}
         )
         if kept is None:
-            runtime = Runtime(settings=Settings(poll_batch=batch), fleet=fleet)  # as a worker makes it
+            # as a worker makes it
+            runtime = Runtime(settings=Settings(poll_batch=batch, status_reads=status_reads), fleet=fleet)
             pool = runtime.remote
         else:
-            pool = RemotePool(fleet, connections=kept)
+            pool = RemotePool(fleet, connections=kept, status_reads="httpx2")
         adapter: ToolAdapter = pool.adapter("bench")
         ref = RemoteRef(
             remote_id=remote_id,
@@ -304,7 +325,7 @@ def adapter_reads(protocol: str, version: str, remote_id: str, *, kept: int | No
             protocol_version=version,
             protocol=protocol,
         )
-        return lambda: adapter.get(ref), pool.close
+        return lambda: adapter.get(ref, budget=PollSlot()), pool.close
 
     return threads(make)
 
@@ -330,6 +351,13 @@ def rows(in_flight: int) -> list[Row]:
     ]
     for name, (protocol, version, remote_id) in ADAPTERS.items():
         listed.append(Row(f"adapter {name} get", adapter_reads(protocol, version, remote_id), worker=True))
+        listed.append(
+            Row(
+                f"adapter {name} get, httpx2",
+                adapter_reads(protocol, version, remote_id, status_reads="httpx2"),
+                worker=True,
+            )
+        )
     listed.append(
         Row("adapter mcp 2025-11-25 get, 20 kept", adapter_reads("mcp", "2025-11-25", TASK_ID, kept=20))
     )
@@ -340,6 +368,12 @@ def rows(in_flight: int) -> list[Row]:
         Row(
             "https adapter mcp 2025-11-25 get",
             adapter_reads("mcp", "2025-11-25", TASK_ID),
+            https=True,
+            worker=True,
+        ),
+        Row(
+            "https adapter mcp 2025-11-25 get, httpx2",
+            adapter_reads("mcp", "2025-11-25", TASK_ID, status_reads="httpx2"),
             https=True,
             worker=True,
         ),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from typing import Any
 
 import httpx2
 
@@ -23,11 +24,44 @@ from adapters import (
     ToolRoute,
     default_registry,
 )
+from adapters.loop_transport import LoopTransport
+from adapters.spec import MAX_CONNECTIONS
 from workers.auth import TokenProviders
-from workers.budget import label_request
+from workers.budget import BUDGET_HEADER, label_request
 from workers.errors import UnknownServer
 from workers.request_outcomes import CountingTransport, RequestOutcomes
 from workers.settings import FleetConfig, ServerConfig
+
+#: What sends the status reads of the polls (``Settings.status_reads``).
+STATUS_READS = ("aiohttp", "httpx2")
+
+
+class PollsOnLoop(httpx2.BaseTransport):
+    """The requests a poll's budget paid for (``Longcall-Budget: poll``: the status reads of the polls,
+    most of what a worker sends) go to ``loop`` (``adapters.loop_transport.LoopTransport``), every other one
+    to ``inner`` (httpx2's own transport: creates, results, cancels, input replies)."""
+
+    def __init__(self, inner: httpx2.BaseTransport, loop: httpx2.BaseTransport) -> None:
+        self._inner = inner
+        self._loop = loop
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        if request.headers.get(BUDGET_HEADER) == "poll":
+            return self._loop.handle_request(request)
+        return self._inner.handle_request(request)
+
+    def close(self) -> None:
+        try:
+            self._loop.close()
+        finally:
+            self._inner.close()
+
+    def __enter__(self) -> PollsOnLoop:
+        self._inner.__enter__()
+        return self
+
+    def __exit__(self, *args: Any) -> None:
+        self.close()
 
 
 class RemotePool:
@@ -38,7 +72,8 @@ class RemotePool:
     refused at its first read (:class:`~adapters.errors.AnswerTooLarge`). ``connections``: how many
     connections each client keeps open, as many as the process sends to one server at once (a poll batch's
     members, ``Settings.poll_batch``): the next batch finds them open. ``outcomes``: where each request's
-    outcome is counted (``workers.request_outcomes``)."""
+    outcome is counted (``workers.request_outcomes``). ``status_reads``: what sends the polls' status reads
+    (``Settings.status_reads``: :class:`PollsOnLoop` for ``aiohttp``)."""
 
     def __init__(
         self,
@@ -49,7 +84,11 @@ class RemotePool:
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         connections: int = DEFAULT_CONNECTIONS,
         outcomes: RequestOutcomes | None = None,
+        status_reads: str = "aiohttp",
     ) -> None:
+        if status_reads not in STATUS_READS:
+            raise ValueError(f"status_reads is one of {', '.join(STATUS_READS)}, not {status_reads!r}")
+        self._status_reads = status_reads
         self._fleet = fleet
         self._outcomes = outcomes
         self._registry = registry or default_registry()
@@ -98,20 +137,27 @@ class RemotePool:
                     },
                 )
                 # label_request names the bucket each request was charged to
-                outcomes = self._outcomes
                 client = spec.make_client(
                     self._timeouts,
                     (label_request,),
                     connections=self._connections,
-                    # every request counted with its outcome, for longcall metrics
-                    wrap_transport=None
-                    if outcomes is None
-                    else functools.partial(CountingTransport, server=name, outcomes=outcomes),
+                    wrap_transport=functools.partial(self._wrap, name),
                 )
                 self._clients.append(client)
                 adapter = spec.factory(config, client)
                 self._adapters[key] = adapter
             return adapter
+
+    def _wrap(self, server: str, inner: httpx2.BaseTransport) -> httpx2.BaseTransport:
+        """What sends the requests of ``server``'s client: the status reads on the process's event loop
+        (``status_reads``), every request counted with its outcome, for ``longcall metrics``."""
+        transport = inner
+        if self._status_reads == "aiohttp":
+            loop = LoopTransport(max_connections=max(MAX_CONNECTIONS, 2 * self._connections))
+            transport = PollsOnLoop(inner, loop)
+        if self._outcomes is not None:
+            transport = CountingTransport(transport, server=server, outcomes=self._outcomes)
+        return transport
 
     def close(self) -> None:
         with self._lock:

@@ -112,6 +112,7 @@ class Runtime:
                 max_result_bytes=self.settings.max_result_bytes,
                 connections=self.settings.poll_batch,  # a batch's members poll one server at once
                 outcomes=RequestOutcomes(self.hot.client, self.hot.prefix),
+                status_reads=self.settings.status_reads,
             )
         return self._remote
 

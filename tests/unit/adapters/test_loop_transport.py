@@ -1,0 +1,298 @@
+"""The status reads' transport on the process's event loop (``adapters/loop_transport.py``, issue 21): behind
+an httpx2 client it sends and answers as httpx2's own transport does, against a real HTTP server on loopback:
+the request's headers and body as the client made them, the answer streamed, decoded and its cookies kept by
+the client, the request's timeouts, every fault raised as the httpx2 error of the same meaning (the adapters'
+``map_transport_error`` tells a request never sent from one that may have reached the server by it), its
+connections reused, and a forked child (a Celery prefork child) sending on a loop of its own.
+"""
+
+from __future__ import annotations
+
+import gzip
+import http.server
+import json
+import multiprocessing
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx2
+import pytest
+
+from adapters import RemoteRef, Timeouts, http_client
+from adapters.loop_transport import LoopTransport
+from workers.budget import BUDGET_HEADER, TokenBudget
+from workers.remote import PollsOnLoop
+from workers.runtime import Runtime
+from workers.settings import FleetConfig, Settings
+
+SERVER_STOP_S = 5.0
+#: How long a request to the test's server may take here at most (bounds every wait of the tests).
+ANSWER_S = 10.0
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 64
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.connections = 0
+        self.release = threading.Event()  # lets /slow answer
+
+    def process_request(
+        self, request: socket.socket | tuple[bytes, socket.socket], client_address: Any
+    ) -> None:
+        self.connections += 1
+        super().process_request(request, client_address)
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("content-length", "0")))
+        self._route(body)
+
+    def do_GET(self) -> None:
+        self._route(b"")
+
+    def _route(self, body: bytes) -> None:
+        path = self.path
+        if path == "/echo":
+            seen = {"headers": [[k.lower(), v] for k, v in self.headers.items()], "body": body.decode()}
+            self._send(200, json.dumps(seen).encode(), "application/json", extra=(("Set-Cookie", "lb=a1"),))
+        elif path.endswith(("/gzip", "/op-1")):
+            name = path.removeprefix("/v1/").removeprefix("/")
+            operation = json.dumps({"name": name, "done": False}).encode()
+            self._send(
+                200, gzip.compress(operation), "application/json", extra=(("Content-Encoding", "gzip"),)
+            )
+        elif path == "/stream":
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for n in range(3):
+                event = f"id: {n}\ndata: {n}\n\n".encode()
+                self.wfile.write(f"{len(event):x}\r\n".encode() + event + b"\r\n")
+                self.wfile.flush()
+                time.sleep(0.05)
+            self.wfile.write(b"0\r\n\r\n")
+        elif path == "/long":
+            self._send(200, b"x" * 1_000_000, "application/octet-stream")
+        elif path == "/cut":
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "100")
+            self.end_headers()
+            self.wfile.write(b'{"done":')
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+        elif path == "/slow":
+            self.server.release.wait(ANSWER_S)
+            self._send(200, b"{}", "application/json")
+        elif path == "/hang-up":
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+        else:
+            self._send(429, b'{"error": "slow down"}', "application/json", extra=(("Retry-After", "3"),))
+
+    def _send(self, status: int, body: bytes, kind: str, *, extra: tuple[tuple[str, str], ...] = ()) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in extra:
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        del format, args
+
+
+@dataclass
+class Served:
+    url: str
+    server: _Server
+
+
+@pytest.fixture
+def served() -> Iterator[Served]:
+    server = _Server()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield Served(f"http://127.0.0.1:{server.server_address[1]}", server)
+    finally:
+        server.release.set()
+        server.shutdown()
+        server.server_close()
+        thread.join(SERVER_STOP_S)
+
+
+@pytest.fixture
+def client() -> Iterator[httpx2.Client]:
+    """An adapter's client (``adapters.http_client``) whose every request goes on the loop."""
+    with http_client(
+        Timeouts(connect=2.0, read=ANSWER_S),
+        connections=4,
+        wrap_transport=lambda _inner: LoopTransport(max_connections=8),
+    ) as made:
+        yield made
+
+
+def test_the_request_goes_as_the_client_made_it_and_the_answer_comes_back_whole(
+    served: Served, client: httpx2.Client
+) -> None:
+    answer = client.post(
+        served.url + "/echo", json={"jsonrpc": "2.0", "id": 1}, headers={"Authorization": "Bearer t"}
+    )
+    assert answer.status_code == 200
+    seen = answer.json()
+    headers = dict(seen["headers"])
+    assert json.loads(seen["body"]) == {"jsonrpc": "2.0", "id": 1}
+    assert headers["authorization"] == "Bearer t"
+    assert headers["content-type"] == "application/json"
+    assert headers["content-length"] == str(len(seen["body"]))
+    assert headers["user-agent"].startswith("python-httpx")  # the client's, nothing of aiohttp's
+    assert [name for name, _ in seen["headers"]].count("host") == 1
+    assert answer.http_version == "HTTP/1.1"
+    assert answer.reason_phrase == "OK"
+    # the client keeps the cookie the answer set, and sends it back
+    again = client.get(served.url + "/echo").json()
+    assert ["cookie", "lb=a1"] in again["headers"]
+
+
+def test_an_encoded_answer_is_decoded_by_the_client(served: Served, client: httpx2.Client) -> None:
+    assert client.get(served.url + "/gzip").json() == {"name": "gzip", "done": False}
+
+
+def test_an_answer_is_streamed_chunk_by_chunk_as_the_server_sends_it(
+    served: Served, client: httpx2.Client
+) -> None:
+    with client.stream("GET", served.url + "/stream") as answer:
+        assert answer.headers["content-type"] == "text/event-stream"
+        seen = [(time.monotonic(), chunk) for chunk in answer.iter_bytes()]
+    assert b"".join(chunk for _, chunk in seen) == b"".join(
+        f"id: {n}\ndata: {n}\n\n".encode() for n in range(3)
+    )
+    # the events as they came (the server sends them 0.05 s apart), not the body read whole first
+    assert seen[-1][0] - seen[0][0] >= 0.05
+
+
+def test_an_error_status_is_an_answer(served: Served, client: httpx2.Client) -> None:
+    answer = client.get(served.url + "/refused")
+    assert answer.status_code == 429
+    assert answer.headers["retry-after"] == "3"
+
+
+def test_connections_are_reused_and_one_not_read_to_its_end_is_closed(
+    served: Served, client: httpx2.Client
+) -> None:
+    for _ in range(5):
+        client.get(served.url + "/echo").json()
+    assert served.server.connections == 1
+    with client.stream("GET", served.url + "/long") as answer:
+        next(answer.iter_bytes())  # the rest is left unread: the connection cannot carry the next answer
+    client.get(served.url + "/echo").json()
+    assert served.server.connections == 2
+
+
+def test_a_refused_connection_is_a_connect_error_never_sent(client: httpx2.Client) -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    with pytest.raises(httpx2.ConnectError):
+        client.get(f"http://127.0.0.1:{port}/echo")
+
+
+def test_an_answer_later_than_the_read_timeout_is_a_read_timeout(
+    served: Served, client: httpx2.Client
+) -> None:
+    started = time.monotonic()
+    with pytest.raises(httpx2.ReadTimeout):
+        client.get(served.url + "/slow", timeout=httpx2.Timeout(2.0, read=0.3))
+    assert time.monotonic() - started < ANSWER_S / 2
+
+
+def test_a_server_that_hangs_up_without_an_answer_is_a_protocol_error(
+    served: Served, client: httpx2.Client
+) -> None:
+    with pytest.raises(httpx2.RemoteProtocolError):
+        client.post(served.url + "/hang-up", json={})
+
+
+def test_an_answer_cut_short_is_an_error_of_the_read(served: Served, client: httpx2.Client) -> None:
+    with pytest.raises((httpx2.RemoteProtocolError, httpx2.ReadError)):  # as httpx2's own transport raises
+        client.get(served.url + "/cut").read()
+
+
+def _child_reads(transport: LoopTransport, url: str, out: Any) -> None:
+    with httpx2.Client(transport=transport, timeout=ANSWER_S) as forked:
+        out.put(forked.get(url).json()["body"])
+
+
+def test_a_forked_child_sends_on_a_loop_of_its_own(served: Served) -> None:
+    """A Celery prefork child: its parent's loop thread and connections do not run there."""
+    transport = LoopTransport(max_connections=4)
+    with httpx2.Client(transport=transport, timeout=ANSWER_S) as parents:
+        assert parents.post(served.url + "/echo", content=b"parent").json()["body"] == "parent"
+        fork = multiprocessing.get_context("fork")
+        out = fork.Queue()
+        child = fork.Process(target=_child_reads, args=(transport, served.url + "/echo", out))
+        child.start()
+        child.join(ANSWER_S)
+        assert child.exitcode == 0
+        assert out.get(timeout=ANSWER_S) == ""
+        # the parent's own connection still works
+        assert parents.post(served.url + "/echo", content=b"again").json()["body"] == "again"
+
+
+class _Spy(httpx2.BaseTransport):
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        self.closed = False
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        self.seen.append(request.url.path)
+        return httpx2.Response(200, request=request)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_only_the_requests_a_poll_paid_for_go_on_the_loop() -> None:
+    inner, loop = _Spy(), _Spy()
+    with httpx2.Client(transport=PollsOnLoop(inner, loop)) as routed:
+        routed.get("http://server/status", headers={BUDGET_HEADER: "poll"})
+        routed.post("http://server/create", headers={BUDGET_HEADER: "control"})
+        routed.post("http://server/unpaid")
+    assert loop.seen == ["/status"]
+    assert inner.seen == ["/create", "/unpaid"]
+    assert inner.closed
+    assert loop.closed
+
+
+@pytest.mark.parametrize("status_reads", ["aiohttp", "httpx2"])
+def test_a_workers_status_read_reaches_the_server_either_way(served: Served, status_reads: str) -> None:
+    """Through the worker's own pool of adapters, paid by a poll's budget (``Settings.status_reads``)."""
+    fleet = FleetConfig.model_validate(
+        {"servers": {"ops": {"protocol": "aip151", "protocol_version": "v1", "url": served.url}}}
+    )
+    runtime = Runtime(settings=Settings(status_reads=status_reads), fleet=fleet)  # type: ignore[arg-type]
+    try:
+        adapter = runtime.remote.adapter("ops")
+        ref = RemoteRef(
+            remote_id="operations/op-1", session_ref=None, protocol_version="v1", protocol="aip151"
+        )
+        status = adapter.get(ref, budget=TokenBudget("poll", lambda **_: None))
+    finally:
+        runtime.close()
+    assert status.terminal is None
+    assert status.remote_id == "operations/op-1"
