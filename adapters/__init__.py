@@ -51,6 +51,7 @@ from adapters.errors import (
     WrongTaskMode,
 )
 from adapters.google_credentials import GoogleToken
+from adapters.loop_transport import LoopTransport
 from adapters.mcp_2025_11_25 import McpTasksAdapter
 from adapters.mcp_2026_07_28.discovery import detect as detect_generation
 from adapters.oauth import (
@@ -65,6 +66,7 @@ from adapters.oauth import (
 from adapters.registry import SHIPPED, AdapterRegistry, default_registry
 from adapters.spec import (
     DEFAULT_CONNECTIONS,
+    MAX_CONNECTIONS,
     AdapterFactory,
     AdapterSpec,
     ClientMaker,
@@ -101,6 +103,8 @@ __all__ = [  # noqa: RUF022
     "KeyedRounds",
     "Limits",
     "LookupResult",
+    "LoopTransport",
+    "MAX_CONNECTIONS",
     "McpTasksAdapter",
     "NoBearerToken",
     "NoWorkDone",

@@ -45,6 +45,19 @@ T = TypeVar("T")
 _BODY_HEADERS = frozenset({"content-length", "transfer-encoding"})
 #: How long closing a transport waits for its connections to close.
 CLOSE_WAIT_S = 5.0
+#: How much longer than the request's own timeouts allow a thread waits for the loop's answer before it
+#: gives up on it (a loop that does not answer: never met, but a member thread never waits for ever).
+LOOP_MARGIN_S = 5.0
+
+
+def _bound_s(request: httpx2.Request) -> float | None:
+    """The longest one step of a request may take on the loop (getting a connection, sending and reading the
+    head; or one read of the body) by its timeouts, and a margin; None when one of them is unbounded."""
+    phases: dict[str, float | None] = request.extensions.get("timeout", {})
+    spans = [phases.get(phase) for phase in ("pool", "connect", "write", "read")]
+    if any(span is None for span in spans):
+        return None
+    return sum(span for span in spans if span is not None) + LOOP_MARGIN_S
 
 
 #: Every session open in this process, and in a forked child its parent's too: held until closed, and in
@@ -78,9 +91,15 @@ class _ProcessLoop:
                 thread.start()
             return self._loop
 
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """``coro``'s result, run on the loop (its exception raised here)."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop()).result()
+    def run(self, coro: Coroutine[Any, Any, T], bound_s: float | None = None) -> T:
+        """``coro``'s result, run on the loop (its exception raised here); past ``bound_s``, it is
+        cancelled and ``TimeoutError`` raised."""
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop())
+        try:
+            return future.result(bound_s)
+        except TimeoutError:
+            future.cancel()
+            raise
 
     def owns(self, loop: asyncio.AbstractEventLoop) -> bool:
         with self._lock:
@@ -121,8 +140,12 @@ class _Body(httpx2.SyncByteStream):
         if self._head.first:
             yield self._head.first
         answer = self._head.answer
+        bound = _bound_s(self._request)
         while not self._ended:
-            chunk = _process.run(_read_chunk(answer, self._request))
+            try:
+                chunk = _process.run(_read_chunk(answer, self._request), bound)
+            except TimeoutError:
+                raise httpx2.ReadTimeout("the event loop did not answer", request=self._request) from None
             if not chunk:
                 self._ended = True
                 break
@@ -214,7 +237,10 @@ class LoopTransport(httpx2.BaseTransport):
         session = self._session_here()
         body = request.read()
         headers = [(k, v) for k, v in request.headers.multi_items() if k.lower() not in _BODY_HEADERS]
-        head = _process.run(self._exchange(session, request, headers, body))
+        try:
+            head = _process.run(self._exchange(session, request, headers, body), _bound_s(request))
+        except TimeoutError:
+            raise httpx2.ReadTimeout("the event loop did not answer", request=request) from None
         return httpx2.Response(
             head.status,
             headers=head.headers,

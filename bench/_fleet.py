@@ -338,6 +338,12 @@ def running_fleet(
                 "BENCH_LONGCALL_NOOP": "1",
                 **counting,
                 **({"BENCH_PROFILE_DIR": str(args.profile)} if getattr(args, "profile", None) else {}),
+                # Settings.status_reads: what sends the polls' status reads (the fleet's default unless set)
+                **(
+                    {"LONGCALL_STATUS_READS": args.status_reads}
+                    if getattr(args, "status_reads", None)
+                    else {}
+                ),
             },
             workers=args.workers,
             concurrency=args.concurrency,

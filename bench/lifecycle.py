@@ -1062,6 +1062,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pace", type=float, default=10.0, help="paced submissions and cancels per second")
     parser.add_argument("--poll-interval-ms", type=int, default=500)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--status-reads",
+        choices=("aiohttp", "httpx2"),
+        default=None,
+        help="what sends the polls' status reads (LONGCALL_STATUS_READS; default: the fleet's own)",
+    )
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--idle-s", type=float, default=6.0)

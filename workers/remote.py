@@ -16,16 +16,16 @@ import httpx2
 from adapters import (
     DEFAULT_CONNECTIONS,
     DEFAULT_MAX_RESULT_BYTES,
+    MAX_CONNECTIONS,
     AdapterConfig,
     AdapterRegistry,
     Limits,
+    LoopTransport,
     Timeouts,
     ToolAdapter,
     ToolRoute,
     default_registry,
 )
-from adapters.loop_transport import LoopTransport
-from adapters.spec import MAX_CONNECTIONS
 from workers.auth import TokenProviders
 from workers.budget import BUDGET_HEADER, label_request
 from workers.errors import UnknownServer

@@ -22,7 +22,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from adapters import RemoteRef, Timeouts, http_client
+from adapters import RemoteRef, Timeouts, http_client, loop_transport
 from adapters.loop_transport import LoopTransport
 from workers.budget import BUDGET_HEADER, TokenBudget
 from workers.remote import PollsOnLoop
@@ -296,3 +296,21 @@ def test_a_workers_status_read_reaches_the_server_either_way(served: Served, sta
         runtime.close()
     assert status.terminal is None
     assert status.remote_id == "operations/op-1"
+
+
+def test_a_request_the_loop_never_answers_times_out_never_hangs(
+    served: Served, client: httpx2.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A member thread waits for the loop no longer than the request's timeouts and a margin allow."""
+    client.get(served.url + "/echo")  # the loop and the session are made
+    monkeypatch.setattr(loop_transport, "LOOP_MARGIN_S", 0.2)
+    wedged = threading.Event()
+    loop_transport.process_loop().call_soon_threadsafe(wedged.wait, ANSWER_S)  # the loop does nothing else
+    try:
+        started = time.monotonic()
+        with pytest.raises(httpx2.ReadTimeout, match="the event loop did not answer"):
+            client.get(served.url + "/echo", timeout=httpx2.Timeout(0.1))
+        assert time.monotonic() - started < ANSWER_S / 2
+    finally:
+        wedged.set()
+    assert client.get(served.url + "/echo").status_code == 200  # and the loop goes on once it is free
