@@ -26,10 +26,11 @@ stay httpx2's, and only the exchange on the socket moves.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import ssl
 import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -50,14 +51,22 @@ CLOSE_WAIT_S = 5.0
 LOOP_MARGIN_S = 5.0
 
 
-def _bound_s(request: httpx2.Request) -> float | None:
-    """The longest one step of a request may take on the loop (getting a connection, sending and reading the
-    head; or one read of the body) by its timeouts, and a margin; None when one of them is unbounded."""
+#: What a request that the loop did not answer in time is failed with.
+LOOP_SILENT = "the event loop did not answer"
+
+
+def _bound_s(request: httpx2.Request, *, reads: int = 2) -> float | None:
+    """The longest one step of a request may take on the loop by its timeouts (getting a connection, the
+    write and the head's reads; or one read of the body: ``reads=1``), and a margin; None when one of them
+    is unbounded (the adapters' ``Timeouts`` bound all four). aiohttp's read timeout restarts with each read
+    of the head, and is rounded up to a whole second past 5 s: the head may take twice the read timeout."""
     phases: dict[str, float | None] = request.extensions.get("timeout", {})
-    spans = [phases.get(phase) for phase in ("pool", "connect", "write", "read")]
-    if any(span is None for span in spans):
+    pool, connect, write, read = (phases.get(phase) for phase in ("pool", "connect", "write", "read"))
+    if pool is None or connect is None or write is None or read is None:
         return None
-    return sum(span for span in spans if span is not None) + LOOP_MARGIN_S
+    if reads == 1:
+        return read + 1.0 + LOOP_MARGIN_S
+    return pool + connect + write + reads * (read + 1.0) + LOOP_MARGIN_S
 
 
 #: Every session open in this process, and in a forked child its parent's too: held until closed, and in
@@ -91,22 +100,41 @@ class _ProcessLoop:
                 thread.start()
             return self._loop
 
-    def run(self, coro: Coroutine[Any, Any, T], bound_s: float | None = None) -> T:
+    def run(
+        self,
+        coro: Coroutine[Any, Any, T],
+        bound_s: float | None = None,
+        *,
+        if_late: Callable[[T], None] | None = None,
+    ) -> T:
         """``coro``'s result, run on the loop (its exception raised here); past ``bound_s``, it is
-        cancelled and ``TimeoutError`` raised."""
+        cancelled and ``TimeoutError`` raised, and a result that comes all the same is given to
+        ``if_late`` on the loop (an answer nobody reads: closed)."""
         future = asyncio.run_coroutine_threadsafe(coro, self.loop())
         try:
             return future.result(bound_s)
-        except TimeoutError:
-            future.cancel()
-            raise
+        except (TimeoutError, concurrent.futures.CancelledError):
+            if not future.cancel() and if_late is not None:
+                late = if_late
+                future.add_done_callback(lambda done: _give_late(done, late))
+            raise TimeoutError from None
+
+    def forget_locks(self) -> None:
+        """A forked child's start: a lock a parent's thread held at the fork is held for ever here."""
+        self._lock = threading.Lock()
 
     def owns(self, loop: asyncio.AbstractEventLoop) -> bool:
         with self._lock:
             return loop is self._loop and self._pid == os.getpid()
 
 
+def _give_late(done: concurrent.futures.Future[T], if_late: Callable[[T], None]) -> None:
+    if not done.cancelled() and done.exception() is None:
+        if_late(done.result())
+
+
 _process = _ProcessLoop()
+os.register_at_fork(after_in_child=_process.forget_locks)
 
 
 def process_loop() -> asyncio.AbstractEventLoop:
@@ -120,11 +148,18 @@ class _Head:
 
     status: int
     reason: str
+    version: bytes
     headers: list[tuple[bytes, bytes]]
     first: bytes
     ended: bool
     answer: aiohttp.ClientResponse
     loop: asyncio.AbstractEventLoop
+    #: What reading the body met already: raised where httpx2's would be, on the body's first read.
+    fault: httpx2.TransportError | None = None
+
+    def close(self) -> None:
+        """On the loop: the answer nobody will read closed (its connection is not kept)."""
+        self.answer.close()
 
 
 class _Body(httpx2.SyncByteStream):
@@ -139,13 +174,15 @@ class _Body(httpx2.SyncByteStream):
     def __iter__(self) -> Iterator[bytes]:
         if self._head.first:
             yield self._head.first
+        if self._head.fault is not None:
+            raise self._head.fault
         answer = self._head.answer
-        bound = _bound_s(self._request)
+        bound = _bound_s(self._request, reads=1)
         while not self._ended:
             try:
                 chunk = _process.run(_read_chunk(answer, self._request), bound)
             except TimeoutError:
-                raise httpx2.ReadTimeout("the event loop did not answer", request=self._request) from None
+                raise httpx2.ReadTimeout(LOOP_SILENT, request=self._request) from None
             if not chunk:
                 self._ended = True
                 break
@@ -168,6 +205,17 @@ async def _read_chunk(answer: aiohttp.ClientResponse, request: httpx2.Request) -
         return await answer.content.readany()
     except Exception as exc:
         raise _httpx2_error(exc, request, sent=True) from exc
+
+
+def _buffered(
+    answer: aiohttp.ClientResponse, request: httpx2.Request
+) -> tuple[bytes, httpx2.TransportError | None]:
+    """What of the body came with the head (a small answer: all of it), without waiting for more; and the
+    fault the body met already, if any."""
+    try:
+        return answer.content.read_nowait(), None
+    except Exception as exc:  # noqa: BLE001 -- whatever the body met is raised at its first read
+        return b"", _httpx2_error(exc, request, sent=True)
 
 
 def _timeout(request: httpx2.Request) -> aiohttp.ClientTimeout:
@@ -195,9 +243,13 @@ def _httpx2_error(exc: BaseException, request: httpx2.Request, *, sent: bool) ->
         exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError | aiohttp.ClientResponseError
     ):
         return httpx2.RemoteProtocolError(text, request=request)
-    if isinstance(exc, aiohttp.InvalidURL):
+    if isinstance(exc, aiohttp.InvalidURL | aiohttp.NonHttpUrlClientError):
         return httpx2.UnsupportedProtocol(text, request=request)
-    return httpx2.ReadError(text, request=request)
+    if isinstance(exc, aiohttp.ClientConnectionError | OSError):  # the connection broke under it
+        return httpx2.ReadError(text, request=request)
+    if isinstance(exc, ValueError):  # a header or body aiohttp refused to send
+        return httpx2.LocalProtocolError(text, request=request)
+    return httpx2.TransportError(text, request=request)
 
 
 class LoopTransport(httpx2.BaseTransport):
@@ -217,14 +269,17 @@ class LoopTransport(httpx2.BaseTransport):
             if self._session is None or self._pid != pid:
                 if self._ssl is None:
                     self._ssl = httpx2.create_ssl_context()  # the trust httpx2's own transport has
-                self._session = _process.run(self._open(self._ssl))
+                try:
+                    self._session = _process.run(self._open(self._ssl), CLOSE_WAIT_S)
+                except TimeoutError:
+                    raise httpx2.PoolTimeout(LOOP_SILENT) from None
                 _open_sessions.add(self._session)
                 self._pid = pid
             return self._session
 
     async def _open(self, context: ssl.SSLContext) -> aiohttp.ClientSession:
         connector = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0, ssl=context)
-        return aiohttp.ClientSession(
+        session = aiohttp.ClientSession(
             connector=connector,
             cookie_jar=aiohttp.DummyCookieJar(),  # the httpx2 client keeps the cookies
             auto_decompress=False,  # the httpx2 response decodes its content
@@ -232,20 +287,29 @@ class LoopTransport(httpx2.BaseTransport):
             trust_env=False,  # a proxy is httpx2's (its mounts), never this transport's
             raise_for_status=False,
         )
+        # aiohttp sends an idempotent request (an AIP-151 GET) again, once, when its connection breaks: a
+        # second request the server's budget never paid for (rule 4). A failed read is the step's to retry.
+        session._retry_connection = False
+        return session
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
         session = self._session_here()
         body = request.read()
         headers = [(k, v) for k, v in request.headers.multi_items() if k.lower() not in _BODY_HEADERS]
         try:
-            head = _process.run(self._exchange(session, request, headers, body), _bound_s(request))
+            head = _process.run(
+                self._exchange(session, request, headers, body), _bound_s(request), if_late=_close_late
+            )
         except TimeoutError:
-            raise httpx2.ReadTimeout("the event loop did not answer", request=request) from None
+            raise httpx2.ReadTimeout(LOOP_SILENT, request=request) from None
         return httpx2.Response(
             head.status,
             headers=head.headers,
             stream=_Body(head, request),
-            extensions={"http_version": b"HTTP/1.1", "reason_phrase": head.reason.encode("ascii", "replace")},
+            extensions={
+                "http_version": head.version,
+                "reason_phrase": head.reason.encode("ascii", "replace"),
+            },
         )
 
     async def _exchange(
@@ -255,7 +319,6 @@ class LoopTransport(httpx2.BaseTransport):
         headers: list[tuple[str, str]],
         body: bytes,
     ) -> _Head:
-        sent = False
         try:
             answer = await session.request(
                 request.method,
@@ -265,19 +328,25 @@ class LoopTransport(httpx2.BaseTransport):
                 allow_redirects=False,
                 timeout=_timeout(request),
             )
-            sent = True
-            first = await answer.content.readany()
         except Exception as exc:
-            raise _httpx2_error(exc, request, sent=sent or not _never_sent(exc)) from exc
-        return _Head(
-            status=answer.status,
-            reason=answer.reason or "",
-            headers=list(answer.raw_headers),
-            first=first,
-            ended=answer.content.at_eof(),
-            answer=answer,
-            loop=asyncio.get_running_loop(),
-        )
+            raise _httpx2_error(exc, request, sent=not _never_sent(exc)) from exc
+        try:
+            first, fault = _buffered(answer, request)
+            version = answer.version
+            return _Head(
+                status=answer.status,
+                reason=answer.reason or "",
+                version=b"HTTP/%d.%d" % (version.major, version.minor) if version else b"HTTP/1.1",
+                headers=list(answer.raw_headers),
+                first=first,
+                ended=fault is None and answer.content.at_eof(),
+                answer=answer,
+                loop=asyncio.get_running_loop(),
+                fault=fault,
+            )
+        except BaseException:
+            answer.close()  # its connection is not kept, nor left for the collector to close off the loop
+            raise
 
     def close(self) -> None:
         with self._lock:
@@ -291,6 +360,10 @@ class LoopTransport(httpx2.BaseTransport):
             future.result(CLOSE_WAIT_S)
         except TimeoutError:
             future.cancel()
+
+
+def _close_late(head: _Head) -> None:
+    head.close()
 
 
 def _never_sent(exc: BaseException) -> bool:

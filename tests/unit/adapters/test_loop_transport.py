@@ -8,6 +8,7 @@ connections reused, and a forked child (a Celery prefork child) sending on a loo
 
 from __future__ import annotations
 
+import collections
 import gzip
 import http.server
 import json
@@ -41,6 +42,7 @@ class _Server(http.server.ThreadingHTTPServer):
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.connections = 0
+        self.hits: collections.Counter[str] = collections.Counter()  # requests seen, by path
         self.release = threading.Event()  # lets /slow answer
 
     def process_request(
@@ -63,6 +65,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _route(self, body: bytes) -> None:
         path = self.path
+        self.server.hits[path] += 1
         if path == "/echo":
             seen = {"headers": [[k.lower(), v] for k, v in self.headers.items()], "body": body.decode()}
             self._send(200, json.dumps(seen).encode(), "application/json", extra=(("Set-Cookie", "lb=a1"),))
@@ -92,6 +95,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(b'{"done":')
             self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+        elif path == "/head-only":
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "100")
+            self.end_headers()
+            self.wfile.flush()
+            time.sleep(0.1)  # the head is read alone
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
         elif path == "/slow":
@@ -233,6 +245,25 @@ def test_an_answer_cut_short_is_an_error_of_the_read(served: Served, client: htt
         client.get(served.url + "/cut").read()
 
 
+def test_a_body_cut_before_its_first_byte_is_raised_while_it_is_read_not_when_it_is_sent(
+    served: Served, client: httpx2.Client
+) -> None:
+    """As httpx2's own transport: the answer's head is an answer; what the body meets is met reading it (an
+    event stream cut there is resumed: ``adapters.http_answers._until_cut``)."""
+    with client.stream("GET", served.url + "/head-only") as answer:
+        assert answer.status_code == 200
+        with pytest.raises((httpx2.RemoteProtocolError, httpx2.ReadError)):
+            answer.read()
+
+
+def test_a_get_whose_connection_is_hung_up_is_sent_once(served: Served, client: httpx2.Client) -> None:
+    """aiohttp would send an idempotent request again on a broken connection: a request no token paid for
+    (rule 4). The step that made it retries it, with a token."""
+    with pytest.raises(httpx2.RemoteProtocolError):
+        client.get(served.url + "/hang-up")
+    assert served.server.hits["/hang-up"] == 1
+
+
 def _child_reads(transport: LoopTransport, url: str, out: Any) -> None:
     with httpx2.Client(transport=transport, timeout=ANSWER_S) as forked:
         out.put(forked.get(url).json()["body"])
@@ -248,6 +279,9 @@ def test_a_forked_child_sends_on_a_loop_of_its_own(served: Served) -> None:
         child = fork.Process(target=_child_reads, args=(transport, served.url + "/echo", out))
         child.start()
         child.join(ANSWER_S)
+        if child.is_alive():
+            child.kill()
+            child.join(SERVER_STOP_S)
         assert child.exitcode == 0
         assert out.get(timeout=ANSWER_S) == ""
         # the parent's own connection still works
@@ -280,11 +314,21 @@ def test_only_the_requests_a_poll_paid_for_go_on_the_loop() -> None:
 
 
 @pytest.mark.parametrize("status_reads", ["aiohttp", "httpx2"])
-def test_a_workers_status_read_reaches_the_server_either_way(served: Served, status_reads: str) -> None:
+def test_a_workers_status_read_reaches_the_server_either_way(
+    served: Served, status_reads: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Through the worker's own pool of adapters, paid by a poll's budget (``Settings.status_reads``)."""
     fleet = FleetConfig.model_validate(
         {"servers": {"ops": {"protocol": "aip151", "protocol_version": "v1", "url": served.url}}}
     )
+    sent_on_loop: list[str] = []
+    send = LoopTransport.handle_request
+
+    def counted(self: LoopTransport, request: httpx2.Request) -> httpx2.Response:
+        sent_on_loop.append(request.url.path)
+        return send(self, request)
+
+    monkeypatch.setattr(LoopTransport, "handle_request", counted)
     runtime = Runtime(settings=Settings(status_reads=status_reads), fleet=fleet)  # type: ignore[arg-type]
     try:
         adapter = runtime.remote.adapter("ops")
@@ -296,6 +340,7 @@ def test_a_workers_status_read_reaches_the_server_either_way(served: Served, sta
         runtime.close()
     assert status.terminal is None
     assert status.remote_id == "operations/op-1"
+    assert sent_on_loop == (["/v1/operations/op-1"] if status_reads == "aiohttp" else [])
 
 
 def test_a_request_the_loop_never_answers_times_out_never_hangs(
