@@ -22,6 +22,7 @@ import pytest
 
 from adapters import Limits, RemoteRef, Timeouts, http_client
 from adapters.streamable_http import Session, StreamableHttpClient
+from tests.support.http_servers import QuietHandler, serving
 from tests.unit.adapters.mcp_fakes import result_message
 from workers.runtime import Runtime
 from workers.settings import FleetConfig, Settings
@@ -31,7 +32,6 @@ BATCH = 32
 ROUNDS = 3
 #: The longest a request waits for the rest of its batch to arrive before the server gives up on it.
 BATCH_WAIT_S = 20.0
-SERVER_STOP_S = 5.0
 
 
 class _CountingServer(http.server.ThreadingHTTPServer):
@@ -55,13 +55,12 @@ class _CountingServer(http.server.ThreadingHTTPServer):
         super().process_request(request, client_address)
 
 
-class _BatchHandler(http.server.BaseHTTPRequestHandler):
+class _BatchHandler(QuietHandler):
     """An MCP ``tasks/get`` answer to a POST, an AIP-151 Operation to a GET, once the batch is all here."""
 
-    protocol_version = "HTTP/1.1"
     server: _CountingServer
 
-    def do_POST(self) -> None:
+    def do_POST(self) -> None:  # noqa: N802 -- http.server's name
         request = json.loads(self.rfile.read(int(self.headers["content-length"])))
         task = {
             "taskId": request["params"]["taskId"],
@@ -70,20 +69,12 @@ class _BatchHandler(http.server.BaseHTTPRequestHandler):
         }
         self._answer(result_message(request["id"], task))
 
-    def do_GET(self) -> None:
+    def do_GET(self) -> None:  # noqa: N802 -- http.server's name
         self._answer({"name": self.path.removeprefix("/v1/"), "done": False})
 
     def _answer(self, message: dict[str, Any]) -> None:
         self.server.batch.wait()
-        body = json.dumps(message).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        del format, args
+        self.answer(200, json.dumps(message).encode(), "application/json")
 
 
 @dataclass
@@ -95,15 +86,9 @@ class Served:
 @pytest.fixture
 def counting_server() -> Iterator[Served]:
     server = _CountingServer()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield Served(f"http://127.0.0.1:{server.server_address[1]}", server)
-    finally:
-        server.batch.abort()  # a request still waiting (a failed test) is answered with an error
-        server.shutdown()
-        server.server_close()
-        thread.join(SERVER_STOP_S)
+    # a request still waiting (a failed test) is answered
+    with serving(server, before_stop=server.batch.abort) as url:
+        yield Served(url, server)
 
 
 def in_batches(read: Callable[[], object]) -> None:

@@ -25,12 +25,14 @@ import pytest
 
 from adapters import RemoteRef, Timeouts, http_client, loop_transport
 from adapters.loop_transport import LoopTransport
+from tests.support.http_servers import QuietHandler, serving
 from workers.budget import BUDGET_HEADER, TokenBudget
 from workers.remote import PollsOnLoop
 from workers.runtime import Runtime
 from workers.settings import FleetConfig, Settings
 
-SERVER_STOP_S = 5.0
+#: How long a forked child is given to stop once killed.
+CHILD_STOP_S = 5.0
 #: How long a request to the test's server may take here at most (bounds every wait of the tests).
 ANSWER_S = 10.0
 
@@ -52,15 +54,14 @@ class _Server(http.server.ThreadingHTTPServer):
         super().process_request(request, client_address)
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Handler(QuietHandler):
     server: _Server
 
-    def do_POST(self) -> None:
+    def do_POST(self) -> None:  # noqa: N802 -- http.server's name
         body = self.rfile.read(int(self.headers.get("content-length", "0")))
         self._route(body)
 
-    def do_GET(self) -> None:
+    def do_GET(self) -> None:  # noqa: N802 -- http.server's name
         self._route(b"")
 
     def _route(self, body: bytes) -> None:
@@ -68,11 +69,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.server.hits[path] += 1
         if path == "/echo":
             seen = {"headers": [[k.lower(), v] for k, v in self.headers.items()], "body": body.decode()}
-            self._send(200, json.dumps(seen).encode(), "application/json", extra=(("Set-Cookie", "lb=a1"),))
+            self.answer(200, json.dumps(seen).encode(), "application/json", extra=(("Set-Cookie", "lb=a1"),))
         elif path.endswith(("/gzip", "/op-1")):
             name = path.removeprefix("/v1/").removeprefix("/")
             operation = json.dumps({"name": name, "done": False}).encode()
-            self._send(
+            self.answer(
                 200, gzip.compress(operation), "application/json", extra=(("Content-Encoding", "gzip"),)
             )
         elif path == "/stream":
@@ -87,7 +88,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 time.sleep(0.05)
             self.wfile.write(b"0\r\n\r\n")
         elif path == "/long":
-            self._send(200, b"x" * 1_000_000, "application/octet-stream")
+            self.answer(200, b"x" * 1_000_000, "application/octet-stream")
         elif path == "/cut":
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -108,24 +109,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.connection.shutdown(socket.SHUT_RDWR)
         elif path == "/slow":
             self.server.release.wait(ANSWER_S)
-            self._send(200, b"{}", "application/json")
+            self.answer(200, b"{}", "application/json")
         elif path == "/hang-up":
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
         else:
-            self._send(429, b'{"error": "slow down"}', "application/json", extra=(("Retry-After", "3"),))
-
-    def _send(self, status: int, body: bytes, kind: str, *, extra: tuple[tuple[str, str], ...] = ()) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(body)))
-        for name, value in extra:
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        del format, args
+            self.answer(429, b'{"error": "slow down"}', "application/json", extra=(("Retry-After", "3"),))
 
 
 @dataclass
@@ -137,15 +126,9 @@ class Served:
 @pytest.fixture
 def served() -> Iterator[Served]:
     server = _Server()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield Served(f"http://127.0.0.1:{server.server_address[1]}", server)
-    finally:
-        server.release.set()
-        server.shutdown()
-        server.server_close()
-        thread.join(SERVER_STOP_S)
+    # a request still waiting (a failed test) is answered
+    with serving(server, before_stop=server.release.set) as url:
+        yield Served(url, server)
 
 
 @pytest.fixture
@@ -281,7 +264,7 @@ def test_a_forked_child_sends_on_a_loop_of_its_own(served: Served) -> None:
         child.join(ANSWER_S)
         if child.is_alive():
             child.kill()
-            child.join(SERVER_STOP_S)
+            child.join(CHILD_STOP_S)
         assert child.exitcode == 0
         assert out.get(timeout=ANSWER_S) == ""
         # the parent's own connection still works
