@@ -251,21 +251,26 @@ def record_sends(directory: str) -> None:
     """Record the moment each request charged to a budget leaves this worker's processes (``soak.py``: the
     requests per second the workers sent, beside the server's log of when it handled them): one line per
     request, ``<time> <budget>``, in ``<pid>.sent``, taken as httpx2's transport is handed the request (its
-    ``Longcall-Budget`` header names the budget; requests without one are not recorded)."""
+    ``Longcall-Budget`` header names the budget; requests without one are not recorded), or the status
+    reads' transport on the event loop is (``adapters.loop_transport.LoopTransport``)."""
     import httpx2  # noqa: PLC0415 - only when asked
 
+    from adapters.loop_transport import LoopTransport  # noqa: PLC0415
     from workers.budget import BUDGET_HEADER  # noqa: PLC0415
 
     log = _LineLog(directory, ".sent")
-    handle_request: Any = httpx2.HTTPTransport.handle_request
 
-    def recorded_handle_request(self: Any, request: httpx2.Request) -> Any:
-        budget = request.headers.get(BUDGET_HEADER)
-        if budget is not None:
-            log.add(f"{time.time():.6f} {budget}\n")
-        return handle_request(self, request)
+    def recorded(handle_request: Any) -> Any:
+        def recorded_handle_request(self: Any, request: httpx2.Request) -> Any:
+            budget = request.headers.get(BUDGET_HEADER)
+            if budget is not None:
+                log.add(f"{time.time():.6f} {budget}\n")
+            return handle_request(self, request)
 
-    httpx2.HTTPTransport.handle_request = recorded_handle_request  # type: ignore[method-assign]
+        return recorded_handle_request
+
+    httpx2.HTTPTransport.handle_request = recorded(httpx2.HTTPTransport.handle_request)  # type: ignore[method-assign]
+    LoopTransport.handle_request = recorded(LoopTransport.handle_request)  # type: ignore[method-assign]
 
 
 if "BENCH_PROFILE_DIR" in os.environ:

@@ -300,7 +300,7 @@ def adapter_reads(
     remote_id: str,
     *,
     kept: int | None = None,
-    status_reads: Literal["aiohttp", "httpx2"] = "aiohttp",
+    status_reads: Literal["aiohttp", "httpx2"] = "httpx2",
 ) -> Client:
     """``ToolAdapter.get`` of one protocol, paid by a poll's budget, on the adapter and client a worker
     makes (its runtime's ``RemotePool``, for a ``poll_batch`` of ``batch``, its status reads sent as
@@ -353,8 +353,8 @@ def rows(in_flight: int) -> list[Row]:
         listed.append(Row(f"adapter {name} get", adapter_reads(protocol, version, remote_id), worker=True))
         listed.append(
             Row(
-                f"adapter {name} get, httpx2",
-                adapter_reads(protocol, version, remote_id, status_reads="httpx2"),
+                f"adapter {name} get, on the loop",
+                adapter_reads(protocol, version, remote_id, status_reads="aiohttp"),
                 worker=True,
             )
         )
@@ -372,8 +372,8 @@ def rows(in_flight: int) -> list[Row]:
             worker=True,
         ),
         Row(
-            "https adapter mcp 2025-11-25 get, httpx2",
-            adapter_reads("mcp", "2025-11-25", TASK_ID, status_reads="httpx2"),
+            "https adapter mcp 2025-11-25 get, on the loop",
+            adapter_reads("mcp", "2025-11-25", TASK_ID, status_reads="aiohttp"),
             https=True,
             worker=True,
         ),

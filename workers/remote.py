@@ -84,7 +84,7 @@ class RemotePool:
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         connections: int = DEFAULT_CONNECTIONS,
         outcomes: RequestOutcomes | None = None,
-        status_reads: str = "aiohttp",
+        status_reads: str = "httpx2",
     ) -> None:
         if status_reads not in STATUS_READS:
             raise ValueError(f"status_reads is one of {', '.join(STATUS_READS)}, not {status_reads!r}")

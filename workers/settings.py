@@ -424,11 +424,12 @@ class Settings(BaseSettings):
     #: How many claimed polls of one server travel in one ``longcall.poll`` message, run side by side by the
     #: worker that takes it (rule 3); 1: one operation per message.
     poll_batch: PositiveInt = 32
-    #: What sends the status reads of the polls (the requests a poll's budget paid for): ``aiohttp``, on
-    #: one event loop thread of each worker process (``adapters/loop_transport.py``: half the CPU of
-    #: httpx2's own transport for a batch's reads, ``bench/http_clients.py``); ``httpx2``, on httpx2's own
-    #: transport, as every other request is sent.
-    status_reads: Literal["aiohttp", "httpx2"] = "aiohttp"
+    #: What sends the status reads of the polls (the requests a poll's budget paid for): ``httpx2``, on
+    #: httpx2's own transport, as every other request is sent; ``aiohttp``, on one event loop thread of each
+    #: worker process (``adapters/loop_transport.py``). The loop cost 22 % less worker CPU per unchanged poll
+    #: at 60 operations in flight and 31 % more at 10,000 (``docs/scaling.md``): not the default until the
+    #: second is understood.
+    status_reads: Literal["aiohttp", "httpx2"] = "httpx2"
     #: How long a result that contradicts the observed terminal state (an error for a completed task) is
     #: read again before an operator gets the operation (reason RESULT_CONTRADICTS_STATUS).
     result_contradiction_s: PositiveFloat = 300.0
