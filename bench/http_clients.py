@@ -192,6 +192,34 @@ def in_batches(
     return time.process_time() - cpu0, time.perf_counter() - wall0
 
 
+#: How far apart :func:`one_at_a_time` sends its reads, and how many of the run's it sends (each waits for the
+#: server's answer: a run of all of them would take minutes).
+LONE_PAUSE_S = 0.005
+LONE_SHARE = 8
+
+
+def one_at_a_time(make: Make) -> Client:
+    """A sync client whose reads go one at a time, :data:`LONE_PAUSE_S` apart: the members of a batch whose
+    due times spread over a dispatch tick (the soak's), each read alone. It sends one in
+    :data:`LONE_SHARE` of the run's reads, and its CPU is scaled to the run's count."""
+
+    def run(url: str, requests: int, batch: int) -> tuple[float, float]:
+        send, close = make(url, batch)
+        try:
+            send()
+            sent = max(1, requests // LONE_SHARE)
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            for _ in range(sent):
+                send()
+                time.sleep(LONE_PAUSE_S)
+            scale = (requests // batch * batch) / sent
+            return (time.process_time() - cpu0) * scale, (time.perf_counter() - wall0) * scale
+        finally:
+            close()
+
+    return run
+
+
 class ThreadProfiles:
     """With ``--profile``: a profiler per thread (cProfile sees only the thread it was enabled in), each
     enabled around the requests that thread sends."""
@@ -294,6 +322,9 @@ class PollSlot:
         self._budget.charge()
 
 
+Make = Callable[[str, int], tuple[Callable[[], object], Callable[[], None]]]
+
+
 def adapter_reads(
     protocol: str,
     version: str,
@@ -305,7 +336,20 @@ def adapter_reads(
     """``ToolAdapter.get`` of one protocol, paid by a poll's budget, on the adapter and client a worker
     makes (its runtime's ``RemotePool``, for a ``poll_batch`` of ``batch``, its status reads sent as
     ``status_reads`` says); with ``kept``, on a pool whose clients keep that many connections instead (20:
-    httpx's default, what every client kept before issue 21) and send on httpx2's transport."""
+    httpx's default, what every client kept before issue 21) and send on httpx2's transport. On a batch's
+    threads (:func:`threads`)."""
+    return threads(adapter_make(protocol, version, remote_id, kept=kept, status_reads=status_reads))
+
+
+def adapter_make(
+    protocol: str,
+    version: str,
+    remote_id: str,
+    *,
+    kept: int | None = None,
+    status_reads: Literal["aiohttp", "httpx2"] = "httpx2",
+) -> Make:
+    """What sends one read as :func:`adapter_reads` says, and what closes its pool."""
 
     def make(url: str, batch: int) -> tuple[Callable[[], object], Callable[[], None]]:
         path = "" if protocol == "aip151" else "/mcp"
@@ -327,7 +371,7 @@ def adapter_reads(
         )
         return lambda: adapter.get(ref, budget=PollSlot()), pool.close
 
-    return threads(make)
+    return make
 
 
 @dataclass(frozen=True)
@@ -361,6 +405,15 @@ def rows(in_flight: int) -> list[Row]:
     listed.append(
         Row("adapter mcp 2025-11-25 get, 20 kept", adapter_reads("mcp", "2025-11-25", TASK_ID, kept=20))
     )
+    # Reads that come one at a time: the loop's hand-over is then paid by each read alone.
+    lone: dict[str, Literal["aiohttp", "httpx2"]] = {"": "httpx2", ", on the loop": "aiohttp"}
+    listed += [
+        Row(
+            f"mcp 2026-07-28 get alone{where}",
+            one_at_a_time(adapter_make("mcp", "2026-07-28", TASK_ID, status_reads=how)),
+        )
+        for where, how in lone.items()
+    ]
     listed += [
         Row("https httpx (default pool)", httpx_client(httpx, sized=False), https=True),
         Row("https httpx (pool = batch)", httpx_client(httpx, sized=True), https=True),

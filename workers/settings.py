@@ -426,9 +426,9 @@ class Settings(BaseSettings):
     poll_batch: PositiveInt = 32
     #: What sends the status reads of the polls (the requests a poll's budget paid for): ``httpx2``, on
     #: httpx2's own transport, as every other request is sent; ``aiohttp``, on one event loop thread of each
-    #: worker process (``adapters/loop_transport.py``). The loop cost 22 % less worker CPU per unchanged poll
-    #: at 60 operations in flight and 31 % more at 10,000 (``docs/scaling.md``): not the default until the
-    #: second is understood.
+    #: worker process (``adapters/loop_transport.py``). The loop costs less CPU where a process's reads
+    #: overlap and more where each goes alone, as a batch's members spread over a dispatch tick do: 22 % less
+    #: per unchanged poll at 60 operations in flight, 31 % more at 10,000 (``docs/scaling.md``).
     status_reads: Literal["aiohttp", "httpx2"] = "httpx2"
     #: How long a result that contradicts the observed terminal state (an error for a completed task) is
     #: read again before an operator gets the operation (reason RESULT_CONTRADICTS_STATUS).
