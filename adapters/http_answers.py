@@ -197,14 +197,16 @@ def read_answer(
     """
     status = answer.status_code
     session_header = answer.headers.get("mcp-session-id")
-    if status == 404 and session is not None and session.session_id is not None:
-        raise SessionGone(f"{method}: session {session.session_id} not found (HTTP 404)")
     if resuming and status != 200:
-        # The server cannot resume the stream: the answer is lost, as if the stream had simply ended.
+        # The server cannot resume the stream: the answer is lost, as if the stream had simply ended. A 404
+        # for the session included: the request itself reached the server (its stream had begun), so it is
+        # not "never ran" (SessionGone, which a create answers by sending the call again on a new session).
         text = f"{method}: stream could not be resumed (HTTP {status})"
         if idempotent:
             raise Transient(text)
         raise OutcomeUnknown(text)
+    if status == 404 and session is not None and session.session_id is not None:
+        raise SessionGone(f"{method}: session {session.session_id} not found (HTTP 404)")
     if status in (202, 204):
         message = f"{method}: HTTP {status}, accepted without an answer"
         if idempotent:

@@ -215,6 +215,36 @@ def test_create_after_the_session_ended_reinitializes_and_sends_once_more() -> N
     assert len(server.calls("tools/call")) == 2
 
 
+@pytest.mark.parametrize("sync", [False, True], ids=["task", "synchronous"])
+def test_a_create_whose_stream_cannot_be_resumed_on_its_session_is_unknown_and_never_repeated(
+    sync: bool,
+) -> None:
+    """The tools/call's event stream closed after an event id, before its answer: the call reached the
+    server. Its resumption (GET, Last-Event-ID) answered 404 for the session (the server restarted): that
+    is the answer lost, not a call that never ran, so it is never sent again on a new session (it was: a
+    second operation)."""
+    server = FakeMcpServer()
+    if sync:
+        server.tools = [{"name": "slow_count", "inputSchema": {"type": "object"}}]
+    server.on(
+        "tools/call",
+        lambda _b, _r: httpx2.Response(
+            200, content=b"id: e1\r\ndata:\r\n\r\n", headers={"content-type": "text/event-stream"}
+        ),
+        lambda body, _r: result_message(body["id"], created_answer()),
+    )
+    server.on(
+        "<get>", lambda _b, _r: httpx2.Response(404, json=error_message("x", -32600, "Session not found"))
+    )
+    adapter = make_adapter(server)
+    with pytest.raises(OutcomeUnknown, match="could not be resumed"):
+        adapter.create(
+            "slow_count", {}, submission_key="k", ttl_ms=1000, sync_upper_bound_s=2.0 if sync else None
+        )
+    assert len(server.calls("tools/call")) == 1
+    assert [b.get("http") for b in server.bodies if "http" in b] == ["GET"]
+
+
 def test_a_lost_create_answer_is_outcome_unknown_and_never_repeated() -> None:
     server = FakeMcpServer()
 

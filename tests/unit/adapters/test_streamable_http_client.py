@@ -329,9 +329,14 @@ def test_server_requests_before_the_break_are_kept_across_resumption() -> None:
     assert answer.response is not None
 
 
+@pytest.mark.parametrize("status", [404, 405, 401])
 @pytest.mark.parametrize(("idempotent", "error"), [(True, Transient), (False, OutcomeUnknown)])
-def test_a_stream_the_server_cannot_resume_is_lost(idempotent: bool, error: type[Exception]) -> None:
-    handler, seen = resumable(sse_raw("id: e1\ndata:\n\n"), httpx2.Response(405))
+def test_a_stream_the_server_cannot_resume_is_lost(
+    idempotent: bool, error: type[Exception], status: int
+) -> None:
+    """Whatever refuses the resumption, a 404 for the session included: the request reached the server
+    (its stream had begun), so its answer is lost, never "the session was gone before it ran"."""
+    handler, seen = resumable(sse_raw("id: e1\ndata:\n\n"), httpx2.Response(status))
     with pytest.raises(error, match="could not be resumed"):
         client(handler).request("tools/call", {}, session=SESSION, idempotent=idempotent)
     assert len(seen) == 2
