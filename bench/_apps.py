@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any
+from typing import Any, cast
 
 import redis
 from celery import Celery, Task
@@ -140,10 +140,23 @@ def profile_worker_processes(directory: str) -> None:
             taken = list(profiles)
             profiles.clear()
         if taken:
-            stats = pstats.Stats(taken[0])
+            # What each thread finished: a call still running on another thread is left out (disabling its
+            # profiler from here would close that call on this thread's clock, a meaningless figure).
+            stats = pstats.Stats(cast("cProfile.Profile", _Finished(taken[0])))
             for profile in taken[1:]:
-                stats.add(profile)
+                stats.add(cast("cProfile.Profile", _Finished(profile)))
             stats.dump_stats(os.path.join(directory, f"{os.getpid()}.prof"))
+
+
+class _Finished:
+    """A running profiler's calls finished so far, as ``pstats.Stats`` takes them."""
+
+    def __init__(self, profile: Any) -> None:
+        profile.snapshot_stats()
+        self.stats = profile.stats
+
+    def create_stats(self) -> None:
+        """Already made."""
 
 
 class _LineLog:
