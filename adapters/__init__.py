@@ -64,6 +64,7 @@ from adapters.oauth import (
     discover,
 )
 from adapters.registry import SHIPPED, AdapterRegistry, default_registry
+from adapters.socket_transport import SocketTransport
 from adapters.spec import (
     DEFAULT_CONNECTIONS,
     MAX_CONNECTIONS,
@@ -122,6 +123,7 @@ __all__ = [  # noqa: RUF022
     "ResultContradictsStatus",
     "ResultNotReady",
     "SHIPPED",
+    "SocketTransport",
     "TaskSupport",
     "TerminalKind",
     "Timeouts",

@@ -284,11 +284,13 @@ def record_sends(directory: str) -> None:
     """Record the moment each request charged to a budget leaves this worker's processes (``soak.py``: the
     requests per second the workers sent, beside the server's log of when it handled them): one line per
     request, ``<time> <budget>``, in ``<pid>.sent``, taken as httpx2's transport is handed the request (its
-    ``Longcall-Budget`` header names the budget; requests without one are not recorded), or the status
-    reads' transport on the event loop is (``adapters.loop_transport.LoopTransport``)."""
+    ``Longcall-Budget`` header names the budget; requests without one are not recorded), or a status
+    reads' transport is (``adapters.socket_transport.SocketTransport``,
+    ``adapters.loop_transport.LoopTransport``)."""
     import httpx2  # noqa: PLC0415 - only when asked
 
     from adapters.loop_transport import LoopTransport  # noqa: PLC0415
+    from adapters.socket_transport import SocketTransport  # noqa: PLC0415
     from workers.budget import BUDGET_HEADER  # noqa: PLC0415
 
     log = _LineLog(directory, ".sent")
@@ -304,6 +306,7 @@ def record_sends(directory: str) -> None:
 
     httpx2.HTTPTransport.handle_request = recorded(httpx2.HTTPTransport.handle_request)  # type: ignore[method-assign]
     LoopTransport.handle_request = recorded(LoopTransport.handle_request)  # type: ignore[method-assign]
+    SocketTransport.handle_request = recorded(SocketTransport.handle_request)  # type: ignore[method-assign]
 
 
 if "BENCH_PROFILE_DIR" in os.environ:

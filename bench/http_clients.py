@@ -331,7 +331,7 @@ def adapter_reads(
     remote_id: str,
     *,
     kept: int | None = None,
-    status_reads: Literal["aiohttp", "httpx2"] = "httpx2",
+    status_reads: Literal["httptools", "aiohttp", "httpx2"] = "httpx2",
 ) -> Client:
     """``ToolAdapter.get`` of one protocol, paid by a poll's budget, on the adapter and client a worker
     makes (its runtime's ``RemotePool``, for a ``poll_batch`` of ``batch``, its status reads sent as
@@ -347,7 +347,7 @@ def adapter_make(
     remote_id: str,
     *,
     kept: int | None = None,
-    status_reads: Literal["aiohttp", "httpx2"] = "httpx2",
+    status_reads: Literal["httptools", "aiohttp", "httpx2"] = "httpx2",
 ) -> Make:
     """What sends one read as :func:`adapter_reads` says, and what closes its pool."""
 
@@ -383,6 +383,15 @@ class Row:
     worker: bool = False
 
 
+#: The status reads' transports (``Settings.status_reads``), by the suffix of their rows' names: httpx2's own,
+#: sockets parsed by httptools (the default), the event loop.
+WAYS: dict[str, Literal["httptools", "aiohttp", "httpx2"]] = {
+    "": "httpx2",
+    ", on sockets": "httptools",
+    ", on the loop": "aiohttp",
+}
+
+
 def rows(in_flight: int) -> list[Row]:
     aiohttp_client: Client = lambda url, n, _batch: aiohttp_session(url, n, in_flight)  # noqa: E731
     listed = [
@@ -394,41 +403,37 @@ def rows(in_flight: int) -> list[Row]:
         Row(f"aiohttp ({in_flight} in flight)", aiohttp_client),
     ]
     for name, (protocol, version, remote_id) in ADAPTERS.items():
-        listed.append(Row(f"adapter {name} get", adapter_reads(protocol, version, remote_id), worker=True))
-        listed.append(
+        listed += [
             Row(
-                f"adapter {name} get, on the loop",
-                adapter_reads(protocol, version, remote_id, status_reads="aiohttp"),
+                f"adapter {name} get{where}",
+                adapter_reads(protocol, version, remote_id, status_reads=how),
                 worker=True,
             )
-        )
+            for where, how in WAYS.items()
+        ]
     listed.append(
         Row("adapter mcp 2025-11-25 get, 20 kept", adapter_reads("mcp", "2025-11-25", TASK_ID, kept=20))
     )
     # Reads that come one at a time: the loop's hand-over is then paid by each read alone.
-    lone: dict[str, Literal["aiohttp", "httpx2"]] = {"": "httpx2", ", on the loop": "aiohttp"}
     listed += [
         Row(
             f"mcp 2026-07-28 get alone{where}",
             one_at_a_time(adapter_make("mcp", "2026-07-28", TASK_ID, status_reads=how)),
         )
-        for where, how in lone.items()
+        for where, how in WAYS.items()
     ]
     listed += [
         Row("https httpx (default pool)", httpx_client(httpx, sized=False), https=True),
         Row("https httpx (pool = batch)", httpx_client(httpx, sized=True), https=True),
         Row("https httpx2 (pool = batch)", httpx_client(httpx2, sized=True), https=True),
-        Row(
-            "https adapter mcp 2025-11-25 get",
-            adapter_reads("mcp", "2025-11-25", TASK_ID),
-            https=True,
-            worker=True,
-        ),
-        Row(
-            "https adapter mcp 2025-11-25 get, on the loop",
-            adapter_reads("mcp", "2025-11-25", TASK_ID, status_reads="aiohttp"),
-            https=True,
-            worker=True,
+        *(
+            Row(
+                f"https adapter mcp 2025-11-25 get{where}",
+                adapter_reads("mcp", "2025-11-25", TASK_ID, status_reads=how),
+                https=True,
+                worker=True,
+            )
+            for where, how in WAYS.items()
         ),
         Row(
             "https adapter mcp 2025-11-25 get, 20 kept",

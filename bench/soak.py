@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument(
         "--status-reads",
-        choices=("aiohttp", "httpx2"),
+        choices=("httptools", "aiohttp", "httpx2"),
         default=None,
         help="what sends the polls' status reads (LONGCALL_STATUS_READS; default: the fleet's own)",
     )

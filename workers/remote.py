@@ -21,6 +21,7 @@ from adapters import (
     AdapterRegistry,
     Limits,
     LoopTransport,
+    SocketTransport,
     Timeouts,
     ToolAdapter,
     ToolRoute,
@@ -33,30 +34,32 @@ from workers.request_outcomes import CountingTransport, RequestOutcomes
 from workers.settings import FleetConfig, ServerConfig
 
 #: What sends the status reads of the polls (``Settings.status_reads``).
-STATUS_READS = ("aiohttp", "httpx2")
+STATUS_READS = ("httptools", "aiohttp", "httpx2")
 
 
-class PollsOnLoop(httpx2.BaseTransport):
+class StatusReadsApart(httpx2.BaseTransport):
     """The requests a poll's budget paid for (``Longcall-Budget: poll``: the status reads of the polls,
-    most of what a worker sends) go to ``loop`` (``adapters.loop_transport.LoopTransport``), every other one
-    to ``inner`` (httpx2's own transport: creates, results, cancels, input replies)."""
+    most of what a worker sends) go to ``reads`` (``adapters.socket_transport.SocketTransport`` or
+    ``adapters.loop_transport.LoopTransport``), every other one to ``inner`` (httpx2's own transport:
+    creates, results, cancels, input replies), so a fault of the reads' transport can never be taken for a
+    create that was not sent."""
 
-    def __init__(self, inner: httpx2.BaseTransport, loop: httpx2.BaseTransport) -> None:
+    def __init__(self, inner: httpx2.BaseTransport, reads: httpx2.BaseTransport) -> None:
         self._inner = inner
-        self._loop = loop
+        self._reads = reads
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
         if request.headers.get(BUDGET_HEADER) == "poll":
-            return self._loop.handle_request(request)
+            return self._reads.handle_request(request)
         return self._inner.handle_request(request)
 
     def close(self) -> None:
         try:
-            self._loop.close()
+            self._reads.close()
         finally:
             self._inner.close()
 
-    def __enter__(self) -> PollsOnLoop:
+    def __enter__(self) -> StatusReadsApart:
         self._inner.__enter__()
         return self
 
@@ -73,7 +76,7 @@ class RemotePool:
     connections each client keeps open, as many as the process sends to one server at once (a poll batch's
     members, ``Settings.poll_batch``): the next batch finds them open. ``outcomes``: where each request's
     outcome is counted (``workers.request_outcomes``). ``status_reads``: what sends the polls' status reads
-    (``Settings.status_reads``: :class:`PollsOnLoop` for ``aiohttp``)."""
+    (``Settings.status_reads``: :class:`StatusReadsApart` for ``aiohttp``)."""
 
     def __init__(
         self,
@@ -149,12 +152,16 @@ class RemotePool:
             return adapter
 
     def _wrap(self, server: str, inner: httpx2.BaseTransport) -> httpx2.BaseTransport:
-        """What sends the requests of ``server``'s client: the status reads on the process's event loop
-        (``status_reads``), every request counted with its outcome, for ``longcall metrics``."""
+        """What sends the requests of ``server``'s client: the status reads apart as ``status_reads`` says
+        (on sockets parsed by httptools, or on the process's event loop), every request counted with its
+        outcome, for ``longcall metrics``."""
         transport = inner
         if self._status_reads == "aiohttp":
             loop = LoopTransport(max_connections=max(MAX_CONNECTIONS, 2 * self._connections))
-            transport = PollsOnLoop(inner, loop)
+            transport = StatusReadsApart(inner, loop)
+        elif self._status_reads == "httptools":
+            sockets = SocketTransport(max_connections=max(MAX_CONNECTIONS, 2 * self._connections))
+            transport = StatusReadsApart(inner, sockets)
         if self._outcomes is not None:
             transport = CountingTransport(transport, server=server, outcomes=self._outcomes)
         return transport

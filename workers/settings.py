@@ -424,12 +424,13 @@ class Settings(BaseSettings):
     #: How many claimed polls of one server travel in one ``longcall.poll`` message, run side by side by the
     #: worker that takes it (rule 3); 1: one operation per message.
     poll_batch: PositiveInt = 32
-    #: What sends the status reads of the polls (the requests a poll's budget paid for): ``httpx2``, on
-    #: httpx2's own transport, as every other request is sent; ``aiohttp``, on one event loop thread of each
-    #: worker process (``adapters/loop_transport.py``). The loop costs less CPU where a process's reads
-    #: overlap and more where each goes alone, as a batch's members spread over a dispatch tick do: 22 % less
-    #: per unchanged poll at 60 operations in flight, 31 % more at 10,000 (``docs/scaling.md``).
-    status_reads: Literal["aiohttp", "httpx2"] = "httpx2"
+    #: What sends the status reads of the polls (the requests a poll's budget paid for): ``httptools``, on
+    #: sockets of the worker's own, answers parsed in C (``adapters/socket_transport.py``), on the
+    #: member's own thread; ``aiohttp``, on one event loop thread of each worker process
+    #: (``adapters/loop_transport.py``: less CPU than httpx2 where a process's reads overlap, more where
+    #: each goes alone); ``httpx2``, on
+    #: httpx2's own transport, as every other request is sent. Measured in ``docs/scaling.md``.
+    status_reads: Literal["httptools", "aiohttp", "httpx2"] = "httptools"
     #: How long a result that contradicts the observed terminal state (an error for a completed task) is
     #: read again before an operator gets the operation (reason RESULT_CONTRADICTS_STATUS).
     result_contradiction_s: PositiveFloat = 300.0

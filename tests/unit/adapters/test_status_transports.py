@@ -1,9 +1,11 @@
-"""The status reads' transport on the process's event loop (``adapters/loop_transport.py``, issue 21): behind
-an httpx2 client it sends and answers as httpx2's own transport does, against a real HTTP server on loopback:
-the request's headers and body as the client made them, the answer streamed, decoded and its cookies kept by
-the client, the request's timeouts, every fault raised as the httpx2 error of the same meaning (the adapters'
-``map_transport_error`` tells a request never sent from one that may have reached the server by it), its
-connections reused, and a forked child (a Celery prefork child) sending on a loop of its own.
+"""The status reads' transports (issue 21): on sockets parsed by httptools
+(``adapters/socket_transport.py``) and on the process's event loop (``adapters/loop_transport.py``). Behind
+an httpx2 client each sends and answers as httpx2's own transport does, against a real HTTP server on
+loopback: the request's headers and body as the client made them, the answer streamed, decoded and its
+cookies kept by the client, the request's timeouts, every fault raised as the httpx2 error of the same
+meaning (the adapters' ``map_transport_error`` tells a request never sent from one that may have reached the
+server by it), its connections reused, and a forked child (a Celery prefork child) sending on connections
+(and a loop) of its own.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import http.server
 import json
 import multiprocessing
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -25,9 +28,10 @@ import pytest
 
 from adapters import RemoteRef, Timeouts, http_client, loop_transport
 from adapters.loop_transport import LoopTransport
+from adapters.socket_transport import SocketTransport
 from tests.support.http_servers import QuietHandler, serving
 from workers.budget import BUDGET_HEADER, TokenBudget
-from workers.remote import PollsOnLoop
+from workers.remote import StatusReadsApart
 from workers.runtime import Runtime
 from workers.settings import FleetConfig, Settings
 
@@ -88,7 +92,7 @@ class _Handler(QuietHandler):
                 time.sleep(0.05)
             self.wfile.write(b"0\r\n\r\n")
         elif path == "/long":
-            self.answer(200, b"x" * 1_000_000, "application/octet-stream")
+            self.answer(200, b"x" * 20_000_000, "application/octet-stream")  # more than any buffer holds
         elif path == "/cut":
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -110,6 +114,30 @@ class _Handler(QuietHandler):
         elif path == "/slow":
             self.server.release.wait(ANSWER_S)
             self.answer(200, b"{}", "application/json")
+        elif path == "/closes-when-idle":
+            # kept alive by its head, then closed by the server while idle (as a server's idle timeout does)
+            self.answer(200, b"{}", "application/json")
+            self.wfile.flush()
+            time.sleep(0.1)
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+        elif path == "/interim":
+            self.wfile.write(b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n")
+            self.answer(200, b'{"final": true}', "application/json")
+        elif path == "/to-close":
+            self.wfile.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n" + b'{"whole": true}'
+            )
+            self.close_connection = True
+        elif path == "/held":
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{")
+            self.wfile.flush()
+            self.server.release.wait(ANSWER_S)
+            self.wfile.write(b"}")
         elif path == "/hang-up":
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
@@ -131,9 +159,25 @@ def served() -> Iterator[Served]:
         yield Served(url, server)
 
 
+def _reads_transport(kind: str) -> httpx2.BaseTransport:
+    return LoopTransport(max_connections=8) if kind == "loop" else SocketTransport(max_connections=8)
+
+
+@pytest.fixture(params=["sockets", "loop"])
+def client(request: pytest.FixtureRequest) -> Iterator[httpx2.Client]:
+    """An adapter's client (``adapters.http_client``) whose every request goes on one status reads'
+    transport."""
+    with http_client(
+        Timeouts(connect=2.0, read=ANSWER_S),
+        connections=4,
+        wrap_transport=lambda _inner: _reads_transport(request.param),
+    ) as made:
+        yield made
+
+
 @pytest.fixture
-def client() -> Iterator[httpx2.Client]:
-    """An adapter's client (``adapters.http_client``) whose every request goes on the loop."""
+def loop_client() -> Iterator[httpx2.Client]:
+    """An adapter's client whose every request goes on the loop."""
     with http_client(
         Timeouts(connect=2.0, read=ANSWER_S),
         connections=4,
@@ -240,8 +284,8 @@ def test_a_body_cut_before_its_first_byte_is_raised_while_it_is_read_not_when_it
 
 
 def test_a_get_whose_connection_is_hung_up_is_sent_once(served: Served, client: httpx2.Client) -> None:
-    """aiohttp would send an idempotent request again on a broken connection: a request no token paid for
-    (rule 4). The step that made it retries it, with a token."""
+    """Never sent again by the transport (aiohttp would send an idempotent request again on a broken
+    connection): a request no token paid for (rule 4). The step that made it retries it, with a token."""
     with pytest.raises(httpx2.RemoteProtocolError):
         client.get(served.url + "/hang-up")
     assert served.server.hits["/hang-up"] == 1
@@ -286,7 +330,7 @@ class _Spy(httpx2.BaseTransport):
 
 def test_only_the_requests_a_poll_paid_for_go_on_the_loop() -> None:
     inner, loop = _Spy(), _Spy()
-    with httpx2.Client(transport=PollsOnLoop(inner, loop)) as routed:
+    with httpx2.Client(transport=StatusReadsApart(inner, loop)) as routed:
         routed.get("http://server/status", headers={BUDGET_HEADER: "poll"})
         routed.post("http://server/create", headers={BUDGET_HEADER: "control"})
         routed.post("http://server/unpaid")
@@ -296,22 +340,28 @@ def test_only_the_requests_a_poll_paid_for_go_on_the_loop() -> None:
     assert loop.closed
 
 
-@pytest.mark.parametrize("status_reads", ["aiohttp", "httpx2"])
-def test_a_workers_status_read_reaches_the_server_either_way(
+@pytest.mark.parametrize("status_reads", ["httptools", "aiohttp", "httpx2"])
+def test_a_workers_status_read_reaches_the_server_every_way(
     served: Served, status_reads: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Through the worker's own pool of adapters, paid by a poll's budget (``Settings.status_reads``)."""
+    """Through the worker's own pool of adapters, paid by a poll's budget (``Settings.status_reads``): on
+    the transport the setting names, and on no other."""
     fleet = FleetConfig.model_validate(
         {"servers": {"ops": {"protocol": "aip151", "protocol_version": "v1", "url": served.url}}}
     )
-    sent_on_loop: list[str] = []
-    send = LoopTransport.handle_request
+    sent_on: list[tuple[str, str]] = []
+    for name, transport in (("aiohttp", LoopTransport), ("httptools", SocketTransport)):
 
-    def counted(self: LoopTransport, request: httpx2.Request) -> httpx2.Response:
-        sent_on_loop.append(request.url.path)
-        return send(self, request)
+        def counted(
+            self: httpx2.BaseTransport,
+            request: httpx2.Request,
+            name: str = name,
+            send: Any = transport.handle_request,
+        ) -> httpx2.Response:
+            sent_on.append((name, request.url.path))
+            return send(self, request)  # type: ignore[no-any-return]
 
-    monkeypatch.setattr(LoopTransport, "handle_request", counted)
+        monkeypatch.setattr(transport, "handle_request", counted)
     runtime = Runtime(settings=Settings(status_reads=status_reads), fleet=fleet)  # type: ignore[arg-type]
     try:
         adapter = runtime.remote.adapter("ops")
@@ -323,22 +373,198 @@ def test_a_workers_status_read_reaches_the_server_either_way(
         runtime.close()
     assert status.terminal is None
     assert status.remote_id == "operations/op-1"
-    assert sent_on_loop == (["/v1/operations/op-1"] if status_reads == "aiohttp" else [])
+    assert sent_on == ([] if status_reads == "httpx2" else [(status_reads, "/v1/operations/op-1")])
+
+
+def test_the_status_reads_go_on_sockets_by_default() -> None:
+    assert Settings().status_reads == "httptools"
 
 
 def test_a_request_the_loop_never_answers_times_out_never_hangs(
-    served: Served, client: httpx2.Client, monkeypatch: pytest.MonkeyPatch
+    served: Served, loop_client: httpx2.Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A member thread waits for the loop no longer than the request's timeouts and a margin allow."""
-    client.get(served.url + "/echo")  # the loop and the session are made
+    loop_client.get(served.url + "/echo")  # the loop and the session are made
     monkeypatch.setattr(loop_transport, "LOOP_MARGIN_S", 0.2)
     wedged = threading.Event()
     loop_transport.process_loop().call_soon_threadsafe(wedged.wait, ANSWER_S)  # the loop does nothing else
     try:
         started = time.monotonic()
         with pytest.raises(httpx2.ReadTimeout, match="the event loop did not answer"):
-            client.get(served.url + "/echo", timeout=httpx2.Timeout(0.1))
+            loop_client.get(served.url + "/echo", timeout=httpx2.Timeout(0.1))
         assert time.monotonic() - started < ANSWER_S / 2
     finally:
         wedged.set()
-    assert client.get(served.url + "/echo").status_code == 200  # and the loop goes on once it is free
+    assert loop_client.get(served.url + "/echo").status_code == 200  # and the loop goes on once it is free
+
+
+# -- sockets parsed by httptools: what httpx2's own pool does, done by the transport itself ----------------
+
+
+@pytest.fixture
+def sockets() -> Iterator[SocketTransport]:
+    transport = SocketTransport(max_connections=2)
+    try:
+        yield transport
+    finally:
+        transport.close()
+
+
+def _timeout(**phases: float) -> httpx2.Timeout:
+    return httpx2.Timeout(ANSWER_S, **phases)
+
+
+def test_a_connection_the_server_closed_while_idle_is_not_written_on(
+    served: Served, sockets: SocketTransport
+) -> None:
+    """The request goes on a new connection, once: it is not written on the closed one and then sent again."""
+    with httpx2.Client(transport=sockets, timeout=ANSWER_S) as client:
+        assert client.get(served.url + "/closes-when-idle").json() == {}
+        deadline = time.monotonic() + ANSWER_S
+        while served.server.hits["/closes-when-idle"] < 1 or not _closed_by_server(sockets):
+            assert time.monotonic() < deadline, "the server never closed its idle connection"
+            time.sleep(0.02)
+        assert client.get(served.url + "/echo").status_code == 200
+    assert served.server.connections == 2
+    assert served.server.hits["/echo"] == 1
+
+
+def _closed_by_server(transport: SocketTransport) -> bool:
+    return any(c.readable() for idle in transport._idle.values() for c in idle)
+
+
+def test_a_connection_idle_past_its_expiry_is_not_reused(served: Served) -> None:
+    with (
+        SocketTransport(keepalive_expiry_s=0.05) as transport,
+        httpx2.Client(transport=transport, timeout=ANSWER_S) as client,
+    ):
+        client.get(served.url + "/echo")
+        time.sleep(0.1)
+        client.get(served.url + "/echo")
+    assert served.server.connections == 2
+
+
+def test_a_request_past_the_pool_waits_for_a_connection_then_times_out_never_sent(served: Served) -> None:
+    """At most ``max_connections`` at once; one past them waits its ``pool`` timeout for one to be free: a
+    ``PoolTimeout`` (never sent), and once one is free, the next request takes it."""
+    with (
+        SocketTransport(max_connections=1) as transport,
+        httpx2.Client(transport=transport, timeout=ANSWER_S) as client,
+        client.stream("GET", served.url + "/held") as held,
+    ):
+        started = time.monotonic()
+        with pytest.raises(httpx2.PoolTimeout):
+            client.get(served.url + "/echo", timeout=_timeout(pool=0.2))
+        assert 0.2 <= time.monotonic() - started < ANSWER_S / 2
+        assert served.server.hits["/echo"] == 0
+        served.server.release.set()
+        assert held.read() == b"{}"
+        assert client.get(served.url + "/echo").status_code == 200
+    assert served.server.connections == 1
+
+
+def test_an_interim_answer_is_skipped_for_the_final_one(served: Served, sockets: SocketTransport) -> None:
+    with httpx2.Client(transport=sockets, timeout=ANSWER_S) as client:
+        answer = client.get(served.url + "/interim")
+        assert (answer.status_code, answer.json()) == (200, {"final": True})
+        assert "link" not in answer.headers
+        assert client.get(served.url + "/echo").status_code == 200
+    assert served.server.connections == 1
+
+
+def test_a_body_that_runs_to_the_connections_end_is_read_whole_and_the_connection_not_kept(
+    served: Served, sockets: SocketTransport
+) -> None:
+    with httpx2.Client(transport=sockets, timeout=ANSWER_S) as client:
+        assert client.get(served.url + "/to-close").json() == {"whole": True}
+        assert client.get(served.url + "/echo").status_code == 200
+    assert served.server.connections == 2
+
+
+@pytest.mark.parametrize("value", ["a\r\nInjected: yes", "a\nb"])
+def test_a_header_with_a_line_break_is_refused_unsent(
+    served: Served, sockets: SocketTransport, value: str
+) -> None:
+    request = httpx2.Request("GET", served.url + "/echo", headers={"X-Note": value})
+    with pytest.raises(httpx2.LocalProtocolError):
+        sockets.handle_request(request)
+    assert served.server.connections == 0
+
+
+@pytest.mark.parametrize("method", ["HEAD", "CONNECT"])
+def test_a_method_whose_answer_the_parser_cannot_frame_is_refused_unsent(
+    served: Served, sockets: SocketTransport, method: str
+) -> None:
+    with pytest.raises(httpx2.UnsupportedProtocol):
+        sockets.handle_request(httpx2.Request(method, served.url + "/echo"))
+    assert served.server.connections == 0
+
+
+def test_a_write_that_cannot_finish_is_a_write_timeout(sockets: SocketTransport) -> None:
+    """A server that reads nothing: the request's ``write`` timeout ends the write (the request may be on
+    its way: not "never sent")."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/big"
+        body = b"x" * 64_000_000
+        started = time.monotonic()
+        with pytest.raises(httpx2.WriteTimeout):
+            sockets.handle_request(
+                httpx2.Request(
+                    "POST", url, content=body, extensions={"timeout": _timeout(write=0.2).as_dict()}
+                )
+            )
+        assert time.monotonic() - started < ANSWER_S / 2
+
+
+def _child_sends(transport: SocketTransport, url: str, out: Any) -> None:
+    with httpx2.Client(transport=transport, timeout=ANSWER_S) as forked:
+        out.put(forked.post(url, content=b"child").json()["body"])
+
+
+def test_a_forked_child_opens_connections_of_its_own(served: Served) -> None:
+    """A Celery prefork child: its parent's idle connection is the parent's (the same socket in both
+    processes would mix their answers); the child opens its own, and the parent goes on with its own."""
+    transport = SocketTransport(max_connections=4)
+    with httpx2.Client(transport=transport, timeout=ANSWER_S) as parents:
+        assert parents.post(served.url + "/echo", content=b"parent").json()["body"] == "parent"
+        fork = multiprocessing.get_context("fork")
+        out = fork.Queue()
+        child = fork.Process(target=_child_sends, args=(transport, served.url + "/echo", out))
+        child.start()
+        child.join(ANSWER_S)
+        if child.is_alive():
+            child.kill()
+            child.join(CHILD_STOP_S)
+        assert child.exitcode == 0
+        assert out.get(timeout=ANSWER_S) == "child"
+        assert parents.post(served.url + "/echo", content=b"again").json()["body"] == "again"
+    assert served.server.connections == 2
+
+
+def test_https_is_verified_by_the_context_given(tmp_path: Any) -> None:
+    """A server whose certificate the context trusts answers; the same server to httpx2's default trust
+    (certifi, where the test's authority is not) is a ``ConnectError``: the request was never sent."""
+    import trustme  # noqa: PLC0415 - the tests' only TLS
+
+    authority = trustme.CA()
+    certificate = authority.issue_cert("127.0.0.1")
+    server = _Server()
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    certificate.configure_cert(server_context)
+    server.socket = server_context.wrap_socket(server.socket, server_side=True)
+    trusting = ssl.create_default_context()
+    authority.configure_trust(trusting)
+    with serving(server, before_stop=server.release.set) as url:
+        https = url.replace("http://", "https://")
+        with SocketTransport(ssl_context=trusting) as transport, httpx2.Client(transport=transport) as client:
+            assert client.post(https + "/echo", content=b"tls").json()["body"] == "tls"
+            assert client.post(https + "/echo", content=b"again").json()["body"] == "again"
+        with (
+            SocketTransport() as transport,
+            httpx2.Client(transport=transport) as client,
+            pytest.raises(httpx2.ConnectError),
+        ):
+            client.post(https + "/echo", content=b"untrusted")
+    assert server.hits["/echo"] == 2

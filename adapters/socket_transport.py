@@ -1,0 +1,407 @@
+"""An httpx2 transport that sends HTTP/1.1 on plain sockets of its own and parses the answers with httptools.
+
+Issue 21 measured where the worker CPU of a status read goes (``bench/http_clients.py``): httpx2's own
+transport (httpcore2's pool and h11, pure Python) is the largest part, and grows when a batch's members send
+side by side on threads. :class:`LoopTransport` moved the exchange to aiohttp on an event loop, and paid for
+the hand-over between threads wherever a read went alone. This transport does the exchange on the caller's
+own thread, as httpx2's does, with a socket, ``sendall`` and ``recv``, and llhttp (the C parser of Node.js,
+through ``httptools``) for the answer: no event loop, no hand-over, no per-byte Python.
+
+It is httpx2's transport interface, so the adapters, their request hooks, cookies, redirect policy, decoding
+and answer caps stay httpx2's; only the exchange on the socket is this module's:
+
+- Connections are kept per origin and reused, newest first, while they are younger than
+  :data:`KEEPALIVE_EXPIRY_S` since their last answer; one the server has closed (readable while idle: its
+  end of file, or bytes nobody asked for) is dropped before a request is written on it. At most
+  ``max_connections`` are open at once; a request past them waits for one to be free up to its ``pool``
+  timeout (``PoolTimeout``).
+- The request's ``timeout`` extension is honoured per phase, as httpx2's transport does: ``connect`` (the
+  TCP connection and the TLS handshake), ``write`` (each write), ``read`` (each read), ``pool``.
+- The answer is streamed: the transport returns at the head, with what of the body came with it, and the
+  caller reads the rest as it comes (an event stream; an answer over the caller's cap refused at its first
+  read). An answer read to its end gives its connection back; one closed before its end closes it.
+- A fault is raised as the httpx2 exception of the same meaning, so the adapters' mapping of faults
+  (``map_transport_error``) stays exact: nothing was written (the connection or the pool failed) is
+  ``ConnectError``/``ConnectTimeout``/``PoolTimeout``; once the request may be on its way, a ``WriteError``
+  or ``WriteTimeout``, and then ``ReadTimeout``, ``ReadError`` or ``RemoteProtocolError``. A request is
+  never sent again by this transport, on any connection.
+- A forked child (a Celery prefork child) forgets its parent's connections (their sockets are the
+  parent's too) and opens its own.
+
+Only what an adapter's client sends: HTTP/1.1 ``http``/``https`` URLs, with a body of known length
+(``HEAD`` and ``CONNECT`` are refused, as are header values with a line break). The workers send only the
+polls' status reads on it (``workers.remote.StatusReadsApart``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import socket
+import ssl
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import httptools
+import httpx2
+
+__all__ = ["KEEPALIVE_EXPIRY_S", "SocketTransport"]
+
+#: How long a connection is kept idle for the next request (httpx2's default).
+KEEPALIVE_EXPIRY_S = 5.0
+#: How many bytes one read of a socket asks for.
+READ_SIZE = 65_536
+#: The methods this transport sends (an answer to HEAD has a length and no body: the parser is not told).
+METHODS = frozenset({b"GET", b"POST", b"PUT", b"PATCH", b"DELETE", b"OPTIONS"})
+_DEFAULT_PORTS = {b"http": 80, b"https": 443}
+
+#: Every transport of the process, so that a forked child forgets their connections.
+_transports: weakref.WeakSet[SocketTransport] = weakref.WeakSet()
+
+
+def _forget_in_child() -> None:
+    for transport in list(_transports):
+        transport._forget()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+@dataclass(eq=False)
+class _Connection:
+    sock: socket.socket
+    origin: tuple[bytes, bytes, int]
+    idle_since: float = 0.0
+
+    def readable(self) -> bool:
+        """Something came while it was idle: the server's end of file or bytes nobody asked for."""
+        try:
+            poller = select.poll()
+            poller.register(self.sock, select.POLLIN)
+            return bool(poller.poll(0))
+        except (OSError, ValueError):
+            return True
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+@dataclass(eq=False)
+class _Answer:
+    """What the parser has read of one answer (httptools' callbacks)."""
+
+    status: int = 0
+    reason: bytes = b""
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    body: list[bytes] = field(default_factory=list)
+    head_done: bool = False
+    done: bool = False
+    #: the body runs to the connection's end (neither a length nor chunked)
+    to_close: bool = False
+    length_known: bool = False
+    #: the answer lets its connection carry the next request (the parser says so only while the head ends)
+    keep_alive: bool = False
+    parser: httptools.HttpResponseParser | None = None
+
+    def on_message_begin(self) -> None:
+        self.headers = []
+        self.reason = b""
+
+    def on_status(self, reason: bytes) -> None:
+        self.reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+        lowered = name.lower()
+        if lowered == b"content-length" or (lowered == b"transfer-encoding" and b"chunked" in value.lower()):
+            self.length_known = True
+
+    def on_headers_complete(self) -> None:
+        self.head_done = True
+        self.keep_alive = self.parser is not None and self.parser.should_keep_alive()
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(bytes(body))
+
+    def on_message_complete(self) -> None:
+        self.done = True
+
+
+class _Exchange:
+    """One request's exchange on one connection: its head read by :meth:`head`, its body by :meth:`chunks`."""
+
+    def __init__(self, transport: SocketTransport, connection: _Connection, read_s: float | None) -> None:
+        self._transport = transport
+        self._connection = connection
+        self._read_s = read_s
+        self._answer = _Answer()
+        self._parser = self._answer.parser = httptools.HttpResponseParser(self._answer)
+        self._received = 0
+        self._finished = False
+
+    def head(self) -> _Answer:
+        answer = self._answer
+        while True:
+            self._read()
+            if answer.head_done:
+                status = self._parser.get_status_code()
+                if 100 <= status < 200 and status != 101:
+                    # An interim answer (100 Continue, 103 Early Hints): the final one follows.
+                    answer.head_done = answer.done = False
+                    answer.body.clear()
+                    continue
+                if status == 101:
+                    raise httpx2.RemoteProtocolError("the server switched protocols (HTTP 101)")
+                answer.status = status
+                answer.to_close = not answer.length_known and not answer.done
+                return answer
+
+    def chunks(self) -> Iterator[bytes]:
+        answer = self._answer
+        while True:
+            if answer.body:
+                taken, answer.body = answer.body, []
+                yield from taken
+            if answer.done:
+                return
+            self._read()
+
+    def close(self) -> None:
+        """The caller is done: a connection whose answer was read to its end is kept for the next request."""
+        if self._finished:
+            return
+        self._finished = True
+        keep = self._answer.done and not self._answer.to_close and self._answer.keep_alive
+        self._transport._give_back(self._connection, keep=keep)
+
+    def _read(self) -> None:
+        sock = self._connection.sock
+        try:
+            sock.settimeout(self._read_s)
+            data = sock.recv(READ_SIZE)
+        except TimeoutError as exc:
+            raise httpx2.ReadTimeout(f"no answer within {self._read_s} s") from exc
+        except OSError as exc:
+            raise httpx2.ReadError(str(exc) or type(exc).__name__) from exc
+        if not data:
+            if self._answer.head_done and self._answer.to_close:
+                self._answer.done = True  # a body that runs to the connection's end has ended
+                return
+            if not self._received:
+                raise httpx2.RemoteProtocolError("Server disconnected without sending a response.")
+            raise httpx2.RemoteProtocolError("the server closed the connection before the answer's end")
+        self._received += len(data)
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade as exc:
+            raise httpx2.RemoteProtocolError("the server upgraded the connection") from exc
+        except httptools.HttpParserError as exc:
+            raise httpx2.RemoteProtocolError(f"malformed answer: {exc}") from exc
+
+
+class _Body(httpx2.SyncByteStream):
+    def __init__(self, exchange: _Exchange) -> None:
+        self._exchange = exchange
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._exchange.chunks()
+
+    def close(self) -> None:
+        self._exchange.close()
+
+
+class SocketTransport(httpx2.BaseTransport):
+    """HTTP/1.1 on sockets of its own, answers parsed by httptools (see the module's docstring).
+    ``ssl_context``: how ``https`` connections are verified (by default httpx2's: the system's trust store
+    through ``SSL_CERT_FILE``/``SSL_CERT_DIR``, else certifi's)."""
+
+    def __init__(
+        self,
+        *,
+        max_connections: int = 100,
+        keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        if max_connections < 1:
+            raise ValueError(f"max_connections must be at least 1, got {max_connections}")
+        self._max = max_connections
+        self._expiry_s = keepalive_expiry_s
+        self._ssl_context = ssl_context
+        self._forget()
+        _transports.add(self)
+
+    def _forget(self) -> None:
+        """No connections (at the start; in a forked child, whose parent's sockets are the parent's: their
+        copies here are closed, which closes nothing of the parent's)."""
+        for connection in getattr(self, "_open", ()):
+            connection.close()
+        self._lock = threading.Lock()
+        self._free = threading.Condition(self._lock)
+        self._idle: dict[tuple[bytes, bytes, int], list[_Connection]] = {}
+        self._open: set[_Connection] = set()
+        self._connecting = 0
+        self._closed = False
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        url = request.url
+        scheme = url.raw_scheme
+        if scheme not in _DEFAULT_PORTS:
+            raise httpx2.UnsupportedProtocol(f"the URL's scheme is not http or https: {url}")
+        if not url.raw_host:
+            raise httpx2.UnsupportedProtocol(f"the URL has no host: {url}")
+        method = request.method.encode("ascii")
+        if method not in METHODS:
+            raise httpx2.UnsupportedProtocol(f"this transport does not send {request.method}")
+        timeouts: dict[str, float | None] = request.extensions.get("timeout", {})
+        head = self._head(request, method)
+        body = request.read()
+        origin = (scheme, url.raw_host, url.port or _DEFAULT_PORTS[scheme])
+        connection = self._take(origin, timeouts.get("pool"), timeouts.get("connect"))
+        exchange = _Exchange(self, connection, timeouts.get("read"))
+        try:
+            self._write(connection, head + body if len(body) < READ_SIZE else head, timeouts.get("write"))
+            if len(body) >= READ_SIZE:
+                self._write(connection, body, timeouts.get("write"))
+            answer = exchange.head()
+        except BaseException:
+            self._give_back(connection, keep=False)
+            raise
+        return httpx2.Response(
+            answer.status,
+            headers=answer.headers,
+            stream=_Body(exchange),
+            extensions={"http_version": b"HTTP/1.1", "reason_phrase": answer.reason},
+        )
+
+    @staticmethod
+    def _head(request: httpx2.Request, method: bytes) -> bytes:
+        lines = [method, b" ", request.url.raw_path, b" HTTP/1.1\r\n"]
+        chunked = False
+        for name, value in request.headers.raw:
+            if b"\r" in value or b"\n" in value or b"\r" in name or b"\n" in name or b":" in name:
+                raise httpx2.LocalProtocolError(f"a header ({name!r}) holds a line break or a colon")
+            if name.lower() == b"transfer-encoding":
+                chunked = True
+            lines += (name, b": ", value, b"\r\n")
+        if chunked:
+            raise httpx2.LocalProtocolError("this transport sends bodies of a known length only")
+        lines.append(b"\r\n")
+        return b"".join(lines)
+
+    @staticmethod
+    def _write(connection: _Connection, data: bytes, write_s: float | None) -> None:
+        try:
+            connection.sock.settimeout(write_s)
+            connection.sock.sendall(data)
+        except TimeoutError as exc:
+            raise httpx2.WriteTimeout(f"the request was not written within {write_s} s") from exc
+        except OSError as exc:
+            raise httpx2.WriteError(str(exc) or type(exc).__name__) from exc
+
+    def _take(
+        self, origin: tuple[bytes, bytes, int], pool_s: float | None, connect_s: float | None
+    ) -> _Connection:
+        """A connection to ``origin``: an idle one still good, else a new one when there is room, else the
+        first one given back within ``pool_s``."""
+        deadline = None if pool_s is None else time.monotonic() + pool_s
+        stale: list[_Connection] = []
+        try:
+            with self._lock:
+                while True:
+                    if self._closed:
+                        raise httpx2.ConnectError("the transport is closed")
+                    idle = self._idle.get(origin)
+                    now = time.monotonic()
+                    while idle:
+                        connection = idle.pop()
+                        if now - connection.idle_since < self._expiry_s and not connection.readable():
+                            return connection
+                        self._open.discard(connection)
+                        stale.append(connection)
+                    if len(self._open) + self._connecting < self._max:
+                        self._connecting += 1  # its room is kept while it connects
+                        break
+                    if self._free_one_idle(stale):
+                        continue
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        raise httpx2.PoolTimeout(f"no connection was free within {pool_s} s")
+                    self._free.wait(left)
+        finally:
+            for connection in stale:
+                connection.close()
+        try:
+            connection = _Connection(self._connect(origin, connect_s), origin)
+        except BaseException:
+            with self._lock:
+                self._connecting -= 1
+                self._free.notify()
+            raise
+        with self._lock:
+            self._connecting -= 1
+            self._open.add(connection)
+        return connection
+
+    def _free_one_idle(self, closing: list[_Connection]) -> bool:
+        """Let the oldest idle connection to any origin go, to be closed with ``closing`` (the pool is full,
+        and a request to another origin waits); True if there was one. Called under the lock."""
+        oldest: _Connection | None = None
+        for idle in self._idle.values():
+            if idle and (oldest is None or idle[0].idle_since < oldest.idle_since):
+                oldest = idle[0]
+        if oldest is None:
+            return False
+        self._idle[oldest.origin].remove(oldest)
+        self._open.discard(oldest)
+        closing.append(oldest)
+        return True
+
+    def _connect(self, origin: tuple[bytes, bytes, int], connect_s: float | None) -> socket.socket:
+        scheme, raw_host, port = origin
+        host = raw_host.decode("ascii").strip("[]")
+        try:
+            sock = socket.create_connection((host, port), timeout=connect_s)
+        except TimeoutError as exc:
+            raise httpx2.ConnectTimeout(f"no connection to {host}:{port} within {connect_s} s") from exc
+        except OSError as exc:
+            raise httpx2.ConnectError(str(exc) or type(exc).__name__) from exc
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if scheme == b"https":
+                context = self._ssl_context
+                if context is None:
+                    context = self._ssl_context = httpx2.create_ssl_context()
+                sock = context.wrap_socket(sock, server_hostname=host)  # the handshake, within connect_s
+        except TimeoutError as exc:
+            sock.close()
+            raise httpx2.ConnectTimeout(f"no TLS handshake with {host}:{port} within {connect_s} s") from exc
+        except (OSError, ssl.SSLError) as exc:
+            sock.close()
+            raise httpx2.ConnectError(str(exc) or type(exc).__name__) from exc
+        return sock
+
+    def _give_back(self, connection: _Connection, *, keep: bool) -> None:
+        with self._lock:
+            if keep and not self._closed and connection in self._open:
+                connection.idle_since = time.monotonic()
+                self._idle.setdefault(connection.origin, []).append(connection)
+            else:
+                self._open.discard(connection)
+                connection.close()
+            self._free.notify()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle = [connection for connections in self._idle.values() for connection in connections]
+            self._idle.clear()
+            for connection in idle:
+                self._open.discard(connection)
+            self._free.notify_all()
+        for connection in idle:
+            connection.close()
