@@ -93,7 +93,8 @@ class _Connection:
 
 @dataclass(eq=False)
 class _Answer:
-    """What the parser has read of one answer (httptools' callbacks)."""
+    """What the parser has read of one answer (httptools' callbacks): the final one, past any interim one
+    (100 Continue, 103 Early Hints), and nothing past its end."""
 
     status: int = 0
     reason: bytes = b""
@@ -106,29 +107,53 @@ class _Answer:
     length_known: bool = False
     #: the answer lets its connection carry the next request (the parser says so only while the head ends)
     keep_alive: bool = False
+    #: an interim answer is being read: the final one follows it
+    interim: bool = False
+    #: bytes came past the answer's end: the connection carries nothing more
+    extra: bool = False
     parser: httptools.HttpResponseParser | None = None
 
     def on_message_begin(self) -> None:
+        if self.done:
+            self.extra = True
+            return
         self.headers = []
         self.reason = b""
+        self.length_known = False
 
     def on_status(self, reason: bytes) -> None:
-        self.reason += reason
+        if not self.extra:
+            self.reason += reason
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self.extra:
+            return
         self.headers.append((name, value))
         lowered = name.lower()
         if lowered == b"content-length" or (lowered == b"transfer-encoding" and b"chunked" in value.lower()):
             self.length_known = True
 
     def on_headers_complete(self) -> None:
+        if self.extra or self.parser is None:
+            return
+        status = self.parser.get_status_code()
+        if 100 <= status < 200 and status != 101:
+            self.interim = True
+            return
+        self.status = status
+        self.keep_alive = self.parser.should_keep_alive()
         self.head_done = True
-        self.keep_alive = self.parser is not None and self.parser.should_keep_alive()
 
     def on_body(self, body: bytes) -> None:
-        self.body.append(bytes(body))
+        if not self.extra and not self.interim:
+            self.body.append(bytes(body))
 
     def on_message_complete(self) -> None:
+        if self.extra:
+            return
+        if self.interim:
+            self.interim = False
+            return
         self.done = True
 
 
@@ -146,20 +171,12 @@ class _Exchange:
 
     def head(self) -> _Answer:
         answer = self._answer
-        while True:
+        while not answer.head_done:
             self._read()
-            if answer.head_done:
-                status = self._parser.get_status_code()
-                if 100 <= status < 200 and status != 101:
-                    # An interim answer (100 Continue, 103 Early Hints): the final one follows.
-                    answer.head_done = answer.done = False
-                    answer.body.clear()
-                    continue
-                if status == 101:
-                    raise httpx2.RemoteProtocolError("the server switched protocols (HTTP 101)")
-                answer.status = status
-                answer.to_close = not answer.length_known and not answer.done
-                return answer
+        if answer.status == 101:
+            raise httpx2.RemoteProtocolError("the server switched protocols (HTTP 101)")
+        answer.to_close = not answer.length_known and not answer.done
+        return answer
 
     def chunks(self) -> Iterator[bytes]:
         answer = self._answer
@@ -176,7 +193,8 @@ class _Exchange:
         if self._finished:
             return
         self._finished = True
-        keep = self._answer.done and not self._answer.to_close and self._answer.keep_alive
+        answer = self._answer
+        keep = answer.done and answer.keep_alive and not answer.to_close and not answer.extra
         self._transport._give_back(self._connection, keep=keep)
 
     def _read(self) -> None:
@@ -201,6 +219,9 @@ class _Exchange:
         except httptools.HttpParserUpgrade as exc:
             raise httpx2.RemoteProtocolError("the server upgraded the connection") from exc
         except httptools.HttpParserError as exc:
+            if self._answer.done:  # past the answer's end: the answer stands, the connection is not kept
+                self._answer.extra = True
+                return
             raise httpx2.RemoteProtocolError(f"malformed answer: {exc}") from exc
 
 
@@ -376,6 +397,7 @@ class SocketTransport(httpx2.BaseTransport):
                 context = self._ssl_context
                 if context is None:
                     context = self._ssl_context = httpx2.create_ssl_context()
+                    context.set_alpn_protocols(["http/1.1"])  # as httpx2's transport offers
                 sock = context.wrap_socket(sock, server_hostname=host)  # the handshake, within connect_s
         except TimeoutError as exc:
             sock.close()

@@ -129,6 +129,8 @@ class _Handler(QuietHandler):
                 b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n" + b'{"whole": true}'
             )
             self.close_connection = True
+        elif path == "/extra":
+            self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}garbage past the end\r\n\r\n")
         elif path == "/held":
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -477,6 +479,15 @@ def test_a_body_that_runs_to_the_connections_end_is_read_whole_and_the_connectio
 ) -> None:
     with httpx2.Client(transport=sockets, timeout=ANSWER_S) as client:
         assert client.get(served.url + "/to-close").json() == {"whole": True}
+        assert client.get(served.url + "/echo").status_code == 200
+    assert served.server.connections == 2
+
+
+def test_bytes_past_the_answers_end_leave_the_answer_whole_and_the_connection_unused(
+    served: Served, sockets: SocketTransport
+) -> None:
+    with httpx2.Client(transport=sockets, timeout=ANSWER_S) as client:
+        assert client.get(served.url + "/extra").json() == {}
         assert client.get(served.url + "/echo").status_code == 200
     assert served.server.connections == 2
 
