@@ -238,8 +238,8 @@ class _Body(httpx2.SyncByteStream):
 
 class SocketTransport(httpx2.BaseTransport):
     """HTTP/1.1 on sockets of its own, answers parsed by httptools (see the module's docstring).
-    ``ssl_context``: how ``https`` connections are verified (by default httpx2's: the system's trust store
-    through ``SSL_CERT_FILE``/``SSL_CERT_DIR``, else certifi's)."""
+    ``ssl_context``: how ``https`` connections are verified (by default as httpx2's own transport does:
+    ``httpx2.create_ssl_context()``: the system's trust store, ``SSL_CERT_FILE``, ``SSL_CERT_DIR``)."""
 
     def __init__(
         self,

@@ -556,7 +556,7 @@ def test_a_forked_child_opens_connections_of_its_own(served: Served) -> None:
 
 def test_https_is_verified_by_the_context_given(tmp_path: Any) -> None:
     """A server whose certificate the context trusts answers; the same server to httpx2's default trust
-    (certifi, where the test's authority is not) is a ``ConnectError``: the request was never sent."""
+    (the system's store, where the test's authority is not) is a ``ConnectError``: never sent."""
     import trustme  # noqa: PLC0415 - the tests' only TLS
 
     authority = trustme.CA()
