@@ -293,30 +293,6 @@ def test_a_get_whose_connection_is_hung_up_is_sent_once(served: Served, client: 
     assert served.server.hits["/hang-up"] == 1
 
 
-def _child_reads(transport: LoopTransport, url: str, out: Any) -> None:
-    with httpx2.Client(transport=transport, timeout=ANSWER_S) as forked:
-        out.put(forked.get(url).json()["body"])
-
-
-def test_a_forked_child_sends_on_a_loop_of_its_own(served: Served) -> None:
-    """A Celery prefork child: its parent's loop thread and connections do not run there."""
-    transport = LoopTransport(max_connections=4)
-    with httpx2.Client(transport=transport, timeout=ANSWER_S) as parents:
-        assert parents.post(served.url + "/echo", content=b"parent").json()["body"] == "parent"
-        fork = multiprocessing.get_context("fork")
-        out = fork.Queue()
-        child = fork.Process(target=_child_reads, args=(transport, served.url + "/echo", out))
-        child.start()
-        child.join(ANSWER_S)
-        if child.is_alive():
-            child.kill()
-            child.join(CHILD_STOP_S)
-        assert child.exitcode == 0
-        assert out.get(timeout=ANSWER_S) == ""
-        # the parent's own connection still works
-        assert parents.post(served.url + "/echo", content=b"again").json()["body"] == "again"
-
-
 class _Spy(httpx2.BaseTransport):
     def __init__(self) -> None:
         self.seen: list[str] = []
@@ -529,15 +505,17 @@ def test_a_write_that_cannot_finish_is_a_write_timeout(sockets: SocketTransport)
         assert time.monotonic() - started < ANSWER_S / 2
 
 
-def _child_sends(transport: SocketTransport, url: str, out: Any) -> None:
+def _child_sends(transport: httpx2.BaseTransport, url: str, out: Any) -> None:
     with httpx2.Client(transport=transport, timeout=ANSWER_S) as forked:
         out.put(forked.post(url, content=b"child").json()["body"])
 
 
-def test_a_forked_child_opens_connections_of_its_own(served: Served) -> None:
-    """A Celery prefork child: its parent's idle connection is the parent's (the same socket in both
-    processes would mix their answers); the child opens its own, and the parent goes on with its own."""
-    transport = SocketTransport(max_connections=4)
+@pytest.mark.parametrize("kind", ["sockets", "loop"])
+def test_a_forked_child_opens_connections_of_its_own(served: Served, kind: str) -> None:
+    """A Celery prefork child: its parent's idle connection (and loop thread) are the parent's (the same
+    socket in both processes would mix their answers); the child opens its own, and the parent goes on
+    with its own."""
+    transport = _reads_transport(kind)
     with httpx2.Client(transport=transport, timeout=ANSWER_S) as parents:
         assert parents.post(served.url + "/echo", content=b"parent").json()["body"] == "parent"
         fork = multiprocessing.get_context("fork")
