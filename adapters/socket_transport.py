@@ -55,6 +55,9 @@ __all__ = ["KEEPALIVE_EXPIRY_S", "SocketTransport"]
 KEEPALIVE_EXPIRY_S = 5.0
 #: How many bytes one read of a socket asks for.
 READ_SIZE = 65_536
+#: The largest head of an answer read (interim answers included), as httpx2's own transport bounds it: past
+#: it, a server sending header lines without end is refused, not held in memory.
+MAX_HEAD_BYTES = 65_536
 #: The methods this transport sends (an answer to HEAD has a length and no body: the parser is not told).
 METHODS = frozenset({b"GET", b"POST", b"PUT", b"PATCH", b"DELETE", b"OPTIONS"})
 _DEFAULT_PORTS = {b"http": 80, b"https": 443}
@@ -130,7 +133,9 @@ class _Answer:
             return
         self.headers.append((name, value))
         lowered = name.lower()
-        if lowered == b"content-length" or (lowered == b"transfer-encoding" and b"chunked" in value.lower()):
+        if lowered == b"content-length" or (
+            lowered == b"transfer-encoding" and value.lower().rsplit(b",", 1)[-1].strip() == b"chunked"
+        ):
             self.length_known = True
 
     def on_headers_complete(self) -> None:
@@ -160,8 +165,11 @@ class _Answer:
 class _Exchange:
     """One request's exchange on one connection: its head read by :meth:`head`, its body by :meth:`chunks`."""
 
-    def __init__(self, transport: SocketTransport, connection: _Connection, read_s: float | None) -> None:
+    def __init__(
+        self, transport: SocketTransport, connection: _Connection, read_s: float | None, *, reusable: bool
+    ) -> None:
         self._transport = transport
+        self._reusable = reusable
         self._connection = connection
         self._read_s = read_s
         self._answer = _Answer()
@@ -194,7 +202,9 @@ class _Exchange:
             return
         self._finished = True
         answer = self._answer
-        keep = answer.done and answer.keep_alive and not answer.to_close and not answer.extra
+        keep = (
+            self._reusable and answer.done and answer.keep_alive and not answer.to_close and not answer.extra
+        )
         self._transport._give_back(self._connection, keep=keep)
 
     def _read(self) -> None:
@@ -216,6 +226,9 @@ class _Exchange:
         self._received += len(data)
         try:
             self._parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            # The callbacks raise nothing of their own: this is what interrupted them (a signal's exception).
+            raise (exc.__context__ or exc) from None
         except httptools.HttpParserUpgrade as exc:
             raise httpx2.RemoteProtocolError("the server upgraded the connection") from exc
         except httptools.HttpParserError as exc:
@@ -223,6 +236,28 @@ class _Exchange:
                 self._answer.extra = True
                 return
             raise httpx2.RemoteProtocolError(f"malformed answer: {exc}") from exc
+        if not self._answer.head_done and self._received > MAX_HEAD_BYTES:
+            raise httpx2.RemoteProtocolError(f"the answer's head is larger than {MAX_HEAD_BYTES} bytes")
+
+
+def _speaks_http1(sock: ssl.SSLSocket) -> None:
+    """A TLS connection whose server chose another protocol than HTTP/1.1 (a context offering h2) is
+    refused."""
+    chosen = sock.selected_alpn_protocol()
+    if chosen not in (None, "http/1.1"):
+        raise ssl.SSLError(f"the server chose {chosen}, not HTTP/1.1")
+
+
+class _NetworkStream:
+    """The answer's ``network_stream`` extension, as httpx2's transport gives it: its socket, which an event
+    stream's reader watches for the stream's end (``adapters.http_answers._finish_stream``) so that a
+    whole stream lets its connection be kept."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+
+    def get_extra_info(self, info: str) -> object:
+        return self._sock if info == "socket" else None
 
 
 class _Body(httpx2.SyncByteStream):
@@ -262,6 +297,7 @@ class SocketTransport(httpx2.BaseTransport):
         for connection in getattr(self, "_open", ()):
             connection.close()
         self._lock = threading.Lock()
+        self._tls_lock = threading.Lock()
         self._free = threading.Condition(self._lock)
         self._idle: dict[tuple[bytes, bytes, int], list[_Connection]] = {}
         self._open: set[_Connection] = set()
@@ -279,40 +315,50 @@ class SocketTransport(httpx2.BaseTransport):
         if method not in METHODS:
             raise httpx2.UnsupportedProtocol(f"this transport does not send {request.method}")
         timeouts: dict[str, float | None] = request.extensions.get("timeout", {})
-        head = self._head(request, method)
+        head, reusable = self._head(request, method)
         body = request.read()
         origin = (scheme, url.raw_host, url.port or _DEFAULT_PORTS[scheme])
         connection = self._take(origin, timeouts.get("pool"), timeouts.get("connect"))
-        exchange = _Exchange(self, connection, timeouts.get("read"))
         try:
+            exchange = _Exchange(self, connection, timeouts.get("read"), reusable=reusable)
             self._write(connection, head + body if len(body) < READ_SIZE else head, timeouts.get("write"))
             if len(body) >= READ_SIZE:
                 self._write(connection, body, timeouts.get("write"))
             answer = exchange.head()
+            return httpx2.Response(
+                answer.status,
+                headers=answer.headers,
+                stream=_Body(exchange),
+                extensions={
+                    "http_version": b"HTTP/1.1",
+                    "reason_phrase": answer.reason,
+                    "network_stream": _NetworkStream(connection.sock),
+                },
+            )
         except BaseException:
             self._give_back(connection, keep=False)
             raise
-        return httpx2.Response(
-            answer.status,
-            headers=answer.headers,
-            stream=_Body(exchange),
-            extensions={"http_version": b"HTTP/1.1", "reason_phrase": answer.reason},
-        )
 
     @staticmethod
-    def _head(request: httpx2.Request, method: bytes) -> bytes:
+    def _head(request: httpx2.Request, method: bytes) -> tuple[bytes, bool]:
+        """The request's head, and whether its connection may carry another request after it (not when the
+        request asks for its close)."""
         lines = [method, b" ", request.url.raw_path, b" HTTP/1.1\r\n"]
         chunked = False
+        reusable = True
         for name, value in request.headers.raw:
             if b"\r" in value or b"\n" in value or b"\r" in name or b"\n" in name or b":" in name:
                 raise httpx2.LocalProtocolError(f"a header ({name!r}) holds a line break or a colon")
-            if name.lower() == b"transfer-encoding":
+            lowered = name.lower()
+            if lowered == b"transfer-encoding":
                 chunked = True
+            elif lowered == b"connection" and b"close" in value.lower():
+                reusable = False
             lines += (name, b": ", value, b"\r\n")
         if chunked:
             raise httpx2.LocalProtocolError("this transport sends bodies of a known length only")
         lines.append(b"\r\n")
-        return b"".join(lines)
+        return b"".join(lines), reusable
 
     @staticmethod
     def _write(connection: _Connection, data: bytes, write_s: float | None) -> None:
@@ -329,34 +375,10 @@ class SocketTransport(httpx2.BaseTransport):
     ) -> _Connection:
         """A connection to ``origin``: an idle one still good, else a new one when there is room, else the
         first one given back within ``pool_s``."""
-        deadline = None if pool_s is None else time.monotonic() + pool_s
-        stale: list[_Connection] = []
-        try:
-            with self._lock:
-                while True:
-                    if self._closed:
-                        raise httpx2.ConnectError("the transport is closed")
-                    idle = self._idle.get(origin)
-                    now = time.monotonic()
-                    while idle:
-                        connection = idle.pop()
-                        if now - connection.idle_since < self._expiry_s and not connection.readable():
-                            return connection
-                        self._open.discard(connection)
-                        stale.append(connection)
-                    if len(self._open) + self._connecting < self._max:
-                        self._connecting += 1  # its room is kept while it connects
-                        break
-                    if self._free_one_idle(stale):
-                        continue
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        raise httpx2.PoolTimeout(f"no connection was free within {pool_s} s")
-                    self._free.wait(left)
-        finally:
-            for connection in stale:
-                connection.close()
-        try:
+        idle = self._idle_or_room(origin, pool_s)
+        if idle is not None:
+            return idle
+        try:  # the room is this request's until the connection is made, or not
             connection = _Connection(self._connect(origin, connect_s), origin)
         except BaseException:
             with self._lock:
@@ -364,13 +386,39 @@ class SocketTransport(httpx2.BaseTransport):
                 self._free.notify()
             raise
         with self._lock:
-            self._connecting -= 1
             self._open.add(connection)
+            self._connecting -= 1
         return connection
 
-    def _free_one_idle(self, closing: list[_Connection]) -> bool:
-        """Let the oldest idle connection to any origin go, to be closed with ``closing`` (the pool is full,
-        and a request to another origin waits); True if there was one. Called under the lock."""
+    def _idle_or_room(self, origin: tuple[bytes, bytes, int], pool_s: float | None) -> _Connection | None:
+        """An idle connection to ``origin`` still good (the stale ones closed on the way), else None with the
+        room for a new one kept (``_connecting``), waiting up to ``pool_s`` for either."""
+        deadline = None if pool_s is None else time.monotonic() + pool_s
+        with self._lock:
+            while True:
+                if self._closed:
+                    raise httpx2.ConnectError("the transport is closed")
+                idle = self._idle.get(origin)
+                now = time.monotonic()
+                while idle:
+                    connection = idle.pop()
+                    if now - connection.idle_since < self._expiry_s and not connection.readable():
+                        return connection
+                    self._open.discard(connection)
+                    connection.close()  # a close of a socket does not wait
+                if len(self._open) + self._connecting < self._max:
+                    self._connecting += 1
+                    return None
+                if self._free_one_idle():
+                    continue
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise httpx2.PoolTimeout(f"no connection was free within {pool_s} s")
+                self._free.wait(left)
+
+    def _free_one_idle(self) -> bool:
+        """Close the oldest idle connection to any origin (the pool is full, and a request to another origin
+        waits); True if there was one. Called under the lock."""
         oldest: _Connection | None = None
         for idle in self._idle.values():
             if idle and (oldest is None or idle[0].idle_since < oldest.idle_since):
@@ -379,7 +427,7 @@ class SocketTransport(httpx2.BaseTransport):
             return False
         self._idle[oldest.origin].remove(oldest)
         self._open.discard(oldest)
-        closing.append(oldest)
+        oldest.close()
         return True
 
     def _connect(self, origin: tuple[bytes, bytes, int], connect_s: float | None) -> socket.socket:
@@ -394,11 +442,8 @@ class SocketTransport(httpx2.BaseTransport):
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if scheme == b"https":
-                context = self._ssl_context
-                if context is None:
-                    context = self._ssl_context = httpx2.create_ssl_context()
-                    context.set_alpn_protocols(["http/1.1"])  # as httpx2's transport offers
-                sock = context.wrap_socket(sock, server_hostname=host)  # the handshake, within connect_s
+                sock = self._tls().wrap_socket(sock, server_hostname=host)  # the handshake, within connect_s
+                _speaks_http1(sock)
         except TimeoutError as exc:
             sock.close()
             raise httpx2.ConnectTimeout(f"no TLS handshake with {host}:{port} within {connect_s} s") from exc
@@ -406,6 +451,16 @@ class SocketTransport(httpx2.BaseTransport):
             sock.close()
             raise httpx2.ConnectError(str(exc) or type(exc).__name__) from exc
         return sock
+
+    def _tls(self) -> ssl.SSLContext:
+        """The context of this transport's TLS connections: the one given, else httpx2's default, made once
+        (offering HTTP/1.1 alone, as httpx2's transport does)."""
+        with self._tls_lock:
+            if self._ssl_context is None:
+                context = httpx2.create_ssl_context()
+                context.set_alpn_protocols(["http/1.1"])
+                self._ssl_context = context
+            return self._ssl_context
 
     def _give_back(self, connection: _Connection, *, keep: bool) -> None:
         with self._lock:

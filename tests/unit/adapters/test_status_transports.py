@@ -26,9 +26,10 @@ from typing import Any
 import httpx2
 import pytest
 
-from adapters import RemoteRef, Timeouts, http_client, loop_transport
+from adapters import Limits, RemoteRef, Timeouts, http_client, loop_transport
 from adapters.loop_transport import LoopTransport
 from adapters.socket_transport import SocketTransport
+from adapters.streamable_http import StreamableHttpClient
 from tests.support.http_servers import QuietHandler, serving
 from workers.budget import BUDGET_HEADER, TokenBudget
 from workers.remote import StatusReadsApart
@@ -131,6 +132,30 @@ class _Handler(QuietHandler):
             self.close_connection = True
         elif path == "/extra":
             self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}garbage past the end\r\n\r\n")
+        elif path == "/closes-after":
+            self.answer(200, b"{}", "application/json", extra=(("Connection", "close"),))
+            self.close_connection = True
+        elif path == "/endless-head":
+            self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+            try:
+                for n in range(100_000):  # 3 MB of header lines, never the head's end
+                    self.wfile.write(f"X-Line-{n}: {'y' * 20}\r\n".encode())
+            except OSError:
+                pass  # the client gave up: what the test wants
+            self.close_connection = True
+        elif path == "/sse-answer":
+            request_id = json.loads(body)["id"]
+            sse = (
+                f"event: message\ndata: {json.dumps({'jsonrpc': '2.0', 'id': request_id, 'result': {}})}\n\n"
+            )
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self.wfile.write(f"{len(sse):x}\r\n{sse}\r\n".encode())
+            self.wfile.flush()
+            time.sleep(0.005)  # the stream's end comes just after its response, as a server's does
+            self.wfile.write(b"0\r\n\r\n")
         elif path == "/held":
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -557,3 +582,88 @@ def test_https_is_verified_by_the_context_given(tmp_path: Any) -> None:
         ):
             client.post(https + "/echo", content=b"untrusted")
     assert server.hits["/echo"] == 2
+
+
+def test_an_answer_that_closes_its_connection_or_a_request_that_asks_it_leaves_it_unused(
+    served: Served, sockets: SocketTransport
+) -> None:
+    with httpx2.Client(transport=sockets, timeout=ANSWER_S) as client:
+        assert client.get(served.url + "/closes-after").json() == {}
+        assert client.get(served.url + "/echo", headers={"Connection": "close"}).status_code == 200
+        assert client.get(served.url + "/echo").status_code == 200
+    assert served.server.connections == 3
+
+
+def test_an_answer_whose_head_never_ends_is_refused_past_its_bound(
+    served: Served, sockets: SocketTransport
+) -> None:
+    """Held in memory up to ``MAX_HEAD_BYTES``, not for as long as the server sends header lines."""
+    with (
+        httpx2.Client(transport=sockets, timeout=ANSWER_S) as client,
+        pytest.raises(httpx2.RemoteProtocolError, match="head is larger"),
+    ):
+        client.get(served.url + "/endless-head")
+
+
+def test_an_event_stream_read_to_its_response_keeps_its_connection(served: Served) -> None:
+    """An MCP answer as an event stream: the adapters' reader waits for the stream's end after the response
+    (``_finish_stream``, on the answer's socket), so the next read finds the connection open."""
+    with SocketTransport(max_connections=2) as transport:
+        streams = StreamableHttpClient(
+            httpx2.Client(transport=transport, timeout=ANSWER_S),
+            served.url + "/sse-answer",
+            bearer_token=None,
+            timeouts=Timeouts(read=ANSWER_S),
+            limits=Limits(),
+            new_id=lambda: "req-1",
+        )
+        for _ in range(3):
+            exchange = streams.request("tasks/get", {}, session=None, idempotent=True)
+            assert exchange.response is not None
+    assert served.server.connections == 1
+
+
+def test_a_request_waiting_for_the_pool_takes_the_connection_given_back(served: Served) -> None:
+    with (
+        SocketTransport(max_connections=1) as transport,
+        httpx2.Client(transport=transport, timeout=ANSWER_S) as client,
+        client.stream("GET", served.url + "/held") as held,
+    ):
+        waiting: list[float] = []
+
+        def wait_then_read() -> None:
+            started = time.monotonic()
+            assert client.get(served.url + "/echo", timeout=_timeout(pool=ANSWER_S)).status_code == 200
+            waiting.append(time.monotonic() - started)
+
+        waiter = threading.Thread(target=wait_then_read)
+        waiter.start()
+        time.sleep(0.1)  # the waiter is in the pool's queue by now (it cannot be anywhere else for long)
+        assert served.server.hits["/echo"] == 0
+        served.server.release.set()
+        assert held.read() == b"{}"
+        waiter.join(ANSWER_S)
+        assert not waiter.is_alive()
+    assert len(waiting) == 1
+    assert waiting[0] < ANSWER_S / 2
+    assert served.server.connections == 1
+
+
+def test_a_certificate_for_another_name_is_a_connect_error_never_sent() -> None:
+    import trustme  # noqa: PLC0415 - the tests' only TLS
+
+    authority = trustme.CA()
+    server = _Server()
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    authority.issue_cert("example.org").configure_cert(server_context)
+    server.socket = server_context.wrap_socket(server.socket, server_side=True)
+    trusting = ssl.create_default_context()
+    authority.configure_trust(trusting)
+    with (
+        serving(server, before_stop=server.release.set) as url,
+        SocketTransport(ssl_context=trusting) as transport,
+        httpx2.Client(transport=transport, timeout=ANSWER_S) as client,
+        pytest.raises(httpx2.ConnectError),
+    ):
+        client.post(url.replace("http://", "https://") + "/echo", content=b"misnamed")
+    assert server.hits["/echo"] == 0
