@@ -288,19 +288,20 @@ class SocketTransport(httpx2.BaseTransport):
         self._max = max_connections
         self._expiry_s = keepalive_expiry_s
         self._ssl_context = ssl_context
+        self._open: set[_Connection] = set()
         self._forget()
         _transports.add(self)
 
     def _forget(self) -> None:
         """No connections (at the start; in a forked child, whose parent's sockets are the parent's: their
         copies here are closed, which closes nothing of the parent's)."""
-        for connection in getattr(self, "_open", ()):
+        for connection in self._open:
             connection.close()
         self._lock = threading.Lock()
         self._tls_lock = threading.Lock()
         self._free = threading.Condition(self._lock)
         self._idle: dict[tuple[bytes, bytes, int], list[_Connection]] = {}
-        self._open: set[_Connection] = set()
+        self._open = set()
         self._connecting = 0
         self._closed = False
 
@@ -321,9 +322,7 @@ class SocketTransport(httpx2.BaseTransport):
         connection = self._take(origin, timeouts.get("pool"), timeouts.get("connect"))
         try:
             exchange = _Exchange(self, connection, timeouts.get("read"), reusable=reusable)
-            self._write(connection, head + body if len(body) < READ_SIZE else head, timeouts.get("write"))
-            if len(body) >= READ_SIZE:
-                self._write(connection, body, timeouts.get("write"))
+            self._write(connection, head + body, timeouts.get("write"))
             answer = exchange.head()
             return httpx2.Response(
                 answer.status,

@@ -33,8 +33,13 @@ from workers.errors import UnknownServer
 from workers.request_outcomes import CountingTransport, RequestOutcomes
 from workers.settings import FleetConfig, ServerConfig
 
-#: What sends the status reads of the polls (``Settings.status_reads``).
-STATUS_READS = ("httptools", "aiohttp", "httpx2")
+#: The transports the status reads of the polls may go on apart (``Settings.status_reads``), by name; with
+#: ``httpx2`` they go on httpx2's own transport, as every other request does.
+READS_TRANSPORTS: dict[str, type[SocketTransport] | type[LoopTransport]] = {
+    "httptools": SocketTransport,
+    "aiohttp": LoopTransport,
+}
+STATUS_READS = (*READS_TRANSPORTS, "httpx2")
 
 
 class StatusReadsApart(httpx2.BaseTransport):
@@ -76,7 +81,7 @@ class RemotePool:
     connections each client keeps open, as many as the process sends to one server at once (a poll batch's
     members, ``Settings.poll_batch``): the next batch finds them open. ``outcomes``: where each request's
     outcome is counted (``workers.request_outcomes``). ``status_reads``: what sends the polls' status reads
-    (``Settings.status_reads``: :class:`StatusReadsApart` for ``aiohttp``)."""
+    (``Settings.status_reads``: apart, by :class:`StatusReadsApart`, unless ``httpx2``)."""
 
     def __init__(
         self,
@@ -87,7 +92,7 @@ class RemotePool:
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         connections: int = DEFAULT_CONNECTIONS,
         outcomes: RequestOutcomes | None = None,
-        status_reads: str = "httpx2",
+        status_reads: str = "httptools",
     ) -> None:
         if status_reads not in STATUS_READS:
             raise ValueError(f"status_reads is one of {', '.join(STATUS_READS)}, not {status_reads!r}")
@@ -156,12 +161,11 @@ class RemotePool:
         (on sockets parsed by httptools, or on the process's event loop), every request counted with its
         outcome, for ``longcall metrics``."""
         transport = inner
-        if self._status_reads == "aiohttp":
-            loop = LoopTransport(max_connections=max(MAX_CONNECTIONS, 2 * self._connections))
-            transport = StatusReadsApart(inner, loop)
-        elif self._status_reads == "httptools":
-            sockets = SocketTransport(max_connections=max(MAX_CONNECTIONS, 2 * self._connections))
-            transport = StatusReadsApart(inner, sockets)
+        reads = READS_TRANSPORTS.get(self._status_reads)
+        if reads is not None:
+            transport = StatusReadsApart(
+                inner, reads(max_connections=max(MAX_CONNECTIONS, 2 * self._connections))
+            )
         if self._outcomes is not None:
             transport = CountingTransport(transport, server=server, outcomes=self._outcomes)
         return transport
