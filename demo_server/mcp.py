@@ -51,8 +51,9 @@ Control endpoints (test harness only, same port):
   ``/mcp`` (POST, GET, DELETE; JSON-RPC responses and refused requests included), ``query`` its URL's query
   string. ``DELETE`` clears it.
 * ``GET /_control/replies`` -> ``{"replies": [{"t", "id", "session", "outcome"}]}``: every client JSON-RPC
-  response (an input reply) received; ``outcome`` is ``taken`` (a task waited for it), ``duplicate``
-  (none did: answered already, or unknown), ``refused`` or ``ignored`` (the fault switches below).
+  response (an input reply) received at ``t``; ``outcome`` is ``taken`` (a task waited for it),
+  ``duplicate`` (none did: answered already, or unknown), ``refused`` or ``ignored`` (the fault switches
+  below). A taken or duplicate reply has ``answered``: when its 202 was sent (after ``delay_reply_ms``).
 * ``GET /_control/tasks`` -> ``{"tasks": [every task with session, tool, arguments, result, error,
   pendingInputs], "expired": [purged ids]}``.
 * ``POST /_control/finish`` ``{"task_ids": [...]}`` -> ``{"finished": {taskId: lastUpdatedAt}}``: each named
@@ -280,7 +281,8 @@ class DemoMcpServer:
                 self.replies.append({**reply, "outcome": "ignored"})
             else:
                 taken = self.streams.take_reply(incoming)
-                self.replies.append({**reply, "outcome": "taken" if taken else "duplicate"})
+                outcome = "taken" if taken else "duplicate"
+                self.replies.append({**reply, "outcome": outcome, "answered": time.time()})
             await respond(send, 202, headers=self.options.session_headers(incoming.session))
         elif "id" not in message:
             await respond(send, 202, headers=self.options.session_headers(incoming.session))
