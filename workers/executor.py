@@ -433,11 +433,12 @@ class Executor:
                 booked = self.ctx.budget.book_slots(server, "poll", [offset for offset, _ in asked])
             except UnknownServer:
                 continue  # each member meets it in its own step (rule 14)
+            granted = len(booked.delays_s)
             for index, (_, op_id) in enumerate(asked):
-                if index < len(booked.delays_s):
+                if index < granted:
                     budgets[op_id] = booked.budget(index)
                 else:
-                    refused[op_id] = booked.refused or NoToken(REDIS_PAUSE_S)
+                    refused[op_id] = booked.refusal(index - granted)
         return budgets, refused
 
     def _without_slots(
