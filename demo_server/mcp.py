@@ -53,7 +53,8 @@ Control endpoints (test harness only, same port):
 * ``GET /_control/replies`` -> ``{"replies": [{"t", "id", "session", "outcome"}]}``: every client JSON-RPC
   response (an input reply) received at ``t``; ``outcome`` is ``taken`` (a task waited for it),
   ``duplicate`` (none did: answered already, or unknown), ``refused`` or ``ignored`` (the fault switches
-  below). A taken or duplicate reply has ``answered``: when its 202 was sent (after ``delay_reply_ms``).
+  below), or ``pending`` while ``delay_reply_ms`` holds it. A taken or duplicate reply has ``answered``:
+  when its 202 was sent.
 * ``GET /_control/tasks`` -> ``{"tasks": [every task with session, tool, arguments, result, error,
   pendingInputs], "expired": [purged ids]}``.
 * ``POST /_control/finish`` ``{"task_ids": [...]}`` -> ``{"finished": {taskId: lastUpdatedAt}}``: each named
@@ -275,14 +276,16 @@ class DemoMcpServer:
                 self.replies.append({**reply, "outcome": "refused"})
                 await drop_connection(send)
                 return
+            # Listed as it arrives ("pending" while it is held), so that a reply still held is seen.
+            entry = {**reply, "outcome": "pending"}
+            self.replies.append(entry)
             if self.faults.switches.delay_reply_ms:
                 await asyncio.sleep(self.faults.switches.delay_reply_ms / 1000)
             if self.faults.take("ignore_reply"):
-                self.replies.append({**reply, "outcome": "ignored"})
+                entry["outcome"] = "ignored"
             else:
                 taken = self.streams.take_reply(incoming)
-                outcome = "taken" if taken else "duplicate"
-                self.replies.append({**reply, "outcome": outcome, "answered": time.time()})
+                entry.update(outcome="taken" if taken else "duplicate", answered=time.time())
             await respond(send, 202, headers=self.options.session_headers(incoming.session))
         elif "id" not in message:
             await respond(send, 202, headers=self.options.session_headers(incoming.session))
