@@ -86,6 +86,7 @@ import collections
 import datetime as dt
 import json
 import multiprocessing
+import os
 import random
 import statistics
 import sys
@@ -977,6 +978,18 @@ def report(f: dict[str, Any]) -> bool:
     print(f"  MCP requests/op: {requests}")
     cpu = ", ".join(f"{k} {v:.1f}" for k, v in f["cpu_ms_per_op"].items())
     print(f"  CPU ms/op during the burst: {cpu}")
+    # What the machine's cores allow at that CPU, every part of the run on them: the end-to-end target's
+    # ceiling counts the no-op's messages only, on the same cores.
+    total = sum(f["cpu_ms_per_op"].values())
+    others = total - f["cpu_ms_per_op"].get("longcall workers", 0.0)
+    cores = os.cpu_count() or 1
+    wanted = 0.5 * f["message_ceiling_ops_per_s"]
+    print(
+        f"  the machine's CPU bound: {cores} cores / {total:.1f} ms of CPU an operation (every part) ="
+        f" {cores * 1000 / total:.0f} ops/s; the end-to-end target ({wanted:.0f}/s) leaves"
+        f" {cores * 1000 / wanted:.1f} ms an operation for every part, of which the parts other than"
+        f" longcall's workers take {others:.1f}"
+    )
     for phase in ("paced", "burst"):
         d = lag[phase]
         line = f"  detection lag ({phase}, n={d['n']}): p50 {d['p50']:.3f} s, p99 {d['p99']:.3f} s"

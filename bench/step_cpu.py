@@ -9,10 +9,13 @@ tool's own): the poll path reads the row without them, so the figure should not 
 **By the batch** (``--batch N``): what the fleet runs for N WORKING operations of one server, per member:
 the dispatcher's share (``Executor.dispatch_due``: the claim of the due rows, ``Ledger.claim_due_by_server``;
 the messages built, ``workers.steps.dispatch.messages``, and published over a real broker) and the
-worker's (the message's ``ops`` decoded, then ``Executor.advance_batch``: one ``Ledger.record_then_read``,
-which records the batch before's unchanged polls and reads this batch's rows in one transaction, the
-status reads' slots booked in one script call, the members side by side on their server's member threads,
-each ``tasks/get`` at its slot). Each part's CPU is printed per
+worker's (the message's ``ops`` decoded, then ``Executor.advance_batch``: one ``Ledger.record_then_read``
+reading the batch's rows, the status reads' slots booked in one script call, the members side by side on
+their server's member threads, each ``tasks/get`` at its slot, and the batch's unchanged polls recorded in
+one statement). The batches here run one after another, each waiting for its record, so that record is
+made by the process's recorder a dispatch tick on (``workers.records_later.RecordLater.flush``, its own
+transaction), as in a worker that gets no next batch; a busy worker makes it with its next batch's read,
+in that read's transaction (the ``read`` part then carries it). Each part's CPU is printed per
 poll: the thread CPU clock (``time.thread_time``) around each part where it runs (a member's parts on its
 own thread), and the process clock around ``advance_batch`` as a whole (its threads' CPU, the pool's
 hand-offs included). Between two repetitions the rows are made due again by a statement not counted.
@@ -172,11 +175,12 @@ PARTS = (
     ("build", "messages(): the batch messages built"),
     ("publish", "publish_dispatches: build and send over the broker"),
     ("decode", "the message's ops decoded (tasks._members)"),
-    ("read", "advance_batch: the batch before's unchanged polls recorded, the rows read (one transaction)"),
+    ("read", "advance_batch: the rows read (Ledger.record_then_read)"),
     ("book", "advance_batch: the status reads' slots booked (ServerBudgets.book_slots)"),
     ("member", "advance_batch: one member's step (its thread)"),
     ("  request", "  of which the adapter's get (tasks/get)"),
     ("    bucket", "    of which its slot (TokenBudget.charge)"),
+    ("record", "advance_batch: its unchanged polls recorded, a tick on (RecordLater.flush)"),
     ("batch", "advance_batch as a whole (process CPU: its threads and the pool)"),
     ("pool", "advance_batch less its parts: threads, futures, log context, the batch's record keeping"),
     ("total", "claim + publish + decode + advance_batch"),
@@ -227,6 +231,7 @@ def instrumented(executor: Executor, clock: PartClock) -> Iterator[None]:
     patches: list[tuple[object, str, Any]] = [
         (ledger, "claim_due_by_server", clock.timed("  statement", ledger.claim_due_by_server)),
         (ledger, "record_then_read", clock.timed("read", ledger.record_then_read)),
+        (executor.rt.unrecorded, "_record", clock.timed("record", executor.rt.unrecorded._record)),
         (executor, "_advance_member", clock.timed("member", executor._advance_member)),
         (ServerBudgets, "book_slots", clock.timed("book", ServerBudgets.book_slots)),
         (adapter_class, "get", clock.timed("  request", adapter_class.get)),
@@ -387,7 +392,7 @@ def batch_round(fixture: Batch, reps: int) -> dict[str, float]:
     polls = reps * len(fixture.op_ids)
     ms = {part: 1000 * seconds / polls for part, seconds in clock.seconds.items()}
     ms.setdefault("publish", 0.0)
-    inside = ms["read"] + ms.setdefault("book", 0.0) + ms["member"]
+    inside = ms["read"] + ms.setdefault("book", 0.0) + ms["member"] + ms.setdefault("record", 0.0)
     ms["pool"] = ms["batch"] - inside
     ms["total"] = ms["claim"] + ms["publish"] + ms["decode"] + ms["batch"]
     ms["ref"] = min(before, after)
