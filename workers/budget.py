@@ -260,8 +260,7 @@ class BookedSlots:
     ``delays_s[i]`` after ``booked_at`` (``time.monotonic``); a request past the last one granted is
     refused with ``refused`` (the wait until one comes within reach). ``counted``: the script counted every
     granted slot's request for the meter. The members share one reading of the server's hold per
-    :data:`HOLD_RECHECK_S`. ``pace_s``: the bucket's spacing of slots (0: none known, Redis
-    failed)."""
+    :data:`HOLD_RECHECK_S`. ``pace_s``: the bucket's spacing of slots (0: the bucket was not read)."""
 
     def __init__(
         self,

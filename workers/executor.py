@@ -412,10 +412,10 @@ class Executor:
 
     def _book_status_reads(
         self, members: Sequence[PollMember], rows: Mapping[uuid.UUID, Operation], started: float
-    ) -> tuple[dict[uuid.UUID, TokenBudget], dict[uuid.UUID, tuple[NoToken, NoToken]]]:
+    ) -> tuple[dict[uuid.UUID, TokenBudget], dict[uuid.UUID, NoToken]]:
         """The poll budgets of the members whose step begins with a status read (``poll.reads_status``),
         booked per server in one script call, each slot no earlier than its member is due; and the members
-        refused a slot, each with its turn (``BookedSlots.refusal``) and the bucket's first refusal."""
+        refused a slot, with the refusal."""
         tick = self.rt.settings.dispatch_interval_s
         now = self.ctx.now()
         elapsed = time.monotonic() - started
@@ -426,7 +426,7 @@ class Executor:
                 offset = max(0.0, min(member.wait_s, tick) - elapsed)
                 by_server.setdefault(row.server, []).append((offset, member.op_id))
         budgets: dict[uuid.UUID, TokenBudget] = {}
-        refused: dict[uuid.UUID, tuple[NoToken, NoToken]] = {}
+        refused: dict[uuid.UUID, NoToken] = {}
         for server, asked in by_server.items():
             asked.sort()
             try:
@@ -438,7 +438,7 @@ class Executor:
                 if index < granted:
                     budgets[op_id] = booked.budget(index)
                 else:
-                    refused[op_id] = (booked.refusal(index - granted), booked.refusal(0))
+                    refused[op_id] = booked.refusal(index - granted)
         return budgets, refused
 
     def _without_slots(
@@ -446,17 +446,15 @@ class Executor:
         batch: PollBatch,
         members: Sequence[PollMember],
         rows: Mapping[uuid.UUID, Operation],
-        refused: Mapping[uuid.UUID, tuple[NoToken, NoToken]],
+        refused: Mapping[uuid.UUID, NoToken],
         indexes: Sequence[int],
     ) -> None:
         """The members refused a slot (the server's poll budget has none within a tick of their time), not
-        started: their claims handed back in one statement, each row due again at its turn on the bucket
-        (``BookedSlots.refusal``; a little spread), and its ``no_token_count`` counted. A row whose wait
-        deadline comes before its turn is due when the bucket said for the first, as it was before turns
-        (never past its deadline while that is ahead): its status read, not its deadline's handing it to an
-        operator unread, decides. Each is rescheduled as its own step would have, one write and one read
-        each (rule 4). A fleet that does not own the epoch hands the claim back instead (rule 13, as the
-        step would). Through a fault, each is answered DEFERRED and is due when its lease runs out."""
+        started: their claims handed back in one statement, each row due again when the bucket said (a
+        little spread, never past its wait deadline while it is ahead) and its ``no_token_count`` counted,
+        as each member's own step would have rescheduled it, one write and one read each (rule 4). A fleet
+        that does not own the epoch hands the claim back instead (rule 13, as the step would). Through a
+        fault, each is answered DEFERRED and is due when its lease runs out."""
         claims: list[tuple[uuid.UUID, int, float]] = []
         counted: list[int] = []
         for index in indexes:  # none of them runs: their room goes back first, whatever follows
@@ -473,11 +471,7 @@ class Executor:
                 member_threads.let_go(member.op_id, member.cursor)
                 batch.done(index, not_owner)
                 continue
-            turn, first = refused[member.op_id]
-            delay = no_token_delay(turn)
-            if self.ctx.until_deadline(row, delay) < delay:
-                delay = no_token_delay(first)
-            delay = self.ctx.until_deadline(row, delay)
+            delay = self.ctx.until_deadline(row, no_token_delay(refused[member.op_id]))
             claims.append((member.op_id, member.cursor, delay))
             counted.append(index)
         fault: Exception | None = None

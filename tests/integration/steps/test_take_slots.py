@@ -173,8 +173,7 @@ def test_the_refused_are_due_again_one_slot_of_the_buckets_pace_apart(
     assert booked.refused is not None
     waits = [booked.refusal(later).wait_s for later in range(3)]
     assert waits == pytest.approx([booked.refused.wait_s + later * pace for later in range(3)])
-    away = redis.Redis(port=support.free_port(), socket_connect_timeout=1, socket_timeout=1)
-    down = ServerBudgets(HotState(away, prefix=broker_prefix), budgets.server, tick_s=1.0)
+    down = ServerBudgets(HotState(redis.Redis(port=1), prefix=broker_prefix), budgets.server, tick_s=1.0)
     failed = down.book_slots("reports", "poll", [0.0] * 3)
     assert failed.delays_s == ()
     assert [failed.refusal(later).wait_s for later in range(3)] == [REDIS_PAUSE_S] * 3
