@@ -206,10 +206,7 @@ class ServerBudgets:
             )
         refused = NoToken(tokens.wait_s) if tokens.granted < len(offsets_s) else None
         counted = tokens.counted == tokens.granted
-        pace = 1.0 / (rate * RATE_HEADROOM)
-        return BookedSlots(
-            self, server, bucket, booked_at, tokens.delays_s, refused=refused, counted=counted, pace_s=pace
-        )
+        return BookedSlots(self, server, bucket, booked_at, tokens.delays_s, refused=refused, counted=counted)
 
     def rate(self, server: str, bucket: Budget) -> float:
         """The server's requests per second on ``bucket`` (its ``poll_qps`` or ``control_qps``)."""
@@ -260,7 +257,7 @@ class BookedSlots:
     ``delays_s[i]`` after ``booked_at`` (``time.monotonic``); a request past the last one granted is
     refused with ``refused`` (the wait until one comes within reach). ``counted``: the script counted every
     granted slot's request for the meter. The members share one reading of the server's hold per
-    :data:`HOLD_RECHECK_S`. ``pace_s``: the bucket's spacing of slots (0: the bucket was not read)."""
+    :data:`HOLD_RECHECK_S`."""
 
     def __init__(
         self,
@@ -272,7 +269,6 @@ class BookedSlots:
         *,
         refused: NoToken | None,
         counted: bool,
-        pace_s: float = 0.0,
     ) -> None:
         self.budgets = budgets
         self.server = server
@@ -281,25 +277,11 @@ class BookedSlots:
         self.delays_s = delays_s
         self.refused = refused
         self.counted = counted
-        self.pace_s = pace_s
         self._lock = threading.Lock()
         self._held_at = -HOLD_RECHECK_S
         self._held_s = 0.0
         # One meter for the batch's requests (a request that takes a token of its own counts itself).
         self._meter = RequestMeter(budgets.hot.client, budgets.hot.prefix, server, bucket)
-
-    def refusal(self, later: int) -> NoToken:
-        """The refusal of the batch's ``later``-th request past the last slot granted (0: the first
-        refused): the bucket's wait for the first, and one slot of the bucket's pace more for each after
-        it, when the bucket would hand it a slot were they asked for again in order. Refused together and
-        due again together, they would be claimed together, and all but a slot's worth refused again, tick
-        after tick (a poll budget that cannot keep up churned through claims, messages and hand-backs);
-        spread so, each waits in the ledger for its turn. Through a Redis failure (the bucket not read):
-        the pause, for each alike."""
-        refused = self.refused or NoToken(REDIS_PAUSE_S)
-        if later <= 0 or self.pace_s <= 0:
-            return refused
-        return NoToken(refused.wait_s + later * self.pace_s)
 
     def budget(self, index: int) -> TokenBudget:
         """The :class:`TokenBudget` of the batch's ``index``-th request (in the order the offsets were

@@ -433,12 +433,11 @@ class Executor:
                 booked = self.ctx.budget.book_slots(server, "poll", [offset for offset, _ in asked])
             except UnknownServer:
                 continue  # each member meets it in its own step (rule 14)
-            granted = len(booked.delays_s)
             for index, (_, op_id) in enumerate(asked):
-                if index < granted:
+                if index < len(booked.delays_s):
                     budgets[op_id] = booked.budget(index)
                 else:
-                    refused[op_id] = booked.refusal(index - granted)
+                    refused[op_id] = booked.refused or NoToken(REDIS_PAUSE_S)
         return budgets, refused
 
     def _without_slots(

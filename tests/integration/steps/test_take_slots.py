@@ -17,15 +17,7 @@ import redis
 
 from adapters import RateLimited
 from tests import support
-from workers.budget import (
-    RATE_KEEP_S,
-    REDIS_PAUSE_S,
-    ServerBudgets,
-    late_slot_s,
-    peak_key,
-    rate_key,
-    slot_meter,
-)
+from workers.budget import RATE_KEEP_S, ServerBudgets, late_slot_s, peak_key, rate_key, slot_meter
 from workers.errors import NoToken
 from workers.hot import RATE_HEADROOM, HotState, SlotMeter, bucket_key, burst_for
 from workers.settings import ServerConfig
@@ -160,23 +152,6 @@ def test_booked_slots_pay_each_members_first_request_or_refuse_it(
         for s in range(second_now - 3, second_now + 2)
     )
     assert counted == 2
-
-
-def test_the_refused_are_due_again_one_slot_of_the_buckets_pace_apart(
-    redis_client: redis.Redis, broker_prefix: str
-) -> None:
-    """The first refused request waits what the bucket said; each after it one slot more (so refused
-    polls come back in turn, not together to be refused again); through a Redis failure, the pause alike."""
-    budgets = _budgets(redis_client, broker_prefix, poll_qps=2.0)
-    booked = budgets.book_slots("reports", "poll", [0.0] * 5)
-    pace = 1 / (2.0 * RATE_HEADROOM)
-    assert booked.refused is not None
-    waits = [booked.refusal(later).wait_s for later in range(3)]
-    assert waits == pytest.approx([booked.refused.wait_s + later * pace for later in range(3)])
-    down = ServerBudgets(HotState(redis.Redis(port=1), prefix=broker_prefix), budgets.server, tick_s=1.0)
-    failed = down.book_slots("reports", "poll", [0.0] * 3)
-    assert failed.delays_s == ()
-    assert [failed.refusal(later).wait_s for later in range(3)] == [REDIS_PAUSE_S] * 3
 
 
 def test_a_hold_recorded_while_a_member_waits_for_its_slot_stops_its_request(

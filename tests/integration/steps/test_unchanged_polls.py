@@ -10,7 +10,6 @@ ledger's statements are counted on its engine.
 from __future__ import annotations
 
 import datetime as dt
-import itertools
 import threading
 import time
 import uuid
@@ -31,7 +30,6 @@ from tests.support.fleet import McpServer, fleet_config, in_process_runtime, sta
 from workers import logs
 from workers.budget import rate_key
 from workers.executor import Dispatch, Executor, PollMember
-from workers.hot import RATE_HEADROOM
 from workers.poll_batch import PollBatch
 from workers.runtime import Runtime
 from workers.steps.context import StepAction, StepOutcome
@@ -339,10 +337,8 @@ def test_members_refused_a_slot_are_handed_back_in_one_statement_each_counted(
     mcp_executor: tuple[McpServer, Executor], database_url: str, broker_prefix: str, tmp_path: Path
 ) -> None:
     """A batch larger than its server's poll budget can take within a tick (rule 4): the members refused a
-    slot are not started; their claims are handed back in one statement, each row's ``no_token_count``
-    counted, no event (they were a read and a write each). The first is due again when the bucket said,
-    each next one a slot of the bucket's pace later (1 / (0.8 x poll_qps)): refused together and due
-    together, they were claimed together and all but a slot's worth refused again, tick after tick."""
+    slot are not started; their claims are handed back in one statement, each row due again when the
+    bucket said and its ``no_token_count`` counted, no event (they were a read and a write each)."""
     mcp, executor = mcp_executor
     ids = _submit(executor, 6)
     before = {op_id: executor.ledger.get(op_id) for op_id in ids}
@@ -367,11 +363,7 @@ def test_members_refused_a_slot_are_handed_back_in_one_statement_each_counted(
         assert op.no_token_count == before[step.op_id].no_token_count + 1
         assert op.event_seq == before[step.op_id].event_seq  # no event
         assert op.next_poll_at is not None
-    due = sorted(at for s in refused if (at := executor.ledger.get(s.op_id).next_poll_at) is not None)
-    assert due[0] < handed_back + dt.timedelta(seconds=3)  # when the bucket said
-    pace = 1 / (RATE_HEADROOM * 1)
-    gaps = [(later - earlier).total_seconds() for earlier, later in itertools.pairwise(due)]
-    assert all(gap >= pace - 0.06 for gap in gaps), gaps  # each a slot later (spread up to 50 ms each)
+        assert op.next_poll_at < handed_back + dt.timedelta(seconds=3)  # when the bucket said
 
 
 def test_members_refused_a_slot_by_a_fleet_that_does_not_own_the_epoch_are_handed_back_as_the_step_would(
