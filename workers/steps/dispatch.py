@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ledger.states import OpState
+from workers.hot import RATE_HEADROOM, burst_for
 from workers.steps.context import StepContext
 
 S = OpState
@@ -121,9 +122,23 @@ def _batch(members: Sequence[Dispatch]) -> Message:
     return Message(POLL_TASK, {"ops": ops}, task_id, first, size=len(members))
 
 
+def tick_room(poll_qps: float, control_qps: float, tick_s: float) -> int:
+    """The rows a dispatch tick claims of one server at most: what its two buckets hand out in one tick,
+    their bursts included (``workers.hot``: ``RATE_HEADROOM`` of each rate, ``burst_for`` ahead), at least
+    one. A claimed poll the bucket has no slot for is handed back unsent, having cost its share of a
+    message, of the batch's read and of its slot booking, and the claim and the hand-back. The room was
+    twice the buckets' rates a tick until 2026-12-06: a server whose polls outran a 10/s budget had 40 rows
+    a second claimed for 8 slots, 16 now (4 processes, ``bench/scaling.py``: 6.25-6.75 ms of worker CPU
+    per poll sent, 5.5 now, most of the rest the fleet's own ticks over 8 polls a second). Past the room,
+    due rows wait in the ledger, in due order, at no cost."""
+    bursts = burst_for(poll_qps) + burst_for(control_qps)
+    handed_out = (poll_qps + control_qps) * RATE_HEADROOM * tick_s + bursts
+    return max(1, math.ceil(handed_out))
+
+
 def dispatch_due(ctx: StepContext, limit: int | None = None) -> list[Dispatch]:
-    """Claim what is due, at most what each server's budgets can take before the next tick (twice that, for
-    slack), and at most ``limit`` (``dispatch_batch``) in all, shared by the servers: every server's most
+    """Claim what is due, at most what each server's buckets hand out in a tick (:func:`tick_room`), and
+    at most ``limit`` (``dispatch_batch``) in all, shared by the servers: every server's most
     overdue row before any server's second, the rest in proportion to the rooms, and servers level on that
     taken in a rotation that moves on every tick (``Ledger.claim_due_by_server``), so every configured
     server gets its share of every tick whatever the others have due (rule 3), and with more servers than
@@ -135,7 +150,7 @@ def dispatch_due(ctx: StepContext, limit: int | None = None) -> list[Dispatch]:
     settings = ctx.settings
     servers = sorted(ctx.runtime.fleet.servers.items())
     rooms = [
-        (name, max(1, math.ceil((server.poll_qps + server.control_qps) * settings.dispatch_interval_s * 2)))
+        (name, tick_room(server.poll_qps, server.control_qps, settings.dispatch_interval_s))
         for name, server in servers
     ]
     claims = ctx.ledger.claim_due_by_server(

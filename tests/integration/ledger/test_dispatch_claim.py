@@ -17,6 +17,7 @@ from tests.support.ledger_rows import submit
 from workers.executor import Executor
 from workers.runtime import Runtime
 from workers.settings import Settings
+from workers.steps.dispatch import tick_room
 
 #: With the default 0.25 s dispatch interval a server's room is ceil((poll_qps + control_qps) * 0.25 * 2).
 MakeExecutor = Callable[..., Executor]
@@ -89,9 +90,10 @@ def test_one_tick_claims_for_every_server_in_one_statement(
 def test_each_server_gets_at_most_its_room_and_all_at_most_the_budget(
     make_executor: MakeExecutor, ledger: Ledger
 ) -> None:
-    # Rooms: ceil(2 * qps * 0.25 * 2) = qps: a 2, b 3, c 2; the tick's budget 6 is shared by (rank - 1) /
-    # room (issue 19: no longer filled in name order), so b's third row is the one left out.
-    executor = make_executor({"a": 2, "b": 3, "c": 2})
+    # Rooms (tick_room): what both buckets hand out in a 0.25 s tick, ceil(2 * qps * 0.8 * 0.25): a 2, b 3,
+    # c 2; the tick's budget 6 is shared by (rank - 1) / room (issue 19: no longer filled in name order), so
+    # b's third row is the one left out.
+    executor = make_executor({"a": 5, "b": 7, "c": 5})
     rows = {name: [due_row(ledger, name, -10.0 + i) for i in range(4)] for name in ("a", "b", "c")}
     elsewhere = due_row(ledger, "unconfigured", -20.0)
     later = due_row(ledger, "c", 60.0)
@@ -119,6 +121,21 @@ def test_each_server_gets_at_most_its_room_and_all_at_most_the_budget(
     # The leased rows are not claimed again; what is left fills the rooms next tick.
     again = {d.op_id for d in executor.dispatch_due(limit=6)}
     assert again == {rows["a"][0], rows["a"][3], *rows["b"][2:4], *rows["c"][2:4]}
+
+
+def test_a_server_whose_due_rows_outrun_its_budget_has_a_ticks_worth_claimed(
+    make_executor: MakeExecutor, ledger: Ledger
+) -> None:
+    """A tick claims of a server what its buckets hand out in one tick (80 % of each rate, bursts
+    included), not twice both rates: a row claimed past that is refused its slot and handed back unsent,
+    having cost a message's share, a read and a booking. 10/s and 10/s over a 0.25 s tick: 4 rows (10
+    before); the rest wait in the ledger, in due order."""
+    executor = make_executor({"a": 10})
+    rows = [due_row(ledger, "a", -10.0 + i) for i in range(20)]
+    assert tick_room(10, 10, 0.25) == 4
+    claimed = [d.op_id for d in executor.dispatch_due(limit=100)]
+    assert sorted(claimed, key=rows.index) == rows[:4]
+    assert (tick_room(1, 1, 0.25), tick_room(500, 500, 0.25)) == (1, 248)  # at least one; bursts 24 each
 
 
 def test_a_row_due_within_the_tick_is_claimed_with_its_delay(
