@@ -175,8 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2, 4])
     # 2,000 polls/s due under a 2,000/s budget (1,600/s handed out): more than one process does, so its
-    # polls/s is its own, not the budget's (1,298/s on 2026-12-06; two processes on two cores reached the
-    # cap). At 500 ops and 1,000/s, one process polled at the cap already once polls cost 0.8 ms.
+    # polls/s is its own, not the budget's (569 and 1,298/s in two runs on 2026-12-06, shedding what it could
+    # not run; two processes on two cores reached the cap). At 500 ops and 1,000/s, one process polled at the
+    # cap already once polls cost 0.8 ms.
     parser.add_argument("--ops", type=int, default=1000, help="operations WORKING in each run")
     parser.add_argument("--poll-interval-ms", type=int, default=500)
     parser.add_argument("--qps", type=float, default=2000.0, help="the server's poll_qps and control_qps")
