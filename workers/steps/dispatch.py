@@ -128,9 +128,8 @@ def tick_room(poll_qps: float, control_qps: float, tick_s: float) -> int:
     one. A claimed poll the bucket has no slot for is handed back unsent, having cost its share of a
     message, of the batch's read and of its slot booking, and the claim and the hand-back. The room was
     twice the buckets' rates a tick until 2026-12-06: a server whose polls outran a 10/s budget had 40 rows
-    a second claimed for 8 slots, 16 now (4 processes, ``bench/scaling.py``: 6.25-6.75 ms of worker CPU
-    per poll sent, 5.5 now, most of the rest the fleet's own ticks over 8 polls a second). Past the room,
-    due rows wait in the ledger, in due order, at no cost."""
+    a second claimed for 8 slots, 16 now. Past the room, due rows wait in the ledger, in due order, at no
+    cost."""
     bursts = burst_for(poll_qps) + burst_for(control_qps)
     handed_out = (poll_qps + control_qps) * RATE_HEADROOM * tick_s + bursts
     return max(1, math.ceil(handed_out))
