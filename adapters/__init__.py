@@ -6,6 +6,7 @@ imports what it needs from here, never from a module under it (tests/unit/test_l
 protocol questions of a version's :class:`AdapterSpec` (:data:`SHIPPED`, or a pool's registry).
 """
 
+from adapters.answer_within import answer_within_transport
 from adapters.base import (
     DEFAULT_MAX_RESULT_BYTES,
     ENVELOPE_MARGIN_BYTES,
@@ -140,6 +141,7 @@ __all__ = [  # noqa: RUF022
     "Unauthorized",
     "UnknownAdapter",
     "WrongTaskMode",
+    "answer_within_transport",
     "default_registry",
     "detect_generation",
     "discover",

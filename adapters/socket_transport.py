@@ -15,8 +15,10 @@ and answer caps stay httpx2's; only the exchange on the socket is this module's:
   end of file, or bytes nobody asked for) is dropped before a request is written on it. At most
   ``max_connections`` are open at once; a request past them waits for one to be free up to its ``pool``
   timeout (``PoolTimeout``).
-- The request's ``timeout`` extension is honoured per phase, as httpx2's transport does: ``connect`` (the
-  TCP connection and the TLS handshake), ``write`` (each write), ``read`` (each read), ``pool``.
+- The request's ``timeout`` extension is honoured per phase: ``connect`` (the TCP connection and the TLS
+  handshake), ``write`` (each write), ``pool``, as httpx2's transport does, and ``read`` for the whole
+  answer from the moment the request was written, its head included (``adapters.answer_within`` does the
+  same for httpx2's transport): a server dribbling its answer a byte at a time cannot hold the caller.
 - The answer is streamed: the transport returns at the head, with what of the body came with it, and the
   caller reads the rest as it comes (an event stream; an answer over the caller's cap refused at its first
   read). An answer read to its end gives its connection back; one closed before its end closes it.
@@ -176,6 +178,15 @@ class _Exchange:
         self._parser = self._answer.parser = httptools.HttpResponseParser(self._answer)
         self._received = 0
         self._finished = False
+        #: When the answer's time is up: its read timeout after the request was written (:meth:`sent`).
+        self._until: float | None = None
+
+    def sent(self) -> None:
+        """The request is written: the whole answer, its head included, must come within the read timeout
+        from now (each read waits only what is left of it), not within a read timeout per read, which a
+        server dribbling its answer a byte at a time would hold for ever."""
+        if self._read_s is not None:
+            self._until = time.monotonic() + self._read_s
 
     def head(self) -> _Answer:
         answer = self._answer
@@ -209,11 +220,16 @@ class _Exchange:
 
     def _read(self) -> None:
         sock = self._connection.sock
+        wait_s = self._read_s
+        if self._until is not None:
+            wait_s = self._until - time.monotonic()
+            if wait_s <= 0:
+                raise httpx2.ReadTimeout(f"the answer did not come whole within {self._read_s} s")
         try:
-            sock.settimeout(self._read_s)
+            sock.settimeout(wait_s)
             data = sock.recv(READ_SIZE)
         except TimeoutError as exc:
-            raise httpx2.ReadTimeout(f"no answer within {self._read_s} s") from exc
+            raise httpx2.ReadTimeout(f"the answer did not come whole within {self._read_s} s") from exc
         except OSError as exc:
             raise httpx2.ReadError(str(exc) or type(exc).__name__) from exc
         if not data:
@@ -323,6 +339,7 @@ class SocketTransport(httpx2.BaseTransport):
         try:
             exchange = _Exchange(self, connection, timeouts.get("read"), reusable=reusable)
             self._write(connection, head + body, timeouts.get("write"))
+            exchange.sent()
             answer = exchange.head()
             return httpx2.Response(
                 answer.status,

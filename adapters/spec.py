@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import httpx2
 
+from adapters.answer_within import answer_within_transport
 from adapters.base import AdapterConfig, InputRequest, Timeouts, ToolAdapter
 
 __all__ = [
@@ -104,7 +105,9 @@ def http_client(
     limits = httpx2.Limits(
         max_connections=max(MAX_CONNECTIONS, 2 * connections), max_keepalive_connections=connections
     )
-    transport = None if wrap_transport is None else wrap_transport(httpx2.HTTPTransport(limits=limits))
+    # Every answer, its head included, within the request's read timeout (``adapters.answer_within``).
+    inner = answer_within_transport(limits)
+    transport = inner if wrap_transport is None else wrap_transport(inner)
     return httpx2.Client(
         timeout=httpx2.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool),
         limits=limits,

@@ -114,6 +114,36 @@ class SseStream:
         await self._send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
+#: The pause between two bytes of a dribbled answer (:func:`dribble_answer`).
+DRIBBLE_BYTE_S = 0.1
+
+
+async def dribble_answer(send: Send, body: bytes, headers: Mapping[str, str]) -> None:
+    """Answer 200 with ``body`` (JSON) a byte at a time, :data:`DRIBBLE_BYTE_S` apart, head included, on the
+    TCP connection under this request (as :func:`drop_connection` reaches it), then close it: every byte
+    comes well within a client's read timeout, the whole answer far past it. A client that gives up is
+    let go (the connection closed)."""
+    cycle = getattr(send, "__self__", None)
+    transport = getattr(cycle, "transport", None)
+    if transport is None:
+        raise ConnectionAbortedError("this server cannot dribble an answer (not running under uvicorn)")
+    lines = [
+        "HTTP/1.1 200 OK",
+        "content-type: application/json",
+        f"content-length: {len(body)}",
+        "connection: close",
+        *(f"{name}: {value}" for name, value in headers.items()),
+        "x-padding: " + "." * 200,  # a head of some 30 s alone: what a client reads before its body
+    ]
+    answer = ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+    for byte in answer:
+        if transport.is_closing() or getattr(cycle, "disconnected", False):
+            break
+        transport.write(bytes([byte]))
+        await asyncio.sleep(DRIBBLE_BYTE_S)
+    await drop_connection(send)
+
+
 async def drop_connection(send: Send) -> None:
     """Close the TCP connection under this request without finishing (or starting) an answer.
 

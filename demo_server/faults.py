@@ -12,6 +12,7 @@ Count = Annotated[int, Field(ge=0)]
 
 CountedFault = Literal[
     "lose_create_response",
+    "dribble_call_answer",
     "reorder",
     "truncate_result",
     "drop_result",
@@ -62,6 +63,7 @@ class FaultSwitches(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     lose_create_response: Count = 0
+    dribble_call_answer: Count = 0
     status_after_create: StatusAfterCreate | None = None
     delay_ms: dict[str, Count] = Field(default_factory=dict)
     reorder: Count = 0

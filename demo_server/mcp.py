@@ -65,6 +65,9 @@ Control endpoints (test harness only, same port):
 
   - ``lose_create_response: N`` — a task-augmented ``tools/call`` creates the task, then the server
     closes the connection without any HTTP answer.
+  - ``dribble_call_answer: N`` — a ``tools/call`` (a task's create or a synchronous call) is done, then
+    its answer is sent a byte at a time, 0.1 s apart, its head included (the head alone some 30 s, each
+    byte well within a read timeout), and the connection closed.
   - ``status_after_create: {"status": S, "count": N}`` — a task-augmented ``tools/call`` creates the task,
     then is answered HTTP S with a -32000 error body (a gateway failing after the origin did the work).
   - ``delay_ms: {"<method>": ms}`` — every request of that method waits before it is handled.
@@ -120,6 +123,7 @@ from demo_server._asgi import (
     Receive,
     Scope,
     Send,
+    dribble_answer,
     drop_connection,
     dumps,
     lifespan,
@@ -374,6 +378,8 @@ class DemoMcpServer:
             answer = {"jsonrpc": "2.0", "id": incoming.message["id"], "error": error.wire()}
         if created is not None and self.faults.take("lose_create_response"):
             await drop_connection(send)
+        elif method == "tools/call" and self.faults.take("dribble_call_answer"):
+            await dribble_answer(send, dumps(answer), headers)
         elif created is not None and (gateway := self.faults.take_status_after_create()) is not None:
             gateway_error = {"code": -32000, "message": f"Gateway error {gateway}"}
             body = {"jsonrpc": "2.0", "id": incoming.message["id"], "error": gateway_error}

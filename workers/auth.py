@@ -19,7 +19,13 @@ from typing import Any
 
 import httpx2
 
-from adapters import CachedToken, ClientCredentialsToken, GoogleToken, Transient
+from adapters import (
+    CachedToken,
+    ClientCredentialsToken,
+    GoogleToken,
+    Transient,
+    answer_within_transport,
+)
 from workers.request_outcomes import CountingTransport, RequestOutcomes
 from workers.settings import BearerAuth, FleetConfig, GoogleAuth, OAuthClientCredentialsAuth, ServerConfig
 
@@ -61,11 +67,9 @@ class TokenProviders:
             return GoogleToken(auth.credentials_file, auth.scopes, what=url)
         # Its requests counted as the server's budget "token" (longcall_token_requests_total).
         outcomes = self._outcomes
-        transport = (
-            None
-            if outcomes is None
-            else CountingTransport(httpx2.HTTPTransport(), name, outcomes, budget="token")
-        )
+        # Every answer, the head included, within its timeout (``adapters.answer_within``).
+        inner = answer_within_transport()
+        transport = inner if outcomes is None else CountingTransport(inner, name, outcomes, budget="token")
         client = httpx2.Client(timeout=TOKEN_TIMEOUT, follow_redirects=False, transport=transport)
         self._clients.append(client)
         key = f"servers.{name}.auth"

@@ -229,3 +229,31 @@ def test_an_unstorable_result_of_a_synchronous_call_goes_to_an_operator_with_its
         assert receipt_rows(fleet.ledger, op_id) == 0
         assert [e["method"] for e in fleet.mcp.log()].count("tools/call") == 1
         assert fleet.ledger.get(op_id).remote_id is None
+
+
+def test_a_call_whose_answer_is_dribbled_is_let_go_at_its_bound_not_when_the_server_is_done(
+    fleet_parts: FleetParts,
+) -> None:
+    """A synchronous call (bound 5 s) whose server sends the answer a byte at a time, 0.1 s apart (each
+    byte within any read timeout, the head alone some 30 s): the worker lets it go at the call's bound, as
+    a call whose answer was lost (an operator decides; the call is not repeated). Before, the answer's head
+    was read a byte at a time for as long as the server sent it (only the body was held to the bound): the
+    worker process was held there, and nothing said why (a server dribbling every answer's head held every
+    worker for as long as it liked)."""
+    with running_fleet(fleet_parts) as fleet:
+        fleet.mcp.faults(dribble_call_answer=1)
+        started = time.monotonic()
+        answer = fleet.send(
+            "longcall.submit",
+            call_node_id="n/sync-dribbled",
+            server="reports",
+            tool="quick_lookup",
+            arguments={"key": "k1"},
+            on_terminal=dict(fleet.pipeline.signature("pipeline.record", queue="pipeline")),
+        )
+        op_id = uuid.UUID(answer["op_id"])
+        fleet.wait_state(op_id, S.MANUAL_RECONCILIATION, timeout=20)
+        assert time.monotonic() - started < 15  # the bound, 5 s, and the fleet's own; the head takes 30
+        records = fleet.ledger.reconciliations_for(op_id)
+        assert [r.reason for r in records] == [ReconciliationReason.SUBMISSION_UNKNOWN], records
+        assert [e["method"] for e in fleet.mcp.log()].count("tools/call") == 1

@@ -26,7 +26,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from adapters import Limits, RemoteRef, Timeouts, http_client, loop_transport
+from adapters import Limits, OutcomeUnknown, RemoteRef, Timeouts, http_client, loop_transport
 from adapters.loop_transport import LoopTransport
 from adapters.socket_transport import SocketTransport
 from adapters.streamable_http import StreamableHttpClient
@@ -40,6 +40,8 @@ from workers.settings import FleetConfig, Settings
 CHILD_STOP_S = 5.0
 #: How long a request to the test's server may take here at most (bounds every wait of the tests).
 ANSWER_S = 10.0
+#: The pause between two bytes of a dribbled answer: far below a read timeout (the answers take 5 s whole).
+DRIBBLE_S = 0.05
 
 
 class _Server(http.server.ThreadingHTTPServer):
@@ -165,6 +167,23 @@ class _Handler(QuietHandler):
             self.wfile.flush()
             self.server.release.wait(ANSWER_S)
             self.wfile.write(b"}")
+        elif path in ("/dribble-head", "/dribble-body"):
+            # A whole answer a byte at a time, each byte well within a read timeout, the whole far past it.
+            body = b'{"pad": "' + b"z" * 40 + b'"}'
+            head = f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            head += "X-Pad: " + "y" * 40 + "\r\n\r\n"
+            whole = head.encode() + body
+            at_once, dribbled = (b"", whole) if path == "/dribble-head" else (head.encode(), body)
+            try:
+                self.wfile.write(at_once)
+                self.wfile.flush()
+                for byte in dribbled:  # about 5 s for either part
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                    time.sleep(DRIBBLE_S)
+            except OSError:
+                pass  # the client gave up: what the test wants
+            self.close_connection = True
         elif path == "/hang-up":
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
@@ -667,3 +686,58 @@ def test_a_certificate_for_another_name_is_a_connect_error_never_sent() -> None:
     ):
         client.post(url.replace("http://", "https://") + "/echo", content=b"misnamed")
     assert server.hits["/echo"] == 0
+
+
+@pytest.fixture(params=["sockets", "httpx2"])
+def whole_answer_client(request: pytest.FixtureRequest) -> Iterator[httpx2.Client]:
+    """An adapter's client on the status reads' sockets, or on httpx2's own transport (every other request:
+    ``adapters.answer_within``)."""
+    wrap = (lambda _inner: SocketTransport(max_connections=8)) if request.param == "sockets" else None
+    with http_client(Timeouts(connect=2.0, read=ANSWER_S), connections=4, wrap_transport=wrap) as made:
+        yield made
+
+
+@pytest.mark.parametrize("part", ["head", "body"])
+def test_an_answer_dribbled_a_byte_at_a_time_ends_at_its_read_timeout(
+    served: Served, whole_answer_client: httpx2.Client, part: str
+) -> None:
+    """A server that sends each byte within the read timeout, and the answer far past it, holds the caller
+    the read timeout, not the answer's 5 s: the head is read inside the transport, before the adapters'
+    own deadline can see it, and a worker held there (a Celery process on a create, a member thread on a
+    status read) stalled for as long as the server liked."""
+    started = time.monotonic()
+    with pytest.raises(httpx2.ReadTimeout, match="whole within"):
+        whole_answer_client.get(served.url + f"/dribble-{part}", timeout=httpx2.Timeout(2.0, read=0.5))
+    assert time.monotonic() - started < 1.5
+
+
+def test_an_answer_within_its_read_timeout_after_a_slow_one_on_the_same_connection_is_whole(
+    served: Served, whole_answer_client: httpx2.Client
+) -> None:
+    """The answer's time starts when its own request is written: a connection kept after an answer that
+    took most of the timeout carries the next request with a time of its own."""
+    for _ in range(3):
+        served.server.release.set()  # /slow answers at once
+        answer = whole_answer_client.get(served.url + "/slow", timeout=httpx2.Timeout(2.0, read=0.5))
+        assert answer.json() == {}
+        time.sleep(0.3)
+        answer = whole_answer_client.get(served.url + "/echo", timeout=httpx2.Timeout(2.0, read=0.5))
+        assert answer.status_code == 200
+    assert served.server.connections == 1
+
+
+def test_a_create_whose_answer_is_dribbled_ends_unknown_within_its_read_budget(served: Served) -> None:
+    """Through an adapter's client (httpx2's transport, as a create goes): the dribbled head ends as a
+    request that may have reached the server, within the read budget, not when the server is done."""
+    with http_client(Timeouts(connect=2.0, read=0.5)) as made:
+        streams = StreamableHttpClient(
+            made,
+            served.url + "/dribble-head",
+            bearer_token=None,
+            timeouts=Timeouts(connect=2.0, read=0.5),
+            limits=Limits(),
+        )
+        started = time.monotonic()
+        with pytest.raises(OutcomeUnknown):
+            streams.request("tools/call", {"name": "t", "arguments": {}}, session=None, idempotent=False)
+        assert time.monotonic() - started < 1.5
