@@ -7,6 +7,7 @@ JSON answers, stateless); faults and the request log are reset before each test 
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -321,6 +322,40 @@ def test_lose_create_response_creates_the_task_but_answers_nothing(peer: McpPeer
     ]
     assert control(peer, "faults")["lose_create_response"] == 0
     client.create("slow_report", {"seconds": 0})  # the next one is answered
+
+
+def test_dribble_call_answer_sends_the_answer_a_byte_at_a_time(peer: McpPeer, client: Client) -> None:
+    """The call is done (a synchronous tool here), and its answer's head comes about ten bytes a second."""
+    control(peer, "faults", {"dribble_call_answer": 1})
+    url = httpx2.URL(peer.url)
+    body = json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": 99,
+            "method": "tools/call",
+            "params": {"name": "quick_lookup", "arguments": {}},
+        }
+    ).encode()
+    head = [f"POST {url.raw_path.decode()} HTTP/1.1", f"Host: {url.host}:{url.port}"]
+    head += [f"{name}: {value}" for name, value in client.headers.items()]
+    head += [f"Content-Length: {len(body)}"]
+    received = b""
+    with socket.create_connection((url.host, url.port or 80), timeout=WAIT_S) as sock:
+        sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+        until = time.monotonic() + 1.0
+        while (left := until - time.monotonic()) > 0:
+            sock.settimeout(left)
+            try:
+                chunk = sock.recv(1000)
+            except TimeoutError:
+                break
+            if not chunk:
+                break
+            received += chunk
+    assert b"HTTP/1.1 200 OK".startswith(received), received
+    assert 3 <= len(received) <= 15, received  # a byte each 0.1 s: about ten in a second, not the answer
+    assert control(peer, "faults")["dribble_call_answer"] == 0
+    assert "result" in client.post("tools/call", {"name": "quick_lookup", "arguments": {}})  # answered
 
 
 def test_status_429_then_normal(peer: McpPeer, client: Client) -> None:
