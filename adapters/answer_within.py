@@ -52,8 +52,12 @@ class _Stream(httpcore2.NetworkStream):
             raise httpcore2.ReadTimeout(late) from exc
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        self._inner.write(buffer, timeout)
-        self._written_at = time.monotonic()
+        try:
+            self._inner.write(buffer, timeout)
+        finally:
+            # Also when the write failed: httpcore2 then reads what the server may have answered before it
+            # closed, and that read has a time of its own, not the previous request's on this connection.
+            self._written_at = time.monotonic()
 
     def close(self) -> None:
         self._inner.close()
@@ -102,7 +106,8 @@ def answer_within_transport(limits: httpx2.Limits | None = None) -> httpx2.HTTPT
     # httpx2's transport takes no network backend: its pool's is wrapped (its arguments all kept; a pool
     # made again would build a second TLS context, about 25 ms).
     pool = transport._pool
-    if not isinstance(pool, httpcore2.ConnectionPool):  # pragma: no cover -- no proxy is given above
-        raise TypeError(f"httpx2's transport holds a {type(pool).__name__}, not a connection pool")
+    if not isinstance(pool, httpcore2.ConnectionPool) or not hasattr(pool, "_network_backend"):
+        # An httpx2 or httpcore2 that keeps them otherwise: refused loudly, never a transport left unbounded.
+        raise TypeError(f"httpx2's transport holds a {type(pool).__name__} this module cannot bound")
     pool._network_backend = WholeAnswerBackend(pool._network_backend)
     return transport

@@ -67,9 +67,14 @@ class TokenProviders:
             return GoogleToken(auth.credentials_file, auth.scopes, what=url)
         # Its requests counted as the server's budget "token" (longcall_token_requests_total).
         outcomes = self._outcomes
-        # Every answer, the head included, within its timeout (``adapters.answer_within``).
-        inner = answer_within_transport()
-        transport = inner if outcomes is None else CountingTransport(inner, name, outcomes, budget="token")
+        # A worker's (``outcomes`` given): every answer, the head included, within its timeout
+        # (``adapters.answer_within``). The console's probe keeps httpx2's own, as its probe client does
+        # (with the environment's proxies): a person waits there, and can stop it.
+        transport = (
+            None
+            if outcomes is None
+            else CountingTransport(answer_within_transport(), name, outcomes, budget="token")
+        )
         client = httpx2.Client(timeout=TOKEN_TIMEOUT, follow_redirects=False, transport=transport)
         self._clients.append(client)
         key = f"servers.{name}.auth"

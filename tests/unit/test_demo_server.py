@@ -352,8 +352,9 @@ def test_dribble_call_answer_sends_the_answer_a_byte_at_a_time(peer: McpPeer, cl
             if not chunk:
                 break
             received += chunk
+    assert received, "no byte of the answer came within 1 s"
     assert b"HTTP/1.1 200 OK".startswith(received), received
-    assert 3 <= len(received) <= 15, received  # a byte each 0.1 s: about ten in a second, not the answer
+    assert len(received) <= 15, received  # a byte each 0.1 s: about ten in a second, not the answer
     assert control(peer, "faults")["dribble_call_answer"] == 0
     assert "result" in client.post("tools/call", {"name": "quick_lookup", "arguments": {}})  # answered
 

@@ -204,6 +204,20 @@ def test_an_unstorable_or_too_large_result_ends_in_a_reconciliation_record_not_a
         assert fleet.receipts() == []
 
 
+def _quick_lookup(fleet: Fleet, call_node_id: str, *, on_terminal: str) -> uuid.UUID:
+    """``quick_lookup`` (a synchronous call, bound 5 s) submitted through the fleet, its receipt sent to the
+    pipeline's task ``on_terminal``: the operation's id."""
+    answer = fleet.send(
+        "longcall.submit",
+        call_node_id=call_node_id,
+        server="reports",
+        tool="quick_lookup",
+        arguments={"key": "k1"},
+        on_terminal=dict(fleet.pipeline.signature(on_terminal, queue="pipeline")),
+    )
+    return uuid.UUID(answer["op_id"])
+
+
 def test_an_unstorable_result_of_a_synchronous_call_goes_to_an_operator_with_its_reason(
     fleet_parts: FleetParts,
 ) -> None:
@@ -213,15 +227,7 @@ def test_an_unstorable_result_of_a_synchronous_call_goes_to_an_operator_with_its
     outcome unknown: SUBMISSION_UNKNOWN, the wrong reason)."""
     with running_fleet(fleet_parts) as fleet:
         set_payload(fleet, UNSTORABLE[0][1])
-        answer = fleet.send(
-            "longcall.submit",
-            call_node_id="n/sync-unstorable",
-            server="reports",
-            tool="quick_lookup",
-            arguments={"key": "k1"},
-            on_terminal=dict(fleet.pipeline.signature("pipeline.check_digest", queue="pipeline")),
-        )
-        op_id = uuid.UUID(answer["op_id"])
+        op_id = _quick_lookup(fleet, "n/sync-unstorable", on_terminal="pipeline.check_digest")
         fleet.wait_state(op_id, S.MANUAL_RECONCILIATION, timeout=60)
         records = fleet.ledger.reconciliations_for(op_id)
         assert [r.reason for r in records] == [ReconciliationReason.RESULT_UNSTORABLE]
@@ -243,15 +249,7 @@ def test_a_call_whose_answer_is_dribbled_is_let_go_at_its_bound_not_when_the_ser
     with running_fleet(fleet_parts) as fleet:
         fleet.mcp.faults(dribble_call_answer=1)
         started = time.monotonic()
-        answer = fleet.send(
-            "longcall.submit",
-            call_node_id="n/sync-dribbled",
-            server="reports",
-            tool="quick_lookup",
-            arguments={"key": "k1"},
-            on_terminal=dict(fleet.pipeline.signature("pipeline.record", queue="pipeline")),
-        )
-        op_id = uuid.UUID(answer["op_id"])
+        op_id = _quick_lookup(fleet, "n/sync-dribbled", on_terminal="pipeline.record")
         fleet.wait_state(op_id, S.MANUAL_RECONCILIATION, timeout=20)
         assert time.monotonic() - started < 15  # the bound, 5 s, and the fleet's own; the head takes 30
         records = fleet.ledger.reconciliations_for(op_id)
