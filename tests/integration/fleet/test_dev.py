@@ -180,9 +180,11 @@ def _start_no_demo(data_dir: Path, log: Path) -> subprocess.Popen[bytes]:
             stdout=handle,
             stderr=subprocess.STDOUT,
         )
+    # The last line of what it prints once ready: "fleet ready" comes first, and the lines to use the fleet
+    # (the exports the test reads) follow it (a read between the two missed them in CI).
     wait_for(
-        "longcall dev --no-demo to say it is ready",
-        lambda: "fleet ready" in log.read_text() or proc.poll() is not None,
+        "longcall dev --no-demo to say it is ready and how to use it",
+        lambda: "Ctrl-C stops everything." in log.read_text() or proc.poll() is not None,
         timeout=150,
         interval=0.2,
     )
