@@ -27,7 +27,21 @@ from typing import Any
 import httpcore2
 import httpx2
 
-__all__ = ["WholeAnswerBackend", "answer_within_transport"]
+__all__ = ["WholeAnswerBackend", "answer_within_transport", "late", "read_wait"]
+
+
+def read_wait(written_at: float | None, read_s: float | None) -> float | None:
+    """How long the next read of an answer may wait: what is left of its read timeout ``read_s`` since its
+    request was written at ``written_at`` (``time.monotonic``), at most 0 once its time is up; ``read_s``
+    itself before the request was written, None when the request has no read timeout."""
+    if read_s is None or written_at is None:
+        return read_s
+    return written_at + read_s - time.monotonic()
+
+
+def late(read_s: float) -> str:
+    """What a read past its answer's time says."""
+    return f"the answer did not come whole within {read_s:g} s"
 
 
 class _Stream(httpcore2.NetworkStream):
@@ -40,16 +54,15 @@ class _Stream(httpcore2.NetworkStream):
         self._written_at: float | None = None
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        if timeout is None or self._written_at is None:
-            return self._inner.read(max_bytes, timeout)
-        late = f"the answer did not come whole within {timeout:g} s"
-        left = self._written_at + timeout - time.monotonic()
-        if left <= 0:
-            raise httpcore2.ReadTimeout(late)
+        wait_s = read_wait(self._written_at, timeout)
+        if wait_s is None or timeout is None:
+            return self._inner.read(max_bytes, None)
+        if wait_s <= 0:
+            raise httpcore2.ReadTimeout(late(timeout))
         try:
-            return self._inner.read(max_bytes, left)
+            return self._inner.read(max_bytes, wait_s)
         except httpcore2.ReadTimeout as exc:
-            raise httpcore2.ReadTimeout(late) from exc
+            raise httpcore2.ReadTimeout(late(timeout)) from exc
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
         try:
@@ -77,8 +90,8 @@ class _Stream(httpcore2.NetworkStream):
 class WholeAnswerBackend(httpcore2.NetworkBackend):
     """httpcore2's network backend (its sockets) with each answer bounded as a whole (see the module)."""
 
-    def __init__(self, inner: httpcore2.NetworkBackend | None = None) -> None:
-        self._inner = inner if inner is not None else httpcore2.SyncBackend()
+    def __init__(self, inner: httpcore2.NetworkBackend) -> None:
+        self._inner = inner
 
     def connect_tcp(
         self,

@@ -51,6 +51,8 @@ from dataclasses import dataclass, field
 import httptools
 import httpx2
 
+from adapters.answer_within import late, read_wait
+
 __all__ = ["KEEPALIVE_EXPIRY_S", "SocketTransport"]
 
 #: How long a connection is kept idle for the next request (httpx2's default).
@@ -178,15 +180,14 @@ class _Exchange:
         self._parser = self._answer.parser = httptools.HttpResponseParser(self._answer)
         self._received = 0
         self._finished = False
-        #: When the answer's time is up: its read timeout after the request was written (:meth:`sent`).
-        self._until: float | None = None
+        #: When the request was written (:meth:`sent`): the answer's read time counts from there.
+        self._written_at: float | None = None
 
     def sent(self) -> None:
         """The request is written: the whole answer, its head included, must come within the read timeout
-        from now (each read waits only what is left of it), not within a read timeout per read, which a
-        server dribbling its answer a byte at a time would hold for ever."""
-        if self._read_s is not None:
-            self._until = time.monotonic() + self._read_s
+        from now (each read waits only what is left of it: ``adapters.answer_within.read_wait``), not within
+        a read timeout per read, which a server dribbling its answer a byte at a time would hold for ever."""
+        self._written_at = time.monotonic()
 
     def head(self) -> _Answer:
         answer = self._answer
@@ -220,16 +221,14 @@ class _Exchange:
 
     def _read(self) -> None:
         sock = self._connection.sock
-        wait_s = self._read_s
-        if self._until is not None:
-            wait_s = self._until - time.monotonic()
-            if wait_s <= 0:
-                raise httpx2.ReadTimeout(f"the answer did not come whole within {self._read_s} s")
+        wait_s = read_wait(self._written_at, self._read_s)
+        if wait_s is not None and wait_s <= 0:
+            raise httpx2.ReadTimeout(late(self._read_s or 0.0))
         try:
             sock.settimeout(wait_s)
             data = sock.recv(READ_SIZE)
         except TimeoutError as exc:
-            raise httpx2.ReadTimeout(f"the answer did not come whole within {self._read_s} s") from exc
+            raise httpx2.ReadTimeout(late(self._read_s or 0.0)) from exc
         except OSError as exc:
             raise httpx2.ReadError(str(exc) or type(exc).__name__) from exc
         if not data:
