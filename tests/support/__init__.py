@@ -51,6 +51,7 @@ from tests.support.services import (
     start_celery,
     start_celery_like,
     start_worker,
+    stop_all,
     wait_for,
 )
 
@@ -86,5 +87,6 @@ __all__ = [
     "start_celery",
     "start_celery_like",
     "start_worker",
+    "stop_all",
     "wait_for",
 ]

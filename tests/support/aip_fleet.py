@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from tests import support
 from tests.support.aip_server import AipServer, start_aip_server
 from tests.support.fleet import (
     Fleet,
@@ -108,5 +109,4 @@ def running_aip_fleet(
         ) as fleet:
             yield AipFleet(fleet, aip, mcp)
     finally:
-        mcp.process.stop()
-        aip.stop()
+        support.stop_all([mcp.process, aip.process], timeout=10)

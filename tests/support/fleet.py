@@ -366,5 +366,4 @@ def running_fleet(
             fleet.start_pipeline()
         yield fleet
     finally:
-        for process in [*fleet.processes, mcp.process]:
-            process.stop()
+        support.stop_all([*fleet.processes, mcp.process])

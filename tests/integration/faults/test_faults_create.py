@@ -141,8 +141,8 @@ def test_an_operation_keeps_the_adapter_it_was_submitted_with_when_the_config_mo
         op = fleet.wait_state(op_id, S.WORKING, timeout=30)
         assert (op.protocol, op.protocol_version) == ("mcp", "2025-11-25")
 
+        support.stop_all(fleet.workers())
         for worker in fleet.workers():
-            worker.stop()
             fleet.processes.remove(worker)
         config = fleet_parts.tmp_path / "longcall.toml"
         moved = config.read_text().replace('"2025-11-25"', '"2026-07-28"')

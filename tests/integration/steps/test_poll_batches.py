@@ -145,8 +145,7 @@ def setup(
     try:
         yield made
     finally:
-        for process in [*made.workers, fast.process, slow.process]:
-            process.stop()
+        support.stop_all([*made.workers, fast.process, slow.process])
         runtime.close()
 
 
