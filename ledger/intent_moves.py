@@ -243,17 +243,22 @@ class IntentMoves(GuardedWrites):
         detail: Mapping[str, Any],
         resolution: str,
         cancel_above: int | None = None,
+        input_reply: Mapping[str, Any] | None = None,
     ) -> Operation:
         """MANUAL_RECONCILIATION -> WORKING, polled at once: the operator found it alive as ``remote_id``.
         Open records close with ``resolution``. Event ``resolved_found``. When the row's cancel generation is
         above ``cancel_above`` (by default the fence's: a cancel requested while the operator decided; 0: any
-        cancel ever requested), -> CANCEL_REQUESTED instead, due at once: the cancel is sent (rule 6)."""
-        sets = {
+        cancel ever requested), -> CANCEL_REQUESTED instead, due at once: the cancel is sent (rule 6).
+        ``input_reply``: the current round's reply as it is to be kept from now on (its bound started
+        again), when it holds one."""
+        sets: dict[str, Any] = {
             "remote_id": remote_id,
             "session_ref": session_ref,
             "next_poll_at": due_in(0),
             "input_deadline": None,  # an input request still unreadable gets a fresh bound
         }
+        if input_reply is not None:
+            sets["input_reply"] = dict(input_reply)
         write = GuardedWrite(
             (S.MANUAL_RECONCILIATION,),
             S.WORKING,

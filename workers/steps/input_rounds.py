@@ -85,13 +85,15 @@ def answered_already(op: Operation, request: InputRequest) -> bool:
     """The server shows again the question round ``op.input_round`` answered: the same request id, one
     round (rule 10). The reply is stored before it is sent, so until the server takes it a poll sees the
     question again (and :func:`still_asked` bounds how long after it was taken); after a reply the server
-    refused, the question is open again and opens a new round."""
+    refused, the question is open again and opens a new round; so does a round that holds no reply (nobody
+    answered it before its deadline, and an operator then found the task alive and still asking)."""
     if keyed_rounds(op) is not None:
         return op.state is OpState.WORKING and unanswered_part(op, request) is None
     stored = op.input_request
     return (
         op.state is OpState.WORKING
         and op.input_round >= 1
+        and replied(op)
         and isinstance(stored, Mapping)
         and not stored.get("reply_failed")
         and stored.get("request_id") == request.request_id
@@ -99,15 +101,25 @@ def answered_already(op: Operation, request: InputRequest) -> bool:
     )
 
 
+def replied(op: Operation) -> bool:
+    """The current round holds a reply (sent or not) that was not given up."""
+    held = op.input_reply
+    return (
+        isinstance(held, Mapping) and held.get("input_round") == op.input_round and not held.get("given_up")
+    )
+
+
 def unanswered_part(op: Operation, request: InputRequest) -> InputRequest | None:
     """A keyed round (the MCP tasks extension: ``request`` is the ``inputRequests`` map) without the keys
     the last round answered, None when none is left: a key already answered is never asked, nor sent,
-    twice (DESIGN §7). After a reply that failed, its keys are open again. Other requests as they are."""
+    twice (DESIGN §7). After a reply that failed, or a round that holds none, its keys are open again.
+    Other requests as they are."""
     without_answered = keyed_rounds(op)
     stored = op.input_request
     if (
         without_answered is None
         or op.input_round < 1
+        or not replied(op)
         or not isinstance(stored, Mapping)
         or stored.get("reply_failed")
         or stored.get("method") != request.method
@@ -146,7 +158,7 @@ def still_asked(ctx: StepContext, op: Operation, fence: Fence, status: RemoteSta
     reply = answered_round(op)
     if reply is None or op.state is not OpState.WORKING:
         return None
-    since_s = (ctx.now() - dt.datetime.fromisoformat(str(reply["sent_at"]))).total_seconds()
+    since_s = (ctx.now() - bound_start(reply, "sent_at")).total_seconds()
     if since_s <= ctx.settings.input_reply_s:
         return None
     op = ctx.hand_to_operator(
@@ -244,6 +256,26 @@ def record_reply(
     )
 
 
+def bound_start(reply: Mapping[str, Any], since: str) -> dt.datetime:
+    """When the ``input_reply_s`` bound of ``reply`` started: at its ``since`` time (``recorded_at``: the
+    bound to deliver it; ``sent_at``: the bound for the server to act on it), or later, when an operator
+    resolved the operation as found (``bound_from``: :func:`found_again`)."""
+    start = dt.datetime.fromisoformat(str(reply[since]))
+    restarted = reply.get("bound_from")
+    return max(start, dt.datetime.fromisoformat(str(restarted))) if restarted else start
+
+
+def found_again(op: Operation, now: dt.datetime) -> dict[str, Any] | None:
+    """The current round's reply with its bound started again at ``now``, None when the round holds none
+    (or it was given up). An operator who finds the operation alive after its reply went to them
+    (INPUT_REPLY_NOT_TAKEN) sends it on its way again: a reply not yet taken is sent again for another
+    ``input_reply_s``, instead of going straight back to the operator and being lost (no other reply is
+    taken while the operation does not wait for input); one taken is watched for as long again."""
+    if not replied(op):
+        return None
+    return {**op.input_reply, "bound_from": now.isoformat()}
+
+
 def pending_reply(op: Operation) -> Mapping[str, Any] | None:
     """The current round's stored reply while the server has not taken it (and it was not given up)."""
     held = op.input_reply
@@ -268,8 +300,7 @@ def send_reply(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
     reply = pending_reply(op)
     if reply is None:
         return StepOutcome(op.id, StepAction.NOTHING_TO_DO, op.state)
-    recorded_at = dt.datetime.fromisoformat(str(reply["recorded_at"]))
-    waited_s = (ctx.now() - recorded_at).total_seconds()
+    waited_s = (ctx.now() - bound_start(reply, "recorded_at")).total_seconds()
     if waited_s > ctx.settings.input_reply_s:
         op = ctx.hand_to_operator(
             op,

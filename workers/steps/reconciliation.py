@@ -29,6 +29,7 @@ from ledger.records import Fence, Operation
 from ledger.states import OpState, TerminalKind
 from workers.errors import WrongState
 from workers.steps.context import StepAction, StepContext, StepOutcome
+from workers.steps.input_rounds import found_again
 from workers.steps.result import accept, fetch, result_json, storable
 
 log = logging.getLogger("longcall.executor")
@@ -246,6 +247,7 @@ def resolve(ctx: StepContext, op: Operation, resolution: Resolution) -> Operatio
             detail=detail,
             resolution=note,
             cancel_above=0,  # any cancel requested, before or while the operator decided, is sent now
+            input_reply=found_again(op, ctx.now()),  # the round's reply is on its way again, not lost
         )
     if resolution.kind == "never_created":
         if op.remote_id is not None:

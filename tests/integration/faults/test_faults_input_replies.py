@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -19,12 +20,16 @@ from tests.support.fleet import (
     Fleet,
     FleetParts,
     McpServer,
+    fleet_config,
+    in_process_runtime,
     running_fleet,
+    start_mcp_server,
 )
 from workers import logs
 from workers.executor import Executor
 from workers.steps import input_rounds
 from workers.steps.context import StepOutcome
+from workers.steps.reconciliation import Resolution
 from workers.submission import validate_submission
 
 S = OpState
@@ -173,3 +178,89 @@ def test_an_answer_sent_while_redis_is_down_is_recorded_and_sent_once_redis_is_b
     hot.start()
     step_until(executor, op_id, S.ACCEPTED)
     assert [r["outcome"] for r in mcp.replies()] == ["taken"]
+
+
+# ------------------------------------------- an operator's "found" after a round's bound: the answer lives
+
+
+@pytest.fixture
+def short_bounds(
+    database_url: str, broker_prefix: str, tmp_path: Path, log_dir: Path
+) -> Iterator[tuple[McpServer, Executor]]:
+    """longcall's MCP server and an executor in this process whose input rounds have short bounds: a reply
+    not delivered goes to an operator after 2 s, a round not answered after 2 s."""
+    mcp = start_mcp_server(log_dir, poll_interval_ms=200)
+    config = tmp_path / "longcall.toml"
+    config.write_text(fleet_config(mcp.url, poll_qps=5000, control_qps=5000))
+    runtime = in_process_runtime(
+        database_url, broker_prefix, config, lease_s=30, input_reply_s=2, input_timeout_s=2
+    )
+    try:
+        yield mcp, Executor(runtime)
+    finally:
+        runtime.close()
+        mcp.process.stop()
+
+
+def found(executor: Executor, op_id: uuid.UUID) -> None:
+    """The operator's ``longcall reconcile --found``: the task is alive on the server under its remote id."""
+    op = executor.ledger.get(op_id)
+    assert op.remote_id is not None
+    executor.resolve(
+        op_id, Resolution("found", evidence="the task is alive", actor="ops", remote_id=op.remote_id)
+    )
+
+
+def test_a_reply_not_delivered_in_its_bound_is_sent_once_an_operator_finds_the_task(
+    short_bounds: tuple[McpServer, Executor],
+) -> None:
+    """Every POST of the stored reply is refused for longer than input_reply_s: an operator is told
+    (INPUT_REPLY_NOT_TAKEN). The operator finds the task alive: the caller's answer, stored and never
+    taken, is sent again under a fresh bound, not handed back at once (the round's reply would then be
+    lost: no new one is taken while the operation is not waiting for input)."""
+    mcp, executor = short_bounds
+    op_id = waiting_for_input(executor, "n/reply-found")
+    mcp.faults(refuse_reply=1000)
+    executor.provide_input(op_id, 1, APPROVE)
+    step_until(executor, op_id, S.MANUAL_RECONCILIATION)
+    [record] = executor.ledger.reconciliations_for(op_id)
+    assert record.reason is ReconciliationReason.INPUT_REPLY_NOT_TAKEN
+    refused = len(mcp.replies())
+    assert refused >= 1
+    assert {r["outcome"] for r in mcp.replies()} == {"refused"}
+
+    mcp.faults(refuse_reply=0)
+    found(executor, op_id)
+    step_until(executor, op_id, S.ACCEPTED, S.MANUAL_RECONCILIATION, timeout=20)
+
+    assert executor.ledger.get(op_id).state is S.ACCEPTED
+    assert [r["outcome"] for r in mcp.replies()][refused:] == ["taken"]
+    assert executor.ledger.get(op_id).result["content"][0]["text"] == "approved"
+    assert len(executor.ledger.reconciliations_for(op_id)) == 1
+
+
+def test_a_round_past_its_deadline_is_asked_again_once_an_operator_finds_the_task(
+    short_bounds: tuple[McpServer, Executor],
+) -> None:
+    """Nobody answered round 1 before its deadline: an operator is told (DEADLINE_EXCEEDED). The operator
+    finds the task alive, and the server still asks the same question: that is a new round, asked of the
+    gate and answered, not a question taken for answered and polled in silence until the wait budget
+    ends."""
+    mcp, executor = short_bounds
+    op_id = waiting_for_input(executor, "n/round-found")
+    support.wait_for(
+        "round 1's deadline to pass",
+        lambda: executor.reconcile() and executor.ledger.get(op_id).state is S.MANUAL_RECONCILIATION,
+        timeout=15,
+    )
+    [record] = executor.ledger.reconciliations_for(op_id)
+    assert record.reason is ReconciliationReason.DEADLINE_EXCEEDED
+
+    found(executor, op_id)
+    step_until(executor, op_id, S.INPUT_REQUIRED, S.MANUAL_RECONCILIATION, timeout=10)
+    op = executor.ledger.get(op_id)
+    assert (op.state, op.input_round) == (S.INPUT_REQUIRED, 2)
+    executor.provide_input(op_id, 2, APPROVE)
+    step_until(executor, op_id, S.ACCEPTED)
+    assert [r["outcome"] for r in mcp.replies()] == ["taken"]
+    assert executor.ledger.get(op_id).result["content"][0]["text"] == "approved"
