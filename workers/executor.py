@@ -107,6 +107,16 @@ def _then_leave(run: Callable[[], None], server: str) -> None:
         member_threads.leave(server)
 
 
+def _say_not_handed_back(count: int, what: str, exc: Exception) -> None:
+    """A hand-back of claims failed: their rows are due when their leases run out. An outage is a warning;
+    anything else an error, with its traceback (the batch goes on either way: an error escaping the batch
+    would leave its admitted members' room and claims held in the process for good)."""
+    if isinstance(exc, INFRASTRUCTURE):
+        log.warning("handing back %d %s met %s", count, what, describe_fault(exc))
+    else:
+        log.error("handing back %d %s failed; each is due when its lease runs out", count, what, exc_info=exc)
+
+
 def _deferred(op_id: uuid.UUID, fault: BaseException) -> StepOutcome:
     """A batch member's step that failed: its row stays claimed until the lease runs out."""
     return StepOutcome(op_id, StepAction.DEFERRED, None, detail={"fault": describe_fault(fault)})
@@ -401,9 +411,10 @@ class Executor:
                     claims.append((members[i].op_id, members[i].cursor, due_in))
                 try:
                     self.ledger.hand_back_claims(claims)
-                except INFRASTRUCTURE as exc:
-                    # Their leases run out instead: each row is claimed again then.
-                    log.warning("handing back %d shed claims met %s", len(shed), describe_fault(exc))
+                except Exception as exc:  # noqa: BLE001 -- whatever it met, the batch goes on (below)
+                    # Their leases run out instead: each row is claimed again then. Nothing escapes here:
+                    # the members admitted above hold their room and their claims until they run.
+                    _say_not_handed_back(len(shed), "shed claims", exc)
             for index in shed:
                 member_threads.let_go(members[index].op_id, members[index].cursor)
                 step = StepOutcome(members[index].op_id, StepAction.DEFERRED, None, detail={"shed": True})
@@ -463,7 +474,9 @@ class Executor:
             row = rows[member.op_id]
             try:
                 not_owner = self._not_owner(row, member.cursor)
-            except INFRASTRUCTURE as exc:  # due when its lease runs out
+            except Exception as exc:  # due when its lease runs out, whatever it met
+                if not isinstance(exc, INFRASTRUCTURE):
+                    log.exception("reading the epoch's owner for %s failed", member.op_id)
                 self._let_go(batch, members, [index], exc)
                 continue
             if not_owner is not None:
@@ -477,8 +490,8 @@ class Executor:
         if claims:
             try:
                 self.ledger.hand_back_claims(claims, no_token=True)
-            except INFRASTRUCTURE as exc:
-                log.warning("handing back %d polls without a token met %s", len(claims), describe_fault(exc))
+            except Exception as exc:  # noqa: BLE001 -- each is answered DEFERRED below, whatever it met
+                _say_not_handed_back(len(claims), "polls without a token", exc)
                 fault = exc
         for index, (op_id, cursor, delay) in zip(counted, claims, strict=True):
             member_threads.let_go(op_id, cursor)

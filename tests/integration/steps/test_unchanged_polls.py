@@ -9,6 +9,7 @@ ledger's statements are counted on its engine.
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
 import threading
 import time
@@ -18,8 +19,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import psycopg.errors
 import pytest
 import redis
+import sqlalchemy.exc
 from sqlalchemy import event, text
 
 from ledger.events import EventKind
@@ -27,7 +30,7 @@ from ledger.records import POLL_JITTER_MAX_S, POLL_JITTER_SHARE, Operation
 from ledger.states import OpState
 from tests import support
 from tests.support.fleet import McpServer, fleet_config, in_process_runtime, start_mcp_server
-from workers import logs
+from workers import logs, members
 from workers.budget import rate_key
 from workers.executor import Dispatch, Executor, PollMember
 from workers.poll_batch import PollBatch
@@ -551,3 +554,42 @@ def test_polls_past_the_process_room_are_shed_and_handed_back_in_one_statement(
         assert op.next_poll_at <= handed_back + tick + dt.timedelta(milliseconds=200), (
             op.next_poll_at - handed_back
         )
+
+
+def test_shed_polls_whose_hand_back_fails_unexpectedly_leave_nothing_held_in_the_process(
+    mcp_executor: tuple[McpServer, Executor],
+    database_url: str,
+    broker_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The hand-back of a batch's shed polls fails with an error the ledger does not take for an outage
+    (here Postgres answering as a read-only standby, mid-failover). The batch runs all the same: the shed
+    polls are answered DEFERRED (due when their leases run out), the admitted ones are polled, and the
+    process holds no room and no claim afterwards. An error escaping there had left the admitted members'
+    room taken and their claims held for good: the process shed that server's polls ever after, and every
+    shutdown waited its full bound."""
+    _, executor = mcp_executor
+    ids = _submit(executor, 6)
+    _due_now(executor, ids)
+    claims = _claim(executor, 6)
+    config = executor.rt.settings.config
+    assert config is not None
+    small = in_process_runtime(database_url, broker_prefix, config, lease_s=30, poll_batch=1)
+
+    def read_only(claims: object, **_: object) -> None:
+        raise sqlalchemy.exc.InternalError(
+            "UPDATE tool_operation ...",
+            {},
+            psycopg.errors.ReadOnlySqlTransaction("cannot execute UPDATE in a read-only transaction"),
+        )
+
+    monkeypatch.setattr(small.ledger, "hand_back_claims", read_only)
+    steps, _ = _batch_on(small, claims)
+
+    actions = collections.Counter(s.action for s in steps)
+    assert actions == {StepAction.DEFERRED: 2, StepAction.STILL_WORKING: 4}
+    assert members.in_flight() == 0
+    again = in_process_runtime(database_url, broker_prefix, config, lease_s=30, poll_batch=1)
+    _due_now(executor, ids)
+    steps, _ = _batch_on(again, _claim(executor, 4))
+    assert [s.action for s in steps] == [StepAction.STILL_WORKING] * 4  # the process's room is whole
