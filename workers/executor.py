@@ -107,6 +107,11 @@ def _then_leave(run: Callable[[], None], server: str) -> None:
         member_threads.leave(server)
 
 
+#: How many times an answer is stored on a row that moved between its read and its write (each a race lost
+#: to another writer) before the stale write is raised.
+REPLY_RACES = 3
+
+
 def _say_not_handed_back(count: int, what: str, exc: Exception) -> None:
     """A hand-back of claims failed: their rows are due when their leases run out. An outage is a warning;
     anything else an error, with its traceback (the batch goes on either way: an error escaping the batch
@@ -607,7 +612,7 @@ class Executor:
         Raises:
             InputRefused: the reply was refused (and the refusal recorded).
         """
-        recorded = input_rounds.record_reply(self.ctx, self.ledger.get(op_id), input_round, response)
+        recorded = self._record_reply(op_id, input_round, response)
         if isinstance(recorded, StepOutcome):
             return recorded
         try:
@@ -624,6 +629,20 @@ class Executor:
             return StepOutcome(
                 op_id, StepAction.INPUT_RECORDED, recorded.state, detail={"fault": describe_fault(exc)}
             )
+
+    def _record_reply(
+        self, op_id: uuid.UUID, input_round: int, response: Mapping[str, Any]
+    ) -> Operation | StepOutcome:
+        """The reply stored on the row as it is now (``input_rounds.record_reply``). A write that lost a race
+        (the same reply delivered twice at once, a cancel, the deadline's hand-over, between the read and the
+        write) is tried again on the row as the winner left it: answered as a repeat, or refused with its
+        reason; never a stale write raised to the caller, who would take the answer for lost."""
+        for _ in range(REPLY_RACES - 1):
+            try:
+                return input_rounds.record_reply(self.ctx, self.ledger.get(op_id), input_round, response)
+            except StaleTransition:
+                continue
+        return input_rounds.record_reply(self.ctx, self.ledger.get(op_id), input_round, response)
 
     @_own_log_context
     def dispatch_due(self, limit: int | None = None) -> list[Dispatch]:

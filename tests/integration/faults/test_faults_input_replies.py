@@ -28,7 +28,7 @@ from tests.support.fleet import (
 from workers import logs
 from workers.executor import Executor
 from workers.steps import input_rounds
-from workers.steps.context import StepOutcome
+from workers.steps.context import StepAction, StepOutcome
 from workers.steps.reconciliation import Resolution
 from workers.submission import validate_submission
 
@@ -264,3 +264,26 @@ def test_a_round_past_its_deadline_is_asked_again_once_an_operator_finds_the_tas
     step_until(executor, op_id, S.ACCEPTED)
     assert [r["outcome"] for r in mcp.replies()] == ["taken"]
     assert executor.ledger.get(op_id).result["content"][0]["text"] == "approved"
+
+
+def test_a_reply_delivered_twice_at_once_is_answered_as_a_repeat_not_a_stale_write(
+    short_bounds: tuple[McpServer, Executor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two copies of one answer run side by side (a redelivered message, a caller trying again): the second
+    read the row, still waiting for input, before the first stored the reply, so its write is stale. It is
+    answered as a repeat (the reply is recorded), not failed with a stale write that tells its caller the
+    answer was lost; one reply reaches the server."""
+    mcp, executor = short_bounds
+    op_id = waiting_for_input(executor, "n/reply-race")
+    before = executor.ledger.get(op_id)  # the second copy's read, made before the first copy's write
+    executor.provide_input(op_id, 1, APPROVE)
+    reads = iter([before])
+    get = executor.ledger.get
+    monkeypatch.setattr(executor.ledger, "get", lambda *a, **k: next(reads, None) or get(*a, **k))
+
+    second = executor.provide_input(op_id, 1, APPROVE)
+
+    assert second.action is StepAction.INPUT_RECORDED, second
+    assert second.detail["repeat"] is True
+    step_until(executor, op_id, S.ACCEPTED)
+    assert [r["outcome"] for r in mcp.replies()] == ["taken"]
