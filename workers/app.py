@@ -65,7 +65,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # the message again: with acks_late a step must end well inside it. Every longcall step is a few
         # bounded HTTP requests (a synchronous call at most its sync_upper_bound_s), and a redelivered
         # step is fenced by the ledger's lease and epoch, never a second create; no longcall message
-        # carries a countdown or ETA (the dispatcher owns time), so none waits unacknowledged in a worker.
+        # carries a countdown or ETA past one dispatch tick (the dispatcher owns time: a batch waits at most
+        # that long for its earliest member's due time), so none waits unacknowledged in a worker for long.
         transport_options["confirm_publish"] = True
         # RabbitMQ stops reading from a publishing connection while it is in a memory or disk alarm, and a
         # broker that vanished without closing the connection never answers: a publish waiting for its

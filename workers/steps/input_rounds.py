@@ -59,7 +59,7 @@ def ask_for_input(
         fence,
         from_state=op.state,
         input_round=round_,
-        request_json=request.to_json(),
+        request_json=stored_request(op, request),
         schema_digest=schema_digest,
         deadline=deadline,
         status=server_status(status),
@@ -111,23 +111,49 @@ def replied(op: Operation) -> bool:
 
 def unanswered_part(op: Operation, request: InputRequest) -> InputRequest | None:
     """A keyed round (the MCP tasks extension: ``request`` is the ``inputRequests`` map) without the keys
-    the last round answered, None when none is left: a key already answered is never asked, nor sent,
-    twice (DESIGN §7). After a reply that failed, or a round that holds none, its keys are open again.
-    Other requests as they are."""
+    answered so far (:func:`answered_keys`), None when none is left: a key already answered is never asked,
+    nor sent, twice (DESIGN §7). Other requests as they are."""
     without_answered = keyed_rounds(op)
-    stored = op.input_request
-    if (
-        without_answered is None
-        or op.input_round < 1
-        or not replied(op)
-        or not isinstance(stored, Mapping)
-        or stored.get("reply_failed")
-        or stored.get("method") != request.method
-        or stored.get("task_id") != request.task_id
-    ):
+    if without_answered is None or op.input_round < 1 or not _same_task(op, request):
         return request
-    answered = stored.get("params")
-    return without_answered(request, answered.keys() if isinstance(answered, Mapping) else ())
+    return without_answered(request, answered_keys(op))
+
+
+def answered_keys(op: Operation) -> set[str]:
+    """The keys of the operation's keyed rounds answered so far: those the rounds before the current one
+    answered (kept with it: ``answered_keys``), and the current round's own once it holds a reply that was
+    not given up. The server's ack of a reply is eventually consistent: a poll may show a key answered two
+    rounds back beside a new one, and it is not asked again. The keys of a reply the server refused, or of a
+    round nobody answered, are open again."""
+    stored = op.input_request
+    if not isinstance(stored, Mapping):
+        return set()
+    before = stored.get("answered_keys")
+    keys = {key for key in before if isinstance(key, str)} if isinstance(before, list) else set()
+    params = stored.get("params")
+    if replied(op) and not stored.get("reply_failed") and isinstance(params, Mapping):
+        keys.update(key for key in params if isinstance(key, str))
+    return keys
+
+
+def stored_request(op: Operation, request: InputRequest) -> dict[str, Any]:
+    """What the ledger keeps of round N + 1's ``request``: the request, and for a keyed round of the same
+    task the keys answered before it (:func:`answered_keys`)."""
+    stored = request.to_json()
+    if keyed_rounds(op) is not None and op.input_round >= 1 and _same_task(op, request):
+        keys = answered_keys(op)
+        if keys:
+            stored["answered_keys"] = sorted(keys)
+    return stored
+
+
+def _same_task(op: Operation, request: InputRequest) -> bool:
+    stored = op.input_request
+    return (
+        isinstance(stored, Mapping)
+        and stored.get("method") == request.method
+        and stored.get("task_id") == request.task_id
+    )
 
 
 def keyed_rounds(op: Operation) -> KeyedRounds | None:
