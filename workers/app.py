@@ -64,9 +64,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # whose delivery stays unacknowledged past its consumer_timeout (30 min by default) and delivers
         # the message again: with acks_late a step must end well inside it. Every longcall step is a few
         # bounded HTTP requests (a synchronous call at most its sync_upper_bound_s), and a redelivered
-        # step is fenced by the ledger's lease and epoch, never a second create; no longcall message
-        # carries a countdown or ETA past one dispatch tick (the dispatcher owns time: a batch waits at most
-        # that long for its earliest member's due time), so none waits unacknowledged in a worker for long.
+        # step is fenced by the ledger's lease and epoch, never a second create. The dispatcher owns time: its
+        # messages carry a countdown of at most one dispatch tick (a batch waits for its earliest member's
+        # due time); an intent handed back to the broker through an outage (workers/task_faults.py) carries
+        # one well inside max_held_delivery_s; so none waits unacknowledged in a worker for long.
         transport_options["confirm_publish"] = True
         # RabbitMQ stops reading from a publishing connection while it is in a memory or disk alarm, and a
         # broker that vanished without closing the connection never answers: a publish waiting for its

@@ -636,7 +636,8 @@ class Executor:
         """The reply stored on the row as it is now (``input_rounds.record_reply``). A write that lost a race
         (the same reply delivered twice at once, a cancel, the deadline's hand-over, between the read and the
         write) is tried again on the row as the winner left it: answered as a repeat, or refused with its
-        reason; never a stale write raised to the caller, who would take the answer for lost."""
+        reason, rather than a stale write raised to the caller, who would take the answer for lost. Past
+        :data:`REPLY_RACES` races in a row, the stale write is raised."""
         for _ in range(REPLY_RACES - 1):
             try:
                 return input_rounds.record_reply(self.ctx, self.ledger.get(op_id), input_round, response)

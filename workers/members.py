@@ -161,6 +161,12 @@ def let_go(op_id: uuid.UUID, cursor: int) -> None:
         _process.claims.pop((op_id, cursor), None)
 
 
+def running() -> dict[str, int]:
+    """How many admitted members of each server run in this process now (their room taken)."""
+    with _process.lock:
+        return dict(_process.running)
+
+
 def in_flight() -> int:
     """How many claims run in this process now (a worker's shutdown waits for them)."""
     with _process.lock:

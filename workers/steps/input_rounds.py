@@ -193,7 +193,8 @@ def still_asked(ctx: StepContext, op: Operation, fence: Fence, status: RemoteSta
         ReconciliationReason.INPUT_REPLY_NOT_TAKEN,
         {
             "why": f"the server still asks for input {since_s:.0f} s after it took the reply to round "
-            f"{op.input_round}",
+            f"{op.input_round}"
+            + (" (counted since an operator found the task)" if reply.get("bound_from") else ""),
             "input_round": op.input_round,
             "sent_at": reply["sent_at"],
             "server_state": status.server_state,
@@ -333,7 +334,8 @@ def send_reply(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
             fence,
             ReconciliationReason.INPUT_REPLY_NOT_TAKEN,
             {
-                "why": f"the reply to input round {op.input_round} was not delivered in {waited_s:.0f} s",
+                "why": f"the reply to input round {op.input_round} was not delivered in {waited_s:.0f} s"
+                + (" since an operator found the task" if reply.get("bound_from") else ""),
                 "input_round": op.input_round,
                 "recorded_at": reply["recorded_at"],
                 "attempts": reply.get("attempts"),

@@ -247,7 +247,7 @@ def resolve(ctx: StepContext, op: Operation, resolution: Resolution) -> Operatio
             detail=detail,
             resolution=note,
             cancel_above=0,  # any cancel requested, before or while the operator decided, is sent now
-            input_reply=found_again(op, ctx.now()),  # the round's reply is on its way again, not lost
+            input_reply=found_again(op, ctx.now()),  # the round's reply gets its bound again, not lost
         )
     if resolution.kind == "never_created":
         if op.remote_id is not None:

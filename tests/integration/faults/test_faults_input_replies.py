@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -183,23 +184,38 @@ def test_an_answer_sent_while_redis_is_down_is_recorded_and_sent_once_redis_is_b
 # ------------------------------------------- an operator's "found" after a round's bound: the answer lives
 
 
-@pytest.fixture
-def short_bounds(
-    database_url: str, broker_prefix: str, tmp_path: Path, log_dir: Path
+@contextmanager
+def executor_with(
+    database_url: str, broker_prefix: str, tmp_path: Path, log_dir: Path, **bounds: float
 ) -> Iterator[tuple[McpServer, Executor]]:
-    """longcall's MCP server and an executor in this process whose input rounds have short bounds: a reply
-    not delivered goes to an operator after 2 s, a round not answered after 2 s."""
+    """longcall's MCP server and an executor in this process with these input bounds."""
     mcp = start_mcp_server(log_dir, poll_interval_ms=200)
     config = tmp_path / "longcall.toml"
     config.write_text(fleet_config(mcp.url, poll_qps=5000, control_qps=5000))
-    runtime = in_process_runtime(
-        database_url, broker_prefix, config, lease_s=30, input_reply_s=2, input_timeout_s=2
-    )
+    runtime = in_process_runtime(database_url, broker_prefix, config, lease_s=30, **bounds)
     try:
         yield mcp, Executor(runtime)
     finally:
         runtime.close()
         mcp.process.stop()
+
+
+@pytest.fixture
+def short_bounds(
+    database_url: str, broker_prefix: str, tmp_path: Path, log_dir: Path
+) -> Iterator[tuple[McpServer, Executor]]:
+    """A reply not delivered goes to an operator after 2 s (a round may wait for its answer a minute)."""
+    with executor_with(database_url, broker_prefix, tmp_path, log_dir, input_reply_s=2) as made:
+        yield made
+
+
+@pytest.fixture
+def short_deadline(
+    database_url: str, broker_prefix: str, tmp_path: Path, log_dir: Path
+) -> Iterator[tuple[McpServer, Executor]]:
+    """A round not answered goes to an operator after 2 s."""
+    with executor_with(database_url, broker_prefix, tmp_path, log_dir, input_timeout_s=2) as made:
+        yield made
 
 
 def found(executor: Executor, op_id: uuid.UUID) -> None:
@@ -240,13 +256,13 @@ def test_a_reply_not_delivered_in_its_bound_is_sent_once_an_operator_finds_the_t
 
 
 def test_a_round_past_its_deadline_is_asked_again_once_an_operator_finds_the_task(
-    short_bounds: tuple[McpServer, Executor],
+    short_deadline: tuple[McpServer, Executor],
 ) -> None:
     """Nobody answered round 1 before its deadline: an operator is told (DEADLINE_EXCEEDED). The operator
     finds the task alive, and the server still asks the same question: that is a new round, asked of the
     gate and answered, not a question taken for answered and polled in silence until the wait budget
     ends."""
-    mcp, executor = short_bounds
+    mcp, executor = short_deadline
     op_id = waiting_for_input(executor, "n/round-found")
     support.wait_for(
         "round 1's deadline to pass",

@@ -1,5 +1,5 @@
 """Input rounds of the MCP tasks extension (rule 10, DESIGN §7): one round is the set of outstanding
-``inputRequests``; a key the last round answered is neither asked nor sent again, while the server (its
+``inputRequests``; a key any earlier round answered is neither asked nor sent again, while the server (its
 ``tasks/update`` ack is eventually consistent) may still show it."""
 
 from __future__ import annotations
