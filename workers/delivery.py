@@ -7,6 +7,10 @@ is derived from the receipt (or the input round), so a consumer dedupes with one
 
     if not redis.set(f"seen:{receipt['outbox_id']}", 1, nx=True, ex=86400): return
 
+A canvas (a chain, a group, a chord) is sent again with the same task id for each of its tasks, derived from
+the receipt and the task's place in it (:func:`with_derived_ids`): each task of it dedupes on its own id
+(``self.request.id``); ``outbox_id`` is the same for all of them.
+
 A publish that fails is the drain's to retry (``ledger/outbox.py``): paced, and dead-lettered after
 ``outbox_max_attempts`` failures. A broker that is out of reach is told apart here
 (:func:`broker_unreachable`) and raised as :class:`~ledger.errors.PublishUnavailable`, which the drain paces
@@ -24,7 +28,8 @@ from typing import Any
 import amqp.exceptions
 import kombu.exceptions
 import redis.exceptions
-from celery import Celery, signature
+from celery import Celery, chord, group, signature
+from celery.canvas import Signature, _chain
 from kombu.utils import json as celery_json
 
 from ledger.digests import canonical_json
@@ -80,6 +85,34 @@ def delivery_task_id(message: OutboxMessage) -> str:
     return str(uuid.uuid5(DELIVERY_NAMESPACE, key))
 
 
+def derived_id(task_id: str, place: tuple[str | int, ...]) -> str:
+    """The task id of the task at ``place`` in the canvas sent as ``task_id`` (``task_id`` itself for the
+    canvas's root)."""
+    if not place:
+        return task_id
+    return str(uuid.uuid5(uuid.UUID(task_id), "/".join(str(step) for step in place)))
+
+
+def with_derived_ids(sig: Signature, task_id: str, place: tuple[str | int, ...] = ()) -> Signature:
+    """``sig`` with a task id set on each of its tasks (and groups), derived from ``task_id`` and the task's
+    place in the canvas. Celery names only a lone task (or a chain's last, a group) after the task id it
+    is sent with, and every other task of a canvas anew at each send: a receipt sent again (a drainer
+    killed between its publish and its commit, a confirm lost) ran each of those tasks a second time under
+    another id, and no consumer could tell it for a repeat. A task id already set is kept by Celery, so the
+    canvas is sent the same way each time."""
+    if isinstance(sig, chord):
+        header = sig.tasks
+        for index, task in enumerate(header.tasks if isinstance(header, group) else header):
+            with_derived_ids(task, task_id, (*place, "header", index))
+        if sig.body is not None:
+            with_derived_ids(sig.body, task_id, (*place, "body"))
+    elif isinstance(sig, _chain | group):
+        for index, task in enumerate(sig.tasks):
+            with_derived_ids(task, task_id, (*place, index))
+    sig.options["task_id"] = derived_id(task_id, place)
+    return sig
+
+
 def downstream_call(message: OutboxMessage) -> tuple[dict[str, Any] | None, str, dict[str, Any]]:
     """The stored signature, the keyword it receives, and the value (with ``outbox_id`` added)."""
     keyword = "receipt" if message.kind == "terminal" else "input_request"
@@ -99,11 +132,12 @@ def publisher(app: Celery) -> Callable[[OutboxMessage], None]:
         if stored is None:
             return  # nobody downstream: the receipt alone is the record
         # A task that names no queue goes to Celery's default one, never to longcall's (routed_signature).
-        sig = signature(routed_signature(completed_signature(stored)), app=app)
+        task_id = delivery_task_id(message)
+        sig = with_derived_ids(signature(routed_signature(completed_signature(stored)), app=app), task_id)
         # The signature's own headers are kept: apply_async's headers replace them, they do not add to them.
         headers = {**(sig.options.get("headers") or {}), "longcall_outbox_id": str(message.id)}
         try:
-            sig.apply_async(kwargs={keyword: value}, task_id=delivery_task_id(message), headers=headers)
+            sig.apply_async(kwargs={keyword: value}, task_id=task_id, headers=headers)
         except Exception as exc:
             if channel_errors is None:
                 # The transport's own refusals (RabbitMQ's channel errors, Redis's error replies): kombu
