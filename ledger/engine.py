@@ -6,8 +6,11 @@ from typing import Any, ClassVar
 
 import psycopg
 import psycopg._queries
+import psycopg.errors
+import sqlalchemy.exc
 from psycopg.pq import ExecStatus
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import ExceptionContext
 
 
 def normalize_database_url(url: str) -> str:
@@ -85,11 +88,28 @@ class LedgerCursor(psycopg.Cursor[Any]):
         return list(known)
 
 
+def no_primary_is_a_disconnect(context: ExceptionContext) -> BaseException | None:
+    """A write refused because the server is no primary (``ReadOnlySqlTransaction``, SQLSTATE 25006: a
+    demoted primary mid-failover, or a standby that DNS or a pooler still points at) is what a failover looks
+    like from here, as much as a dropped connection is: the pool's connections are let go (the next
+    statement connects afresh, to the primary once the names point there) and it is raised as an
+    ``OperationalError``, which every caller takes for the database out of reach (``ledger.errors
+    .UNAVAILABLE``: retried within its bound, never a failure that loses the message). psycopg files it as
+    an ``InternalError``, which nothing retries."""
+    original = context.original_exception
+    if not isinstance(original, psycopg.errors.ReadOnlySqlTransaction):
+        return None
+    context.is_disconnect = True
+    return sqlalchemy.exc.OperationalError(
+        context.statement, context.parameters, original, connection_invalidated=True
+    )
+
+
 def make_engine(url: str, *, pool_size: int = 5, connect_timeout_s: int | None = None) -> Engine:
     """The engine every ledger transaction runs on. ``connect_timeout_s`` bounds a connect (a reader that
     must answer even when the database is down, such as a metrics scrape)."""
     cache_long_statements()
-    return create_engine(
+    engine = create_engine(
         normalize_database_url(url),
         # No pre-ping: it would double every ledger transaction. A connection the server dropped fails
         # its statement once (SQLAlchemy then discards the pool's stale connections) and the step is
@@ -104,3 +124,5 @@ def make_engine(url: str, *, pool_size: int = 5, connect_timeout_s: int | None =
             **({} if connect_timeout_s is None else {"connect_timeout": connect_timeout_s}),
         },
     )
+    event.listen(engine, "handle_error", no_primary_is_a_disconnect)
+    return engine

@@ -47,11 +47,12 @@ __all__ = [
 
 #: What a ledger call raises when Postgres is out of reach or went away mid-statement: a restart or a
 #: failover (connection refused, "terminating connection due to administrator command", "the database
-#: system is starting up"), a connection the server or the network closed, a pool that found no connection
-#: in time, a statement cancelled by its timeout. What the call was to record may or may not have committed
-#: (a COMMIT whose answer was lost): a caller that tries again meets the ledger's own answer to a repeat (the
-#: same call node's operation, a stale write refused by its fence, an intent already recorded), never a
-#: second effect.
+#: system is starting up", a write refused by a server that is no primary: ``ledger.engine
+#: .no_primary_is_a_disconnect``), a connection the server or the network closed, a pool that found no
+#: connection in time, a statement cancelled by its timeout. What the call was to record may or may not
+#: have committed (a COMMIT whose answer was lost): a caller that tries again meets the ledger's own answer
+#: to a repeat (the same call node's operation, a stale write refused by its fence, an intent already
+#: recorded), never a second effect.
 if TYPE_CHECKING:
     UNAVAILABLE: tuple[type[Exception], ...]
 
