@@ -135,6 +135,9 @@ class AdapterSpec:
     them, so an operator who finds a task whose create answer was lost must name that session.
     ``without_answered``: set when an input round is a set of keyed requests answered key by key (a key
     answered is never asked, nor sent, twice); None when a round is one request, answered whole.
+    ``lookup_may_create``: its lookup by submission key repeats the create (AIP-155's request id), which
+    makes the operation when the first create never arrived; so with a cancel recorded, the lookup is not
+    made (rule 6: what was never created is never created after its cancel).
     ``make_client``: how the client of each of its adapters is made."""
 
     protocol: str
@@ -144,4 +147,5 @@ class AdapterSpec:
     check_arguments: ArgumentCheck = accept_any_arguments
     session_bound: bool = False
     without_answered: KeyedRounds | None = None
+    lookup_may_create: bool = False
     make_client: ClientMaker = http_client

@@ -76,4 +76,5 @@ SPEC = AdapterSpec(
     AipOperationsAdapter,
     check_config=check_tool_routes,
     check_arguments=check_route_arguments,
+    lookup_may_create=True,
 )

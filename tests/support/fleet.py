@@ -23,8 +23,10 @@ from ledger.repository import Ledger
 from ledger.states import OpState
 from tests import support
 from tests.support.pipeline_app import make_app
+from workers.executor import Executor
 from workers.runtime import Runtime
 from workers.settings import Settings
+from workers.steps.context import StepOutcome
 
 #: The brokers a fleet runs on (the ``broker`` fixture; a test parametrized over it runs on each).
 BROKERS = ("redis", "rabbitmq")
@@ -96,6 +98,29 @@ def in_process_runtime(database_url: str, broker_prefix: str, config: Path, **se
             **settings,
         )
     )
+
+
+def run_due(executor: Executor) -> list[StepOutcome]:
+    """One dispatcher tick, its steps run by ``executor`` in this process."""
+    outcomes = []
+    for dispatch in executor.dispatch_due():
+        if dispatch.task == "longcall.poll":
+            outcomes.append(executor.advance(dispatch.op_id, dispatch.cursor))
+        elif dispatch.task == "longcall.fetch_result":
+            outcomes.append(executor.fetch_result(dispatch.op_id, dispatch.cursor))
+        else:
+            outcomes.append(executor.send_cancel(dispatch.op_id, dispatch.cursor))
+    return outcomes
+
+
+def step_until(executor: Executor, op_id: uuid.UUID, *states: OpState, timeout: float = 30) -> None:
+    """Run what the dispatcher would, in this process, until the operation is in one of ``states``."""
+
+    def reached() -> bool:
+        run_due(executor)
+        return executor.ledger.get(op_id).state in states
+
+    support.wait_for(f"the operation to reach {[s.value for s in states]}", reached, timeout=timeout)
 
 
 def fleet_config(server_url: str, **server: Any) -> str:

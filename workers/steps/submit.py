@@ -12,6 +12,7 @@ import datetime as dt
 from typing import Any
 
 from adapters import (
+    SHIPPED,
     AdapterError,
     CapabilityRefused,
     Created,
@@ -191,7 +192,24 @@ def _undo_attempt(ctx: StepContext, op: Operation, fence: Fence, retry_in_s: flo
 
 def lookup(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved:
     """SUBMISSION_UNKNOWN (rule 2): ask by submission key; only a server's proof of "never created"
-    allows a resubmission, anything unproved goes to an operator."""
+    allows a resubmission, anything unproved goes to an operator. With a cancel recorded, a protocol whose
+    lookup repeats the create (``lookup_may_create``) is not asked: the repeat would make the operation if
+    the first create never arrived, a create after its cancel (rule 6); an operator decides."""
+    spec = SHIPPED.find(op.protocol, op.protocol_version)
+    if op.cancel_generation > 0 and spec is not None and spec.lookup_may_create:
+        op = ctx.hand_to_operator(
+            op,
+            fence,
+            ReconciliationReason.SUBMISSION_UNKNOWN,
+            {
+                "why": "a cancel was requested while the create's outcome is unknown, and a lookup on "
+                f"{op.protocol} {op.protocol_version} repeats the create, which would make the operation "
+                "if the first never arrived: --found sends the cancel, --never-created ends it cancelled "
+                "with no create",
+                "submission_key": str(op.submission_key),
+            },
+        )
+        return StepOutcome(op.id, StepAction.MANUAL_RECONCILIATION, op.state)
     adapter = ctx.adapter(op)
     try:
         found = adapter.lookup_by_key(

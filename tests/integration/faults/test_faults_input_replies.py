@@ -25,6 +25,7 @@ from tests.support.fleet import (
     in_process_runtime,
     running_fleet,
     start_mcp_server,
+    step_until,
 )
 from workers import logs
 from workers.executor import Executor
@@ -107,22 +108,6 @@ def test_a_round_answered_and_still_asked_goes_to_an_operator_within_the_bound(i
 
 
 # ------------------------------------------------------------------------- in process: died, Redis down
-
-
-def step_until(executor: Executor, op_id: uuid.UUID, *states: OpState, timeout: float = 30) -> None:
-    """Run what the dispatcher would, in this process, until the operation is in one of ``states``."""
-
-    def reached() -> bool:
-        for dispatch in executor.dispatch_due():
-            if dispatch.task == "longcall.poll":
-                executor.advance(dispatch.op_id, dispatch.cursor)
-            elif dispatch.task == "longcall.fetch_result":
-                executor.fetch_result(dispatch.op_id, dispatch.cursor)
-            else:
-                executor.send_cancel(dispatch.op_id, dispatch.cursor)
-        return executor.ledger.get(op_id).state in states
-
-    support.wait_for(f"the operation to reach {[s.value for s in states]}", reached, timeout=timeout)
 
 
 def waiting_for_input(executor: Executor, call_node_id: str) -> uuid.UUID:

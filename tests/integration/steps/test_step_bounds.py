@@ -15,7 +15,7 @@ import pytest
 from ledger.errors import StaleTransition
 from ledger.states import OpState
 from tests import support
-from tests.support.fleet import McpServer
+from tests.support.fleet import McpServer, run_due
 from workers.executor import Executor
 from workers.steps.context import StepOutcome
 from workers.submission import validate_submission
@@ -36,19 +36,6 @@ def submitted(executor: Executor, call_node_id: str, **extra: Any) -> uuid.UUID:
         max_body_bytes=executor.rt.settings.max_body_bytes,
     )
     return executor.ledger.record_submission(new).operation.id
-
-
-def run_due(executor: Executor) -> list[StepOutcome]:
-    """One dispatcher tick, its steps run here."""
-    outcomes = []
-    for dispatch in executor.dispatch_due():
-        if dispatch.task == "longcall.poll":
-            outcomes.append(executor.advance(dispatch.op_id, dispatch.cursor))
-        elif dispatch.task == "longcall.fetch_result":
-            outcomes.append(executor.fetch_result(dispatch.op_id, dispatch.cursor))
-        else:
-            outcomes.append(executor.send_cancel(dispatch.op_id, dispatch.cursor))
-    return outcomes
 
 
 # ------------------------------------------------------------------ item 3: a create that never goes out
