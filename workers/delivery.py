@@ -20,6 +20,7 @@ without counting: an outage dead-letters nothing.
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import logging
 import uuid
 from collections.abc import Callable
@@ -40,7 +41,7 @@ from ledger.redact import error_line
 from workers.errors import InvalidSubmission
 from workers.runtime import Runtime, RuntimeHolder
 from workers.settings import Settings
-from workers.signatures import DeliveryCheck, completed_signature, routed_signature
+from workers.signatures import DeliveryCheck, completed_signature, downstream_signatures, routed_signature
 from workers.steps.context import StepOutcome
 
 log = logging.getLogger("longcall")
@@ -120,6 +121,31 @@ def downstream_call(message: OutboxMessage) -> tuple[dict[str, Any] | None, str,
     return message.payload.get("signature"), keyword, value
 
 
+class ExpiredDelivery(Exception):
+    """A downstream signature's ``expires`` date has passed: Celery would drop the message unrun, and the
+    row would read dispatched. The publish fails instead, counted against the row, which is dead-lettered
+    with this reason after its attempts (an operator sees it in ``longcall status`` and the metrics)."""
+
+
+def passed_expiry(stored: dict[str, Any], now: dt.datetime | None = None) -> str | None:
+    """Why ``stored`` can no longer be delivered, None while it can: a task of it whose ``expires`` date
+    (an ISO 8601 date and time, UTC when it names no zone) has passed. Submit refuses such a date unless it
+    falls well after the operation's wait budget, so this is met only by a receipt sent very late (a broker
+    away for over an hour, an operator's late ``--resend``)."""
+    now = now or dt.datetime.now(dt.UTC)
+    for where, sig in downstream_signatures("then", stored):
+        expires = (sig.get("options") or {}).get("expires")
+        if not isinstance(expires, str):
+            continue
+        try:
+            when = dt.datetime.fromisoformat(expires)
+        except ValueError:
+            continue
+        if (when if when.tzinfo is not None else when.replace(tzinfo=dt.UTC)) <= now:
+            return f"{where}: expires={expires} has passed; Celery would drop the message unrun"
+    return None
+
+
 def publisher(app: Celery) -> Callable[[OutboxMessage], None]:
     """What the drain calls for each row: the stored signature sent with its receipt (or input request).
     Raises :class:`~ledger.errors.PublishUnavailable` (the broker's error as its cause) when the broker is
@@ -131,6 +157,9 @@ def publisher(app: Celery) -> Callable[[OutboxMessage], None]:
         stored, keyword, value = downstream_call(message)
         if stored is None:
             return  # nobody downstream: the receipt alone is the record
+        expired = passed_expiry(stored)
+        if expired is not None:
+            raise ExpiredDelivery(expired)
         # A task that names no queue goes to Celery's default one, never to longcall's (routed_signature).
         task_id = delivery_task_id(message)
         sig = with_derived_ids(signature(routed_signature(completed_signature(stored)), app=app), task_id)

@@ -6,6 +6,8 @@ them (``before_task_publish``)."""
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -14,9 +16,14 @@ import pytest
 from celery import Celery, chain, chord, group
 from celery.canvas import Signature
 from celery.signals import before_task_publish
+from sqlalchemy import text
 
+from ledger.outbox import OutboxRetry
 from ledger.records import OutboxMessage
+from ledger.repository import Ledger
+from ledger.states import OpState, TerminalKind
 from tests import support
+from tests.support.ledger_rows import evidence_for, place
 from workers.app import create_app
 from workers.delivery import delivery_task_id, publisher
 from workers.settings import Settings
@@ -91,3 +98,31 @@ def test_a_receipt_sent_twice_reaches_each_task_of_its_canvas_under_the_same_id(
 def test_a_lone_task_is_sent_under_the_id_derived_from_its_receipt(app: Celery) -> None:
     message = receipt_message(dict(app.signature("p.a")))
     assert sent_ids(app, message) == [("p.a", delivery_task_id(message))]
+
+
+@PIPELINE_TASKS_SHARED
+def test_a_receipt_whose_then_expired_is_dead_lettered_with_why_not_marked_dispatched(
+    app: Celery, ledger: Ledger
+) -> None:
+    """A ``then`` with an ``expires`` date that has passed by the time its receipt is sent (a broker away
+    for over an hour, an operator's late ``--resend``): Celery would drop the message unrun while the row read
+    dispatched. The publish fails instead, and the row is dead-lettered with the reason."""
+    past = (dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)).isoformat()
+    stored = dict(app.signature("p.a") | app.signature("p.b", expires=past))
+    op = place(ledger, OpState.FETCHING_RESULT)
+    with ledger.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE tool_operation SET on_terminal = :s WHERE id = :id"),
+            {"s": json.dumps(stored), "id": op.id},
+        )
+    acceptance = ledger.accept_terminal(op.id, evidence_for(op, TerminalKind.COMPLETED))
+
+    report = ledger.drain_outbox(publisher(app), retry=OutboxRetry(max_attempts=1))
+
+    assert report.dead == (acceptance.outbox_id,)
+    with ledger.engine.connect() as conn:
+        row = conn.execute(
+            text("SELECT status, last_error FROM outbox WHERE id = :id"), {"id": acceptance.outbox_id}
+        ).one()
+    assert row.status == "dead"
+    assert f"expires={past} has passed" in row.last_error
