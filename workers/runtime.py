@@ -8,6 +8,7 @@ epoch to another identity, this fleet claims nothing and writes nothing under a 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import math
@@ -59,6 +60,8 @@ class Runtime:
 
     @classmethod
     def from_settings(cls, settings: Settings, *, delivery: DeliveryCheck = JSON_RULE) -> Runtime:
+        if settings.result_backend == "rpc://":  # keeps no chord state: a chord could never be sent
+            delivery = dataclasses.replace(delivery, chords=False)
         return cls(settings=settings, fleet=settings.checked_fleet(), delivery=delivery)
 
     def _forked(self) -> None:

@@ -73,14 +73,30 @@ class DeliveryCheck:
     the JSON serializer delivers it as it is; ``build(field, signature)``, raising
     :class:`~workers.errors.InvalidSubmission` when Celery cannot build the signature. The Celery layer
     gives its own (``workers/delivery.py`` ``CELERY_DELIVERY``, through the runtime); without it, the JSON
-    rule of :func:`delivered_unchanged` and no build."""
+    rule of :func:`delivered_unchanged` and no build. ``chords``: whether the fleet's result backend keeps a
+    chord's state (``rpc://`` does not: Celery refuses to send a chord there, so one would never be
+    delivered)."""
 
     unchanged: Callable[[Any], bool] = delivered_unchanged
     build: Callable[[str, dict[str, Any]], None] | None = None
+    chords: bool = True
 
 
 #: Without Celery: the JSON rule, no build.
 JSON_RULE = DeliveryCheck()
+
+
+def makes_a_chord(sig: Mapping[str, Any]) -> bool:
+    """Whether Celery sends the signature ``sig`` (as a dict, its members not looked into) as a chord: a
+    chord itself, or a chain in which a group is followed by another task (Celery joins the two)."""
+    kind = sig.get("subtask_type")
+    if kind == "chord":
+        return True
+    if kind != "chain":
+        return False
+    tasks = (sig.get("kwargs") or {}).get("tasks") or []
+    kinds = [task.get("subtask_type") if isinstance(task, Mapping) else None for task in tasks]
+    return any(kind == "group" for kind in kinds[:-1])
 
 
 def checked_signature(
@@ -103,6 +119,13 @@ def checked_signature(
         raise InvalidSubmission(f"{field} is not JSON: {exc}") from exc
     for where, sig in downstream_signatures(field, value):
         _check_options(where, sig.get("options") or {}, max_delay_s)
+        if not delivery.chords and makes_a_chord(sig):
+            raise InvalidSubmission(
+                f"{where} is a chord (or a chain Celery sends as one: a group followed by a task), and "
+                "this fleet's result backend (rpc://: a Redis Cluster with a RabbitMQ broker) keeps no "
+                "chord state: Celery would refuse to send it; give the group's tasks a task of their own "
+                "to report to"
+            )
     # Celery builds a signature from a dict as it is: one without ``kwargs`` cannot take the receipt
     # (``apply_async(kwargs=...)`` raises TypeError), so the parts a dict may leave out are filled in.
     value = completed_signature(value)

@@ -6,6 +6,7 @@ import dataclasses
 import datetime as dt
 import json
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +18,9 @@ from ledger.routing import RECORDED_DECISION, RecordedDecision
 from workers.delivery import publisher
 from workers.errors import InvalidSubmission
 from workers.rollout import in_canary
-from workers.settings import FleetConfig
+from workers.runtime import Runtime
+from workers.settings import FleetConfig, Settings
+from workers.signatures import JSON_RULE
 from workers.submission import NotRouted, canary_admission, parse_submit_kwargs, validate_submission
 
 GOOD: dict[str, Any] = {
@@ -354,3 +357,42 @@ def test_an_expiry_date_is_held_to_the_submissions_own_wait_budget() -> None:
     with pytest.raises(InvalidSubmission, match="3600s from now"):
         validate_submission(with_terminal(signature), FLEET, max_body_bytes=100_000)
     validate_submission(with_terminal(signature, wait_budget_s=600), FLEET, max_body_bytes=100_000)
+
+
+@pytest.mark.parametrize(
+    ("signature", "a_chord"),
+    [
+        (chord([STEP, AFTER], STEP), True),
+        (chain(group(STEP, AFTER), STEP), True),  # Celery sends a group followed by a task as a chord
+        (chain(STEP, group(STEP, AFTER)), False),
+        (group(STEP, AFTER), False),
+        (STEP, False),
+    ],
+)
+def test_a_chord_is_refused_at_submit_where_the_result_backend_keeps_no_chord_state(
+    signature: Any, a_chord: bool
+) -> None:
+    """Beside a Redis Cluster with a RabbitMQ broker the result backend is rpc://, where Celery refuses to
+    send a chord: one would be dead-lettered after its attempts once the operation ended. It is refused
+    while the caller is there to hear it; elsewhere, and whatever is no chord, is taken."""
+    kwargs = with_terminal(json.loads(json.dumps(signature)))
+    no_chords = dataclasses.replace(JSON_RULE, chords=False)
+    if a_chord:
+        with pytest.raises(InvalidSubmission, match="keeps no chord state"):
+            validate_submission(kwargs, FLEET, max_body_bytes=100_000, delivery=no_chords)
+    else:
+        validate_submission(kwargs, FLEET, max_body_bytes=100_000, delivery=no_chords)
+    validate_submission(kwargs, FLEET, max_body_bytes=100_000)  # a result backend that keeps chords
+
+
+def test_the_runtime_takes_no_chord_where_its_result_backend_is_rpc(tmp_path: Path) -> None:
+    config = tmp_path / "longcall.toml"
+    config.write_text(
+        '[servers.reports]\nprotocol = "mcp"\nprotocol_version = "2025-11-25"\nurl = "http://127.0.0.1:1/mcp"\n'
+    )
+    beside_a_cluster = Settings(
+        redis_url="redis://10.0.0.1:7000/0", redis_cluster=True, broker_url="amqp://rabbit//", config=config
+    )
+    assert Runtime.from_settings(beside_a_cluster).delivery.chords is False
+    alone = Settings(redis_url="redis://cache:6379/1", broker_url="amqp://rabbit//", config=config)
+    assert Runtime.from_settings(alone).delivery.chords is True
