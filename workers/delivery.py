@@ -100,7 +100,9 @@ def with_derived_ids(sig: Signature, task_id: str, place: tuple[str | int, ...] 
     is sent with, and every other task of a canvas anew at each send: a receipt sent again (a drainer
     killed between its publish and its commit, a confirm lost) ran each of those tasks a second time under
     another id, and no consumer could tell it for a repeat. A task id already set is kept by Celery, so the
-    canvas is sent the same way each time."""
+    canvas is sent the same way each time. A lone task's success callbacks (``link``) are named so too, at
+    ``link/<n>`` under it; its error callbacks (``link_error``) are not: Celery copies those onto every task
+    of a chain or a group, where one id would be given to several calls."""
     if isinstance(sig, chord):
         header = sig.tasks
         for index, task in enumerate(header.tasks if isinstance(header, group) else header):
@@ -110,6 +112,11 @@ def with_derived_ids(sig: Signature, task_id: str, place: tuple[str | int, ...] 
     elif isinstance(sig, _chain | group):
         for index, task in enumerate(sig.tasks):
             with_derived_ids(task, task_id, (*place, index))
+    else:
+        links = sig.options.get("link") or []
+        for index, callback in enumerate(links if isinstance(links, list | tuple) else [links]):
+            if isinstance(callback, dict):  # a Signature is a dict: its options are its "options" key
+                callback.setdefault("options", {})["task_id"] = derived_id(task_id, (*place, "link", index))
     sig.options["task_id"] = derived_id(task_id, place)
     return sig
 
@@ -131,11 +138,16 @@ def passed_expiry(stored: dict[str, Any], now: dt.datetime | None = None) -> str
     """Why ``stored`` can no longer be delivered, None while it can: a task of it whose ``expires`` date
     (an ISO 8601 date and time, UTC when it names no zone) has passed. Submit refuses such a date unless it
     falls well after the operation's wait budget, so this is met only by a receipt sent very late (a broker
-    away for over an hour, an operator's late ``--resend``)."""
+    away for over an hour, an operator's late ``--resend``). An error callback's (``link_error``) is not
+    looked at: it is needed only if a task fails, and Celery checks it then."""
     now = now or dt.datetime.now(dt.UTC)
-    for where, sig in downstream_signatures("then", stored):
+    try:
+        signatures = list(downstream_signatures("then", stored))
+    except InvalidSubmission:
+        return None  # a shape taken by an earlier version: Celery is left to say what it makes of it
+    for where, sig in signatures:
         expires = (sig.get("options") or {}).get("expires")
-        if not isinstance(expires, str):
+        if not isinstance(expires, str) or "link_error" in where:
             continue
         try:
             when = dt.datetime.fromisoformat(expires)

@@ -87,16 +87,29 @@ JSON_RULE = DeliveryCheck()
 
 
 def makes_a_chord(sig: Mapping[str, Any]) -> bool:
-    """Whether Celery sends the signature ``sig`` (as a dict, its members not looked into) as a chord: a
-    chord itself, or a chain in which a group is followed by another task (Celery joins the two)."""
+    """Whether Celery sends the signature ``sig`` (as a dict) as a chord: a chord itself, or a chain in
+    which a group of two or more tasks is followed by another task, its nested chains flattened as Celery
+    flattens them (Celery joins the two; a group of one it sends as its task)."""
     kind = sig.get("subtask_type")
     if kind == "chord":
         return True
     if kind != "chain":
         return False
-    tasks = (sig.get("kwargs") or {}).get("tasks") or []
-    kinds = [task.get("subtask_type") if isinstance(task, Mapping) else None for task in tasks]
-    return any(kind == "group" for kind in kinds[:-1])
+    steps = list(_chain_steps(sig))
+    return any(_a_group(step) for step in steps[:-1])
+
+
+def _chain_steps(sig: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
+    """The steps of a chain, its nested chains' steps in their place."""
+    for task in (sig.get("kwargs") or {}).get("tasks") or []:
+        if isinstance(task, Mapping) and task.get("subtask_type") == "chain":
+            yield from _chain_steps(task)
+        elif isinstance(task, Mapping):
+            yield task
+
+
+def _a_group(task: Mapping[str, Any]) -> bool:
+    return task.get("subtask_type") == "group" and len((task.get("kwargs") or {}).get("tasks") or []) > 1
 
 
 def checked_signature(

@@ -11,16 +11,17 @@ from typing import Any
 
 import pytest
 from celery import Celery, Signature, chain, chord, group
+from celery.canvas import _chain
 from celery.signals import before_task_publish
 
 from ledger.records import NewOperation, OutboxMessage
 from ledger.routing import RECORDED_DECISION, RecordedDecision
-from workers.delivery import publisher
+from workers.delivery import passed_expiry, publisher
 from workers.errors import InvalidSubmission
 from workers.rollout import in_canary
 from workers.runtime import Runtime
 from workers.settings import FleetConfig, Settings
-from workers.signatures import JSON_RULE
+from workers.signatures import JSON_RULE, makes_a_chord
 from workers.submission import NotRouted, canary_admission, parse_submit_kwargs, validate_submission
 
 GOOD: dict[str, Any] = {
@@ -396,3 +397,25 @@ def test_the_runtime_takes_no_chord_where_its_result_backend_is_rpc(tmp_path: Pa
     assert Runtime.from_settings(beside_a_cluster).delivery.chords is False
     alone = Settings(redis_url="redis://cache:6379/1", broker_url="amqp://rabbit//", config=config)
     assert Runtime.from_settings(alone).delivery.chords is True
+
+
+@pytest.mark.parametrize(
+    ("signature", "a_chord"),
+    [
+        (_chain(_chain(STEP, group(STEP, AFTER)), AFTER), True),  # flattened by Celery, then joined
+        (chain(group(STEP), AFTER), False),  # a group of one is sent as its task
+    ],
+)
+def test_a_chord_is_told_as_celery_sends_it(signature: Any, a_chord: bool) -> None:
+    assert makes_a_chord(json.loads(json.dumps(signature))) is a_chord
+
+
+def test_an_error_callbacks_expiry_does_not_hold_up_the_delivery() -> None:
+    past = (dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)).isoformat()
+    errback = PIPELINE.signature("pipeline.failed", queue="pipeline")
+    errback.options["expires"] = past
+    stored = json.loads(json.dumps(STEP.clone(link_error=errback)))
+    assert passed_expiry(stored) is None
+    expiring = STEP.clone()
+    expiring.options["expires"] = past
+    assert passed_expiry(json.loads(json.dumps(expiring))) is not None

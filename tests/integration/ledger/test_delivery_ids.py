@@ -126,3 +126,27 @@ def test_a_receipt_whose_then_expired_is_dead_lettered_with_why_not_marked_dispa
         ).one()
     assert row.status == "dead"
     assert f"expires={past} has passed" in row.last_error
+
+
+@PIPELINE_TASKS_SHARED
+def test_a_lone_tasks_success_callback_is_named_from_the_receipt_too(app: Celery) -> None:
+    """A ``link`` runs once per run of its task, when the worker has run it: it travels in the task's
+    message, named from the receipt (``link/0`` under the task), the same name at each send."""
+    stored = json.loads(json.dumps(dict(app.signature("p.a", link=app.signature("p.after")))))
+    message = receipt_message(stored)
+    callbacks: list[list[str]] = []
+
+    def record(body: Any = None, **_: Any) -> None:
+        embed = body[2] if isinstance(body, list | tuple) and len(body) > 2 else {}
+        callbacks.append([c["options"]["task_id"] for c in embed.get("callbacks") or []])
+
+    before_task_publish.connect(record, weak=False)
+    try:
+        publisher(app)(message)
+        publisher(app)(message)
+    finally:
+        before_task_publish.disconnect(record)
+    first, second = callbacks
+    assert first == second
+    assert len(first) == 1
+    assert first[0] != delivery_task_id(message)

@@ -562,8 +562,9 @@ def test_shed_polls_whose_hand_back_fails_unexpectedly_leave_nothing_held_in_the
     broker_prefix: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The hand-back of a batch's shed polls fails with an error the ledger does not take for an outage
-    (here Postgres answering as a read-only standby, mid-failover). The batch runs all the same: the shed
+    """The hand-back of a batch's shed polls fails with an error that is not an outage (raised here as
+    psycopg files a read-only standby's refusal, which the engine now takes for one: any other error the
+    same). The batch runs all the same: the shed
     polls are answered DEFERRED (due when their leases run out), the admitted ones are polled, and the
     process holds no room and no claim afterwards. An error escaping there had left the admitted members'
     room taken and their claims held for good: the process shed that server's polls ever after, and every
