@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, func, text, update
+from sqlalchemy import Connection, and_, func, or_, text, update
 
 from ledger.digests import digest
 from ledger.errors import OperationNotFound
@@ -29,7 +29,7 @@ from ledger.guarded import GuardedWrite, GuardedWrites
 from ledger.records import Fence, Operation, ServerStatus, due_after, due_in
 from ledger.side_rows import append_event
 from ledger.statements import OP, STATEMENTS
-from ledger.states import IllegalTransition, OpState, TerminalKind
+from ledger.states import CANCEL_WAITS_IN, IllegalTransition, OpState, TerminalKind
 from ledger.write_statements import update_unchanged_polls
 
 S = OpState
@@ -349,11 +349,25 @@ class OperationMoves(GuardedWrites):
         synchronous call, a large result), so its lease runs ``lease_s`` from now (rule 3). Only a lease
         still held is renewed (a move that let the claim go cleared it), under the same epoch, generation
         and cursor. False when the fence moved or the lease is gone: the keeper stops, nothing is recorded
-        (the step's own next write meets the fence and is refused as stale)."""
+        (the step's own next write meets the fence and is refused as stale).
+
+        A cancel intent recorded while the step runs (a state of ``CANCEL_WAITS_IN``: a create in flight)
+        bumps the generation and keeps the lease on purpose: the create's answer, when it comes, takes the
+        operation on to its cancel. So there a higher generation does not stop the renewal: a long create
+        (a synchronous call, a slow server) lost its lease at the next renewal, another step then took the
+        row for an unknown outcome, and the create's answer was refused when it came (a synchronous call's
+        result lost, an operator asked about a task that had run)."""
+        generation = or_(
+            OP.c.cancel_generation == fence.cancel_generation,
+            and_(
+                OP.c.cancel_generation > fence.cancel_generation,
+                OP.c.state.in_([s.value for s in CANCEL_WAITS_IN]),
+            ),
+        )
         guard = [
             OP.c.id == op_id,
             OP.c.execution_epoch == fence.execution_epoch,
-            OP.c.cancel_generation == fence.cancel_generation,
+            generation,
             OP.c.lease_until.is_not(None),
         ]
         if fence.poll_cursor is not None:

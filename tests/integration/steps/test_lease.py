@@ -23,6 +23,7 @@ from ledger.records import Fence, Operation
 from ledger.repository import Ledger
 from ledger.states import OpState
 from tests import support
+from tests.support.ledger_rows import place
 from workers import lease
 from workers.lease import keep_lease
 from workers.settings import FleetConfig, ServerConfig
@@ -296,3 +297,29 @@ def test_a_keeper_that_died_is_replaced_by_the_next_claim(
     second = claimed(ledger, "n/second-keeper")
     with keep_lease(ledger, second.id, second.fence, LEASE_S):
         wait_renewed(ledger, second.id)
+
+
+def test_a_create_in_flight_keeps_its_lease_through_a_cancel_intent_and_a_cancel_that_fences_it_does_not(
+    ledger: Ledger,
+) -> None:
+    """A cancel recorded while a create is in flight (its attempt recorded) bumps the generation and keeps
+    the lease on purpose: the create's answer takes the operation on to its cancel. The step's lease is
+    still renewed, so that no other step takes the row for an unknown outcome and refuses that answer
+    when it comes (a long synchronous call's result was lost so). A cancel that fences the step (of a
+    WORKING operation) lets the lease go, and the renewal stops."""
+    op = claimed(ledger, "n/create-in-flight")
+    attempted = ledger.record_create_attempt(op.id, op.fence, descriptor_version=None, detail={})
+    ledger.record_cancel_intent(op.id, attempted.fence, from_state=OpState.SUBMITTING)
+    assert ledger.get(op.id).cancel_generation == op.cancel_generation + 1
+
+    assert ledger.renew_lease(op.id, op.fence, lease_s=30) is True
+    lease_until = ledger.get(op.id).lease_until
+    assert lease_until is not None
+    assert (lease_until - ledger.get(op.id).updated_at).total_seconds() > 20
+
+    working = place(ledger, OpState.WORKING)
+    claim = ledger.claim(working.id, lease_s=30)
+    assert claim is not None
+    fence = Fence(working.execution_epoch, working.cancel_generation, claim.poll_cursor)
+    ledger.request_cancel(working.id, fence, from_state=OpState.WORKING)
+    assert ledger.renew_lease(working.id, fence, lease_s=30) is False
