@@ -15,7 +15,7 @@ from tests.support.fleet import (
     FleetParts,
     McpServer,
     fleet_config,
-    in_process_runtime,
+    in_process_executor,
     running_fleet,
     start_mcp_server,
 )
@@ -94,15 +94,8 @@ def mcp_executor(
 ) -> Iterator[tuple[McpServer, Executor]]:
     """longcall's MCP server (tasks poll every 200 ms) and an executor in this process driving one step at a
     time: budgets far above what a test sends, a 30 s lease."""
-    mcp = start_mcp_server(log_dir, poll_interval_ms=200)
-    config = tmp_path / "longcall.toml"
-    config.write_text(fleet_config(mcp.url, poll_qps=5000, control_qps=5000))
-    runtime = in_process_runtime(database_url, broker_prefix, config, lease_s=30)
-    try:
-        yield mcp, Executor(runtime)
-    finally:
-        runtime.close()
-        mcp.process.stop()
+    with in_process_executor(database_url, broker_prefix, tmp_path, log_dir) as made:
+        yield made
 
 
 @pytest.fixture

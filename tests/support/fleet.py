@@ -100,6 +100,23 @@ def in_process_runtime(database_url: str, broker_prefix: str, config: Path, **se
     )
 
 
+@contextmanager
+def in_process_executor(
+    database_url: str, broker_prefix: str, tmp_path: Path, log_dir: Path, **settings: Any
+) -> Iterator[tuple[McpServer, Executor]]:
+    """longcall's MCP server (tasks poll every 200 ms) and an executor in this process driving one step at a
+    time: budgets far above what a test sends, a 30 s lease, and ``settings`` besides."""
+    mcp = start_mcp_server(log_dir, poll_interval_ms=200)
+    config = tmp_path / "longcall.toml"
+    config.write_text(fleet_config(mcp.url, poll_qps=5000, control_qps=5000))
+    runtime = in_process_runtime(database_url, broker_prefix, config, **{"lease_s": 30, **settings})
+    try:
+        yield mcp, Executor(runtime)
+    finally:
+        runtime.close()
+        mcp.process.stop()
+
+
 def run_due(executor: Executor) -> list[StepOutcome]:
     """One dispatcher tick, its steps run by ``executor`` in this process."""
     outcomes = []

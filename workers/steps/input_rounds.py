@@ -165,13 +165,8 @@ def keyed_rounds(op: Operation) -> KeyedRounds | None:
 
 def answered_round(op: Operation) -> Mapping[str, Any] | None:
     """The current round's reply once the server took it (``sent_at`` set), else None."""
-    held = op.input_reply
-    if (
-        isinstance(held, Mapping)
-        and held.get("input_round") == op.input_round
-        and held.get("sent_at") is not None
-        and not held.get("given_up")
-    ):
+    if replied(op) and op.input_reply.get("sent_at") is not None:
+        held: Mapping[str, Any] = op.input_reply
         return held
     return None
 
@@ -305,14 +300,8 @@ def found_again(op: Operation, now: dt.datetime) -> dict[str, Any] | None:
 
 def pending_reply(op: Operation) -> Mapping[str, Any] | None:
     """The current round's stored reply while the server has not taken it (and it was not given up)."""
-    held = op.input_reply
-    if (
-        op.state is OpState.WORKING
-        and isinstance(held, Mapping)
-        and held.get("input_round") == op.input_round
-        and held.get("sent_at") is None
-        and not held.get("given_up")
-    ):
+    if op.state is OpState.WORKING and replied(op) and op.input_reply.get("sent_at") is None:
+        held: Mapping[str, Any] = op.input_reply
         return held
     return None
 

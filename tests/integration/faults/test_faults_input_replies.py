@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -21,10 +20,8 @@ from tests.support.fleet import (
     Fleet,
     FleetParts,
     McpServer,
-    fleet_config,
-    in_process_runtime,
+    in_process_executor,
     running_fleet,
-    start_mcp_server,
     step_until,
 )
 from workers import logs
@@ -169,28 +166,12 @@ def test_an_answer_sent_while_redis_is_down_is_recorded_and_sent_once_redis_is_b
 # ------------------------------------------- an operator's "found" after a round's bound: the answer lives
 
 
-@contextmanager
-def executor_with(
-    database_url: str, broker_prefix: str, tmp_path: Path, log_dir: Path, **bounds: float
-) -> Iterator[tuple[McpServer, Executor]]:
-    """longcall's MCP server and an executor in this process with these input bounds."""
-    mcp = start_mcp_server(log_dir, poll_interval_ms=200)
-    config = tmp_path / "longcall.toml"
-    config.write_text(fleet_config(mcp.url, poll_qps=5000, control_qps=5000))
-    runtime = in_process_runtime(database_url, broker_prefix, config, lease_s=30, **bounds)
-    try:
-        yield mcp, Executor(runtime)
-    finally:
-        runtime.close()
-        mcp.process.stop()
-
-
 @pytest.fixture
 def short_bounds(
     database_url: str, broker_prefix: str, tmp_path: Path, log_dir: Path
 ) -> Iterator[tuple[McpServer, Executor]]:
     """A reply not delivered goes to an operator after 2 s (a round may wait for its answer a minute)."""
-    with executor_with(database_url, broker_prefix, tmp_path, log_dir, input_reply_s=2) as made:
+    with in_process_executor(database_url, broker_prefix, tmp_path, log_dir, input_reply_s=2) as made:
         yield made
 
 
@@ -199,7 +180,7 @@ def short_deadline(
     database_url: str, broker_prefix: str, tmp_path: Path, log_dir: Path
 ) -> Iterator[tuple[McpServer, Executor]]:
     """A round not answered goes to an operator after 2 s."""
-    with executor_with(database_url, broker_prefix, tmp_path, log_dir, input_timeout_s=2) as made:
+    with in_process_executor(database_url, broker_prefix, tmp_path, log_dir, input_timeout_s=2) as made:
         yield made
 
 
