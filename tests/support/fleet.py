@@ -250,6 +250,11 @@ class Fleet:
         marker = f"[{task_id}] received"
         return sum(w.log().count(marker) for w in self.workers())
 
+    def ended_count(self, task_id: str) -> int:
+        """How many runs of ``task_id`` ended in the longcall workers' logs (succeeded, raised or retry)."""
+        ends = (f"[{task_id}] succeeded", f"[{task_id}] raised", f"[{task_id}] retry")
+        return sum(w.log().count(end) for w in self.workers() for end in ends)
+
     def settled(self) -> bool:
         """No receipt or input request is waiting to be delivered, and the pipeline has nothing in hand."""
         if self.vhost is not None:
