@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,12 +45,33 @@ from ledger.statements import (
     STATEMENTS,
     literal_json,
     operation_columns,
+    select_outbox_rows,
     select_ready_outbox,
     update_outbox_dispatched,
     update_outbox_failed,
 )
 
 UNDELIVERABLE = ReconciliationReason.OUTBOX_UNDELIVERABLE
+
+#: How much stored payload one drain of the beat's reads at once, at most (``pg_column_size``: a receipt's
+#: result as Postgres keeps it, compressed or not): a backlog of large receipts (after a broker outage, each
+#: up to ``max_result_bytes``) goes out a part at a time, never ``limit`` of them in one worker's memory. A
+#: row larger than this alone is drained alone. A step's drain of its own operation's rows (at most
+#: ``workers.delivery.OWN_ROWS_DRAIN_LIMIT``) reads them whole.
+DRAIN_STORED_BYTES = 32 * 1024 * 1024
+
+
+def within_bytes(sizes: Sequence[Row[Any]], max_bytes: int) -> list[int]:
+    """The ids of the first rows whose stored payloads add up to at most ``max_bytes``, and the first row
+    always (a receipt larger than the budget is still delivered, alone)."""
+    ids: list[int] = []
+    total = 0
+    for r in sizes:
+        total += r.stored_bytes or 0
+        if ids and total > max_bytes:
+            break
+        ids.append(r.id)
+    return ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +141,7 @@ class OutboxTransactions(GuardedWrites):
         limit: int = 100,
         op_id: uuid.UUID | None = None,
         retry: OutboxRetry | None = None,
+        max_bytes: int = DRAIN_STORED_BYTES,
     ) -> DrainReport:
         """Claim ready outbox rows whose pause is over (SKIP LOCKED), hand each to ``publish`` and mark it
         dispatched; a failed publish is paced, counted and dead-lettered by ``retry`` (the module's
@@ -130,15 +152,15 @@ class OutboxTransactions(GuardedWrites):
         delivery is at-least-once, and the outbox id is the consumer's dedupe key. With ``op_id``: that
         operation's rows only, and the drain stops at the first failed publish (the rest stays ready, for
         the beat's drain): a step draining what it wrote never waits behind a backlog or a slow broker.
+        Without it, the rows read at once hold at most ``max_bytes`` of stored payload
+        (:data:`DRAIN_STORED_BYTES`), the first row whatever its size; the rest waits for the next drain.
         """
         retry = retry or OutboxRetry()
         dispatched: list[int] = []
         failed: list[tuple[Row[Any], str, bool]] = []
         dead: list[int] = []
         with self._tx() as conn:
-            rows = conn.execute(
-                STATEMENTS.get(select_ready_outbox, op_id is not None), {"limit": limit, "op_id": op_id}
-            ).all()
+            rows = self._ready_rows(conn, limit, op_id, max_bytes)
             for r in rows:
                 message = OutboxMessage(r.id, r.kind, r.op_id, r.input_round, r.payload, r.attempts)
                 try:
@@ -172,6 +194,19 @@ class OutboxTransactions(GuardedWrites):
                     self._dead_letter(conn, r, attempts, error)
                     dead.append(r.id)
         return DrainReport(tuple(dispatched), tuple(r.id for r, _, _ in failed), dead=tuple(dead))
+
+    @staticmethod
+    def _ready_rows(
+        conn: Connection, limit: int, op_id: uuid.UUID | None, max_bytes: int
+    ) -> Sequence[Row[Any]]:
+        """The drain's rows, locked: one operation's (``op_id``), or the first ready ones within
+        ``max_bytes`` of stored payload."""
+        if op_id is not None:
+            whole = STATEMENTS.get(select_ready_outbox, True)
+            return conn.execute(whole, {"limit": limit, "op_id": op_id}).all()
+        sizes = conn.execute(STATEMENTS.get(select_ready_outbox, False), {"limit": limit}).all()
+        ids = within_bytes(sizes, max_bytes)
+        return conn.execute(STATEMENTS.get(select_outbox_rows), {"ids": ids}).all() if ids else []
 
     def _dead_letter(self, conn: Connection, row: Row[Any], attempts: int, error: str) -> None:
         """The dead row's OUTBOX_UNDELIVERABLE record (one open record per operation: a second dead row of

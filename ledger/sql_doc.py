@@ -38,6 +38,7 @@ from ledger.statements import (
     select_operation_by_call_node,
     select_operation_by_id,
     select_operations_by_ids,
+    select_outbox_rows,
     select_ready_outbox,
     update_outbox_dispatched,
     update_outbox_failed,
@@ -372,9 +373,15 @@ HOT = (
     ),
     Hot(
         "select_ready_outbox(with_op=False)",
-        "The outbox drain: ready rows whose pause is over, in order, SKIP LOCKED.",
+        "The beat's outbox drain: ready rows whose pause is over, in order, SKIP LOCKED; their ids and "
+        "stored payload sizes.",
         select_ready_outbox,
         (False,),
+    ),
+    Hot(
+        "select_outbox_rows()",
+        "The drain's rows within its byte budget, whole (locked by the statement before).",
+        select_outbox_rows,
     ),
     Hot(
         "select_ready_outbox(with_op=True)",

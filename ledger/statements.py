@@ -183,15 +183,25 @@ def select_operation_by_call_node() -> Any:
 
 
 def select_ready_outbox(with_op: bool = False) -> Any:
-    """Ready rows whose retry pause is over (``next_attempt_at``), in order, SKIP LOCKED; ``with_op``: one
-    operation's only (``:op_id``)."""
-    query = select(OUTBOX).where(
+    """Ready rows whose retry pause is over (``next_attempt_at``), in order, SKIP LOCKED. ``with_op``: one
+    operation's only (``:op_id``), whole. Otherwise (the beat's drain) each row's id and the size of its
+    stored payload (``pg_column_size``: as Postgres keeps it, read without detoasting it), for the drain to
+    read no more of them at once than its byte budget allows (:func:`select_outbox_rows`)."""
+    columns = (
+        (OUTBOX,) if with_op else (OUTBOX.c.id, func.pg_column_size(OUTBOX.c.payload).label("stored_bytes"))
+    )
+    query = select(*columns).where(
         OUTBOX.c.status == "ready",
         or_(OUTBOX.c.next_attempt_at.is_(None), OUTBOX.c.next_attempt_at <= func.now()),
     )
     if with_op:
         query = query.where(OUTBOX.c.op_id == bindparam("op_id"))
     return query.order_by(OUTBOX.c.id).limit(bindparam("limit")).with_for_update(skip_locked=True)
+
+
+def select_outbox_rows() -> Any:
+    """The whole rows of ``:ids`` (the drain's, locked by its transaction already), in order."""
+    return select(OUTBOX).where(OUTBOX.c.id.in_(bindparam("ids", expanding=True))).order_by(OUTBOX.c.id)
 
 
 def update_outbox_dispatched() -> Any:
