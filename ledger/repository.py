@@ -184,6 +184,18 @@ class Ledger(
             rows = conn.execute(select(EVENT).where(EVENT.c.op_id == op_id).order_by(EVENT.c.seq)).all()
         return [dict(r._mapping) for r in rows]
 
+    def create_attempt_cursor(self, op_id: uuid.UUID) -> int | None:
+        """The poll cursor of the claim that recorded the operation's last create attempt (its
+        ``create_attempted`` event); None when none was recorded."""
+        with self._tx() as conn:
+            cursor = conn.execute(
+                select(EVENT.c.poll_cursor)
+                .where(EVENT.c.op_id == op_id, EVENT.c.kind == EventKind.CREATE_ATTEMPTED.value)
+                .order_by(EVENT.c.seq.desc())
+                .limit(1)
+            ).scalar()
+        return None if cursor is None else int(cursor)
+
     def receipt_for(self, op_id: uuid.UUID) -> Receipt | None:
         with self._tx() as conn:
             row = conn.execute(select(RECEIPT).where(RECEIPT.c.op_id == op_id)).first()

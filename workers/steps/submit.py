@@ -70,9 +70,24 @@ def advance_submission(ctx: StepContext, op: Operation, fence: Fence) -> StepOut
         op = done.op
 
 
+def _attempt_in_flight(ctx: StepContext, op: Operation, fence: Fence) -> bool:
+    """The create attempt was recorded under this step's own claim (its ``create_attempted`` event carries
+    this cursor), and the claim's lease is live: another copy of the step is making the create now. Were
+    that copy dead, the lease runs out, and the dispatcher's next claim (a new cursor) finds the attempt
+    unanswered: SUBMISSION_UNKNOWN then, as rule 1 says. An attempt of an earlier claim is unknown at once."""
+    if fence.poll_cursor is None or op.lease_until is None or op.lease_until <= ctx.now():
+        return False
+    return ctx.ledger.create_attempt_cursor(op.id) == fence.poll_cursor
+
+
 def create(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome | Moved:
     """SUBMITTING: capabilities first (rule 12), the attempt committed, then the one create call."""
     if op.submit_attempted_at is not None:
+        if _attempt_in_flight(ctx, op, fence):
+            # A copy of this very step (its message delivered again while the first copy runs): the first
+            # copy is making the create, and records its answer; this one leaves it (rule 1: no second
+            # create, and no "unknown" for an answer on its way).
+            return StepOutcome(op.id, StepAction.NOTHING_TO_DO, op.state, detail={"claim": "running"})
         # Rule 1: a create was attempted and nothing was recorded after it; never call it again.
         return Moved(
             ctx.ledger.mark_submission_unknown(

@@ -11,6 +11,7 @@ import uuid
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 
 from ledger.errors import StaleTransition
 from ledger.states import OpState
@@ -151,3 +152,64 @@ def test_a_second_copy_of_a_create_step_makes_no_second_create(
     assert [e["method"] for e in mcp.log()].count("tools/call") == 1, outcomes
     assert len(mcp.tasks()) == 1
     assert executor.ledger.get(op_id).remote_id == mcp.tasks()[0]["taskId"]
+
+
+def test_a_copy_of_a_create_step_that_comes_while_the_create_is_in_flight_leaves_it_to_its_first_copy(
+    mcp_executor: tuple[McpServer, Executor],
+) -> None:
+    """A copy of the create step of one claim comes after its first copy recorded the attempt, while that
+    create is in flight (a RabbitMQ redelivery after the consumer's connection dropped). Rule 1 forbids a
+    second create; the copy also must not declare the create's outcome unknown: the first copy is alive and
+    records the answer. The copy does nothing, and the operation follows the one task (before, the copy
+    moved the row to SUBMISSION_UNKNOWN, the answer was refused when it came, and an MCP operation whose task
+    ran was handed to an operator). Were the first copy dead, its lease would run out and the dispatcher's
+    next claim would find the attempt unanswered (SUBMISSION_UNKNOWN), as before."""
+    mcp, executor = mcp_executor
+    mcp.faults(delay_ms={"tools/call": 3000})
+    op_id = submitted(executor, "n/late-copy")
+    [dispatch] = executor.dispatch_due()
+    first: list[StepOutcome] = []
+    step = threading.Thread(target=lambda: first.append(executor.advance(op_id, dispatch.cursor)))
+    step.start()
+    try:
+        support.wait_for(
+            "the create to reach the server",
+            lambda: "tools/call" in [e["method"] for e in mcp.log()],
+            timeout=15,
+        )
+        copy = executor.advance(op_id, dispatch.cursor)
+        assert (copy.action, executor.ledger.get(op_id).state) == ("nothing_to_do", S.SUBMITTING), copy
+    finally:
+        step.join(timeout=30)
+    assert first, "the first copy did not end"
+    op = executor.ledger.get(op_id)
+    assert op.state is S.WORKING, (first, op.state)
+    assert op.remote_id == mcp.tasks()[0]["taskId"]
+    assert [e["method"] for e in mcp.log()].count("tools/call") == 1
+    assert executor.ledger.reconciliations_for(op_id) == []
+    assert "submission_unknown" not in [e["kind"] for e in executor.ledger.events(op_id)]
+
+
+def test_a_create_attempt_of_an_earlier_claim_is_unknown_to_the_next_claim(
+    mcp_executor: tuple[McpServer, Executor],
+) -> None:
+    """The other side of the test above: the attempt was recorded under a claim whose lease ran out (its
+    step died with its worker). The dispatcher's next claim finds it unanswered: SUBMISSION_UNKNOWN at once
+    (rule 1), no create."""
+    mcp, executor = mcp_executor
+    op_id = submitted(executor, "n/earlier-claim")
+    [dispatch] = executor.dispatch_due()
+    op = executor.ledger.get(op_id)
+    assert op.poll_cursor == dispatch.cursor
+    executor.ledger.record_create_attempt(op_id, op.fence, descriptor_version=None, detail={})
+    with executor.ledger.engine.begin() as conn:  # as if its step had died with its worker
+        conn.execute(
+            text("UPDATE tool_operation SET lease_until = now(), next_poll_at = now() WHERE id = :id"),
+            {"id": op_id},
+        )
+    [again] = executor.dispatch_due()
+    assert again.cursor != dispatch.cursor
+    outcome = executor.advance(op_id, again.cursor)
+    assert executor.ledger.get(op_id).state in (S.SUBMISSION_UNKNOWN, S.MANUAL_RECONCILIATION), outcome
+    assert "submission_unknown" in [e["kind"] for e in executor.ledger.events(op_id)]
+    assert "tools/call" not in [e["method"] for e in mcp.log()]
