@@ -148,9 +148,12 @@ def cancel(ref: str, by_call_node: bool, timeout: float, as_json: bool) -> None:
     """Request the cancel of one operation (a request: the server's answer decides the outcome)."""
     if by_call_node:
         answer = send_to_worker("longcall.cancel", {"call_node_id": ref}, timeout)
-        said = (
-            f"operation {answer['op_id']}" if answer.get("op_id") else f"call node {ref} (not submitted yet)"
-        )
+        if answer.get("op_id"):
+            said = f"operation {answer['op_id']}"
+        elif answer.get("action") == "not_routed":
+            said = f"call node {ref} (outside the canary: it runs on the caller's legacy path)"
+        else:
+            said = f"call node {ref} (not submitted yet)"
     else:
         op = lookup_operation(ref)
         answer = send_to_worker("longcall.cancel", {"op_id": str(op.id)}, timeout)

@@ -33,6 +33,7 @@ __all__ = [
     "AdapterDisabled",
     "AdmissionClosed",
     "CallNodeConflict",
+    "CallNodeNotRouted",
     "IllegalTransition",
     "LedgerError",
     "LegacyOutcomeRefused",
@@ -119,6 +120,19 @@ class CallNodeConflict(LedgerError):
             "one request: use a new call_node_id for a different request"
         )
         self.call_node_id = call_node_id
+
+
+class CallNodeNotRouted(LedgerError):
+    """The call node was answered "not routed" by the canary (its decision kept): it runs on the caller's
+    legacy path, and longcall has nothing of it to cancel."""
+
+    def __init__(self, call_node_id: str, percent: float) -> None:
+        super().__init__(
+            f"call node {call_node_id!r} is outside the canary (decided at {percent:g} %): it runs on the "
+            "caller's legacy path, and longcall has nothing of it to cancel"
+        )
+        self.call_node_id = call_node_id
+        self.percent = percent
 
 
 class AdmissionClosed(LedgerError):

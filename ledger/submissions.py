@@ -14,7 +14,7 @@ from sqlalchemy import Connection, Row, delete, func, literal, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from ledger.control import CANARY_PERCENT, ExecutorControlTransactions, read_control
-from ledger.errors import AdapterDisabled, AdmissionClosed, CallNodeConflict, NotAdmitted
+from ledger.errors import AdapterDisabled, AdmissionClosed, CallNodeConflict, CallNodeNotRouted, NotAdmitted
 from ledger.events import EventKind
 from ledger.records import NewOperation, Operation, Submission, adapter_key
 from ledger.routing import RECORDED_DECISION, RecordedDecision, read_decision, record_decision
@@ -105,11 +105,19 @@ class Submissions(ExecutorControlTransactions):
         cancel by op id; or, when the call node has none yet, the intent recorded for its first submission
         (``call_node_cancel``), which inserts its row with the intent (:func:`take_call_node_cancel`), and
         None. Under the call node's submission lock: a submission decided at the same moment either comes
-        first (its operation is answered here) or finds the intent. Asking twice records it once."""
+        first (its operation is answered here) or finds the intent. Asking twice records it once.
+
+        Raises:
+            CallNodeNotRouted: the canary answered the call node "not routed" (its decision is kept): it has
+                no operation, and never will; nothing is recorded.
+        """
         with self._tx() as conn:
             lock_submission(conn, call_node_id)
             op = self._find_by_call_node(conn, call_node_id)
             if op is None:
+                decision = read_decision(conn, call_node_id)
+                if decision is not None and not decision.routed:
+                    raise CallNodeNotRouted(call_node_id, decision.percent)
                 conn.execute(
                     pg_insert(CALL_NODE_CANCEL)
                     .values(call_node_id=call_node_id)

@@ -19,6 +19,7 @@ from ledger.errors import (
     AdapterDisabled,
     AdmissionClosed,
     CallNodeConflict,
+    CallNodeNotRouted,
     LegacyOutcomeRefused,
     OperationNotFound,
 )
@@ -107,7 +108,16 @@ def _cancel(
             if cursor is not None:
                 raise RequestRefused("longcall.cancel takes a cursor with an op_id only")
             node = _call_node_id(call_node_id)
-            step = executor.take_cancel_of_call_node(node, tries=tries)
+            try:
+                step = executor.take_cancel_of_call_node(node, tries=tries)
+            except CallNodeNotRouted as outside:
+                return {
+                    "op_id": None,
+                    "call_node_id": node,
+                    "action": StepAction.NOT_ROUTED.value,
+                    "state": None,
+                    "detail": {"why": str(outside), "percent": outside.percent},
+                }
             if step is None:
                 waits = "the call node's submission: it is ended cancelled, never created"
                 return {

@@ -81,6 +81,7 @@ class StepAction(enum.StrEnum):
     CANCEL_REQUESTED = "cancel_requested"
     ALREADY_REQUESTED = "already_requested"
     ALREADY_FINAL = "already_final"
+    NOT_ROUTED = "not_routed"
     # --- input rounds (rule 10)
     INPUT_RECORDED = "input_recorded"
     INPUT_PROVIDED = "input_provided"

@@ -22,6 +22,7 @@ from ledger.states import OpState
 from tests import support
 from tests.support.fleet import Fleet
 from tests.support.ledger_rows import new_operation
+from workers.rollout import in_canary
 
 S = OpState
 
@@ -77,6 +78,29 @@ def test_the_operator_cancels_a_call_node_not_submitted_yet(fleet: Fleet) -> Non
     fleet.submit("n/cli-early", "slow_report", {"seconds": 60})
     assert fleet.wait_receipt("n/cli-early", timeout=30)["terminal_state"] == "cancelled"
     assert "tools/call" not in [e["method"] for e in fleet.mcp.log()]
+
+
+def test_a_cancel_of_a_call_node_outside_the_canary_says_so_and_records_nothing(fleet: Fleet) -> None:
+    """A call node answered "not routed" runs on the caller's legacy path, for good (its decision is kept):
+    longcall has nothing of it to cancel, and an intent recorded for its next submission would never be
+    taken. The cancel says so (before, it answered ``cancel_recorded``: an intent that waits for nothing)."""
+    fleet.ledger.set_canary_percent(5, actor="test", reason="canary")
+    node = next(f"canary/{i}" for i in range(400) if not in_canary(f"canary/{i}", 5))
+    answer = fleet.send(
+        "longcall.submit", call_node_id=node, server="reports", tool="quick_lookup", arguments={}
+    )
+    assert answer["routed"] is False
+
+    cancelled = fleet.send("longcall.cancel", call_node_id=node)
+    assert (cancelled["op_id"], cancelled["call_node_id"], cancelled["action"]) == (None, node, "not_routed")
+    assert "canary" in cancelled["detail"]["why"]
+    with fleet.ledger.engine.begin() as conn:
+        assert conn.execute(text("SELECT count(*) FROM call_node_cancel")).scalar_one() == 0
+    assert fleet.ledger.find_by_call_node(node) is None
+
+    # A call node the canary has not decided yet (never submitted) still gets its intent recorded.
+    fresh = next(f"canary/{i}" for i in range(400, 800) if not in_canary(f"canary/{i}", 5))
+    assert fleet.send("longcall.cancel", call_node_id=fresh)["action"] == "cancel_recorded"
 
 
 REFUSED: list[tuple[dict[str, Any], str]] = [
