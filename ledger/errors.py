@@ -40,6 +40,7 @@ __all__ = [
     "NotAdmitted",
     "NotJson",
     "OperationNotFound",
+    "PublishRefusedForGood",
     "PublishUnavailable",
     "StaleTransition",
     "UnstorableResult",
@@ -169,6 +170,12 @@ class NotJson(ValueError):
 class NotAdmitted(Exception):
     """Raised by an admission that routes the call node nowhere (``workers.submission.NotRouted``): the
     submission records the decision, writes nothing else and raises it again after the commit."""
+
+
+class PublishRefusedForGood(Exception):
+    """Raised by an outbox publisher for a message that can never be published (a downstream signature whose
+    ``expires`` date has passed): the drain dead-letters its row at once, with this reason, instead of
+    spending its ``outbox_max_attempts`` on it (rule 9)."""
 
 
 class PublishUnavailable(Exception):

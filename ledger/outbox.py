@@ -31,7 +31,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Row, func, select, update
 
-from ledger.errors import PublishUnavailable
+from ledger.errors import PublishRefusedForGood, PublishUnavailable
 from ledger.events import EventKind
 from ledger.guarded import GuardedWrites
 from ledger.reasons import ReconciliationReason
@@ -157,7 +157,7 @@ class OutboxTransactions(GuardedWrites):
         """
         retry = retry or OutboxRetry()
         dispatched: list[int] = []
-        failed: list[tuple[Row[Any], str, bool]] = []
+        failed: list[tuple[Row[Any], str, bool, bool]] = []  # the row, why, counted, refused for good
         dead: list[int] = []
         with self._tx() as conn:
             rows = self._ready_rows(conn, limit, op_id, max_bytes)
@@ -166,19 +166,19 @@ class OutboxTransactions(GuardedWrites):
                 try:
                     publish(message)
                 except PublishUnavailable as exc:
-                    failed.append((r, publish_error(exc.__cause__ or exc), False))
+                    failed.append((r, publish_error(exc.__cause__ or exc), False, False))
                     break  # the broker is out of reach: every other row would meet it too
                 except Exception as exc:  # noqa: BLE001 - any other publish failure is counted against the row
-                    failed.append((r, publish_error(exc), True))
+                    failed.append((r, publish_error(exc), True, isinstance(exc, PublishRefusedForGood)))
                     if op_id is not None:
                         break
                 else:
                     dispatched.append(r.id)
             if dispatched:
                 conn.execute(STATEMENTS.get(update_outbox_dispatched), {"ids": dispatched})
-            for r, error, counted in failed:
+            for r, error, counted, for_good in failed:
                 attempts = r.attempts + 1 if counted else r.attempts
-                to_dead = counted and attempts >= retry.max_attempts
+                to_dead = counted and (for_good or attempts >= retry.max_attempts)
                 pause = retry.pause_s(attempts) if counted else retry.first_pause_s
                 conn.execute(
                     STATEMENTS.get(update_outbox_failed),
@@ -193,7 +193,7 @@ class OutboxTransactions(GuardedWrites):
                 if to_dead:
                     self._dead_letter(conn, r, attempts, error)
                     dead.append(r.id)
-        return DrainReport(tuple(dispatched), tuple(r.id for r, _, _ in failed), dead=tuple(dead))
+        return DrainReport(tuple(dispatched), tuple(r.id for r, *_ in failed), dead=tuple(dead))
 
     @staticmethod
     def _ready_rows(

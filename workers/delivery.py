@@ -34,7 +34,7 @@ from celery.canvas import Signature, _chain
 from kombu.utils import json as celery_json
 
 from ledger.digests import canonical_json
-from ledger.errors import NotJson, PublishUnavailable
+from ledger.errors import NotJson, PublishRefusedForGood, PublishUnavailable
 from ledger.outbox import OutboxRetry
 from ledger.records import DrainReport, OutboxMessage
 from ledger.redact import error_line
@@ -128,10 +128,11 @@ def downstream_call(message: OutboxMessage) -> tuple[dict[str, Any] | None, str,
     return message.payload.get("signature"), keyword, value
 
 
-class ExpiredDelivery(Exception):
+class ExpiredDelivery(PublishRefusedForGood):
     """A downstream signature's ``expires`` date has passed: Celery would drop the message unrun, and the
-    row would read dispatched. The publish fails instead, counted against the row, which is dead-lettered
-    with this reason after its attempts (an operator sees it in ``longcall status`` and the metrics)."""
+    row would read dispatched. The publish fails instead, and the row is dead-lettered with this reason at
+    once (a date that has passed never comes again); an operator sees it in ``longcall status`` and the
+    metrics."""
 
 
 def passed_expiry(stored: dict[str, Any], now: dt.datetime | None = None) -> str | None:
