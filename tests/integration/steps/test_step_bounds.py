@@ -39,6 +39,19 @@ def submitted(executor: Executor, call_node_id: str, **extra: Any) -> uuid.UUID:
     return executor.ledger.record_submission(new).operation.id
 
 
+def claimed_step_in_background(
+    executor: Executor, call_node_id: str
+) -> tuple[uuid.UUID, int, threading.Thread, list[StepOutcome]]:
+    """A submission claimed by the dispatcher and its step started on a thread: the operation, the claim's
+    cursor, the thread and where the step's outcome goes when it ends."""
+    op_id = submitted(executor, call_node_id)
+    [dispatch] = executor.dispatch_due()
+    outcomes: list[StepOutcome] = []
+    step = threading.Thread(target=lambda: outcomes.append(executor.advance(op_id, dispatch.cursor)))
+    step.start()
+    return op_id, dispatch.cursor, step, outcomes
+
+
 # ------------------------------------------------------------------ item 3: a create that never goes out
 
 
@@ -82,11 +95,7 @@ def test_a_cancel_sent_by_the_create_step_keeps_its_claim_until_the_step_ends(
     runs beside it (before, the move let go of the lease and a tick sent a second cancel)."""
     mcp, executor = mcp_executor
     mcp.faults(delay_ms={"tools/call": 1500, "tasks/cancel": 3000})
-    op_id = submitted(executor, "n/cancel-keeps-claim")
-    [dispatch] = executor.dispatch_due()
-    stepped: list[StepOutcome] = []
-    step = threading.Thread(target=lambda: stepped.append(executor.advance(op_id, dispatch.cursor)))
-    step.start()
+    op_id, _, step, stepped = claimed_step_in_background(executor, "n/cancel-keeps-claim")
     try:
         support.wait_for(
             "the create to be attempted",
@@ -166,18 +175,14 @@ def test_a_copy_of_a_create_step_that_comes_while_the_create_is_in_flight_leaves
     next claim would find the attempt unanswered (SUBMISSION_UNKNOWN), as before."""
     mcp, executor = mcp_executor
     mcp.faults(delay_ms={"tools/call": 3000})
-    op_id = submitted(executor, "n/late-copy")
-    [dispatch] = executor.dispatch_due()
-    first: list[StepOutcome] = []
-    step = threading.Thread(target=lambda: first.append(executor.advance(op_id, dispatch.cursor)))
-    step.start()
+    op_id, cursor, step, first = claimed_step_in_background(executor, "n/late-copy")
     try:
         support.wait_for(
             "the create to reach the server",
             lambda: "tools/call" in [e["method"] for e in mcp.log()],
             timeout=15,
         )
-        copy = executor.advance(op_id, dispatch.cursor)
+        copy = executor.advance(op_id, cursor)
         assert (copy.action, executor.ledger.get(op_id).state) == ("nothing_to_do", S.SUBMITTING), copy
     finally:
         step.join(timeout=30)
