@@ -41,6 +41,7 @@ from workers.steps.context import (
     describe,
     no_token_delay,
     remote_ref,
+    retry_s,
     server_status,
     unauthorized_pause,
 )
@@ -325,7 +326,10 @@ def _after(
                 return rejected_read(
                     ctx, op, fence, exc, event=EventKind.CANCEL_READ_FAILED, step_detail=detail
                 )
-            return ctx.retry_later(op, fence, exc, EventKind.CANCEL_READ_FAILED)
+            # The cancel's answer goes with the failed read (as with a refused one), so the step that comes
+            # back reads again and never sends the cancel a second time.
+            error = {**detail, "error": describe(exc)}
+            return ctx.reschedule(op, fence, retry_s(exc), EventKind.CANCEL_READ_FAILED, error)
     if status.terminal == "cancelled":
         return accept(
             ctx, op, TerminalKind.CANCELLED, None, audit={"server_state": status.server_state, **detail}

@@ -109,6 +109,24 @@ def test_cancel_wins_the_operation_ends_cancelled_on_the_server_and_in_the_ledge
     assert fleet.ledger.get(op_id).unchanged_polls > 0
 
 
+def test_a_cancel_acknowledged_whose_status_read_fails_is_never_sent_again(aip_fleet: AipFleet) -> None:
+    """The cancel is acknowledged (``{}``), and the status read that follows it meets a 503: the step comes
+    back later and reads again. It never sends the cancel a second time: the acknowledgement is kept with
+    the failed read (before, it was dropped with it, and every transient read failure sent the cancel
+    again until the wait budget ran out)."""
+    fleet = aip_fleet.fleet
+    aip_fleet.aip.faults(cancel_takes_ms=2500)  # acknowledged at once, landing later: polled for
+    op_id = aip_fleet.submit("n/aip-cancel-read", args(60))
+    fleet.wait_state(op_id, S.WORKING)
+    aip_fleet.aip.faults(cancel_takes_ms=2500, status_503={"GetOperation": {"count": 3, "retry_after_s": 0}})
+    fleet.send("longcall.cancel", op_id=str(op_id))
+    receipt = fleet.wait_receipt("n/aip-cancel-read", timeout=45)
+    assert (receipt["terminal_state"], receipt["result"]) == ("cancelled", None)
+    kinds = [e["kind"] for e in fleet.ledger.events(op_id)]
+    assert "cancel_read_failed" in kinds, kinds  # the read after the acknowledgement failed
+    assert len(aip_fleet.requests("CancelOperation")) == 1, kinds
+
+
 def test_completion_wins_the_race_and_is_accepted_completed(aip_fleet: AipFleet) -> None:
     fleet = aip_fleet.fleet
     aip_fleet.aip.faults(complete_on_cancel=1)  # the cancel is answered {} but the operation completes
