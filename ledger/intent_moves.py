@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from ledger.digests import digest
 from ledger.events import EventKind
 from ledger.guarded import GuardedWrite, GuardedWrites
 from ledger.reasons import ReconciliationReason
@@ -280,15 +281,19 @@ class IntentMoves(GuardedWrites):
         kind: TerminalKind,
         detail: Mapping[str, Any],
         resolution: str,
+        result: Mapping[str, Any] | None = None,
     ) -> Operation:
         """MANUAL_RECONCILIATION -> TERMINAL_OBSERVED, fetched at once: the operator found it ended as
-        ``kind``. Open records close with ``resolution``. Event ``resolved_terminal``."""
-        sets = {
+        ``kind``. Open records close with ``resolution``. Event ``resolved_terminal``. ``result``: held for
+        acceptance with its digest, when there is no remote operation to fetch it from."""
+        sets: dict[str, Any] = {
             "remote_id": remote_id,
             "observed_terminal": kind.value,
             "server_state": None,
             "next_poll_at": due_in(0),
         }
+        if result is not None:
+            sets |= {"result": dict(result), "result_digest": digest(result)}
         write = GuardedWrite(
             (S.MANUAL_RECONCILIATION,),
             S.TERMINAL_OBSERVED,

@@ -258,12 +258,32 @@ def resolve(ctx: StepContext, op: Operation, resolution: Resolution) -> Operatio
                 "created, so --never-created is refused (resolve it with --found "
                 f"{op.remote_id}, or --terminal)"
             )
+        answered = _create_answered(ctx, op)
+        if answered is not None:
+            raise WrongState(
+                f"the server answered the create of operation {op.id} on {op.server} ({answered}): the tool "
+                "ran, so --never-created is refused (a resubmission would run it again); end it with "
+                "--terminal failed (its error your evidence)"
+            )
         return ctx.ledger.resubmit(op.id, fence, from_state=op.state, detail=detail, resolution=note)
     if resolution.terminal is None:
         raise ValueError("a 'terminal' resolution names the terminal state")
     remote_id = resolution.remote_id or op.remote_id
-    if remote_id is None and resolution.terminal is not TerminalKind.CANCELLED:
-        raise ValueError("the result of a completed or failed operation is fetched by its remote id")
+    held: dict[str, Any] | None = None
+    if remote_id is None and resolution.terminal is TerminalKind.COMPLETED:
+        raise ValueError(
+            "a completed result is fetched by its remote id, and the ledger knows none for operation "
+            f"{op.id}: name it with --found REMOTE_ID (it is then read from the server), or end it with "
+            "--terminal failed (its error your evidence)"
+        )
+    if remote_id is None and resolution.terminal is TerminalKind.FAILED:
+        # No remote operation to read a result from (a synchronous call whose answer was lost or could not
+        # be stored): the failed result held is the operator's word.
+        message = f"ended failed by {resolution.actor}, with no result from the server: {resolution.evidence}"
+        failed = RemoteResult(
+            outcome="failed", server_state=None, payload={}, is_error=True, error=ErrorInfo(message=message)
+        )
+        held = storable(ctx, result_json(failed))
     return ctx.ledger.resolve_terminal(
         op.id,
         fence,
@@ -271,4 +291,16 @@ def resolve(ctx: StepContext, op: Operation, resolution: Resolution) -> Operatio
         kind=resolution.terminal,
         detail=detail,
         resolution=note,
+        result=held,
     )
+
+
+def _create_answered(ctx: StepContext, op: Operation) -> str | None:
+    """What says the server answered the operation's create (so its tool ran), when the ledger knows no
+    remote id for it: a terminal answer observed (a synchronous result, held or not), or the create's own
+    answer recorded as an event; None when nothing does."""
+    if op.observed_terminal is not None:
+        return f"its answer was {op.observed_terminal.value}"
+    ran = (EventKind.RAN_SYNCHRONOUSLY.value, EventKind.REJECTED.value)
+    seen = [e["kind"] for e in ctx.ledger.events(op.id) if e["kind"] in ran]
+    return f"event {seen[-1]}" if seen else None

@@ -24,17 +24,19 @@ import httpx2
 import pytest
 import redis
 from click.testing import CliRunner
+from sqlalchemy import text
 
 from console.common import EXIT_REFUSED
 from console.main import main
 from ledger.reasons import ReconciliationReason
 from ledger.records import Operation
 from ledger.repository import Ledger
-from ledger.states import OpState
+from ledger.states import OpState, TerminalKind
 from tests import support
-from tests.support.fleet import McpServer, fleet_config, start_mcp_server
+from tests.support.fleet import McpServer, fleet_config, in_process_runtime, run_due, start_mcp_server
 from tests.support.ledger_rows import place
 from workers.budget import rate_key
+from workers.executor import Executor
 from workers.hot import HotState
 
 S = OpState
@@ -136,6 +138,68 @@ def test_never_created_is_refused_when_the_ledger_knows_a_remote_id(cli_env: Pat
     code, output = run("reconcile", str(lost.id), "--never-created", "--evidence", "server's audit log")
     assert code == 0, output
     assert ledger.get(lost.id).state is S.SUBMITTING
+
+
+def answered_synchronously_unstorable(ledger: Ledger) -> Operation:
+    """A synchronous call (no task: no remote id) whose answer came but could not be stored: held as nothing
+    and handed to an operator (RESULT_UNSTORABLE), as ``workers.steps.submit._answered_at_once`` leaves it."""
+    op = place(ledger, S.FETCHING_RESULT)
+    with ledger.engine.begin() as conn:
+        conn.execute(text("UPDATE tool_operation SET remote_id = NULL WHERE id = :id"), {"id": op.id})
+    op = ledger.get(op.id)
+    assert (op.remote_id, op.observed_terminal) == (None, TerminalKind.COMPLETED)
+    return ledger.hand_to_operator(
+        op.id,
+        op.fence,
+        from_state=S.FETCHING_RESULT,
+        reason=ReconciliationReason.RESULT_UNSTORABLE,
+        detail={"why": "too large"},
+        deadline_s=3600,
+    )
+
+
+def test_never_created_is_refused_when_the_server_answered_the_create(cli_env: Path, ledger: Ledger) -> None:
+    """The tool ran (its synchronous answer was seen, though it could not be stored): a resubmission would
+    run it a second time. Refused, naming what the ledger saw (before, it was taken: no remote id)."""
+    op = answered_synchronously_unstorable(ledger)
+    code, output = run("reconcile", str(op.id), "--never-created", "--evidence", "no task on the server")
+    assert code == EXIT_REFUSED, output
+    said = " ".join(output.split())
+    assert f"the server answered the create of operation {op.id}" in said
+    assert ledger.get(op.id).state is S.MANUAL_RECONCILIATION
+    assert "resolved_never_created" not in [e["kind"] for e in ledger.events(op.id)]
+
+
+def test_an_operation_with_no_remote_id_can_be_ended_failed_with_the_operators_evidence(
+    cli_env: Path, ledger: Ledger, database_url: str, broker_prefix: str
+) -> None:
+    """Without a remote id there is no result to fetch: ``--terminal completed`` is refused, saying what can
+    be done; ``--terminal failed`` ends it failed, its error the operator's evidence (before, both were
+    refused and the operation had no way out but ``--never-created``, which runs the tool again)."""
+    op = answered_synchronously_unstorable(ledger)
+    code, output = run("reconcile", str(op.id), "--terminal", "completed", "--evidence", "ran, 40 MB out")
+    assert code == EXIT_REFUSED, output
+    assert "--terminal failed" in " ".join(output.split())
+    assert ledger.get(op.id).state is S.MANUAL_RECONCILIATION
+
+    code, output = run("reconcile", str(op.id), "--terminal", "failed", "--evidence", "result too large")
+    assert code == 0, output
+    assert ledger.get(op.id).state is S.TERMINAL_OBSERVED  # the dispatcher's next tick accepts it
+    runtime = in_process_runtime(database_url, broker_prefix, cli_env)
+    try:
+        [step] = run_due(Executor(runtime))
+    finally:
+        runtime.close()
+    assert (step.op_id, step.action) == (op.id, "accepted"), step
+    after = ledger.get(op.id)
+    assert after.state is S.ACCEPTED
+    receipt = ledger.receipt_for(op.id)
+    assert receipt is not None
+    assert receipt.terminal_state is TerminalKind.FAILED
+    assert after.result is not None
+    assert after.result["isError"] is True
+    assert "result too large" in after.result["error"]["message"]
+    assert ledger.open_reconciliations() == []
 
 
 # ----------------------------------------------------------------------------------- adapters --detect
