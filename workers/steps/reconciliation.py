@@ -227,6 +227,7 @@ def resolve(ctx: StepContext, op: Operation, resolution: Resolution) -> Operatio
     if resolution.kind == "found":
         if not resolution.remote_id:
             raise ValueError("a 'found' resolution names the remote id")
+        _found_is_this_operations(ctx, op, resolution.remote_id)
         if (
             resolution.session_ref is None
             and op.session_ref is None
@@ -293,6 +294,28 @@ def resolve(ctx: StepContext, op: Operation, resolution: Resolution) -> Operatio
         resolution=note,
         result=held,
     )
+
+
+def _found_is_this_operations(ctx: StepContext, op: Operation, remote_id: str) -> None:
+    """A remote id found by an operator names this operation only: not another remote operation than the
+    one the ledger knows for it (which would be left running, untracked), nor one another operation of its
+    server holds.
+
+    Raises:
+        WrongState: it names another one; nothing is written.
+    """
+    if op.remote_id is not None and op.remote_id != remote_id:
+        raise WrongState(
+            f"the ledger knows remote id {op.remote_id} for operation {op.id} on {op.server}, not "
+            f"{remote_id}: resolve it with --found {op.remote_id} (or --terminal); {remote_id} is another "
+            "remote operation"
+        )
+    holder = ctx.ledger.find_by_remote(op.server, remote_id)
+    if holder is not None and holder.id != op.id:
+        raise WrongState(
+            f"remote id {remote_id} on {op.server} is operation {holder.id}'s (call node "
+            f"{holder.call_node_id!r}), not operation {op.id}'s"
+        )
 
 
 def _create_answered(ctx: StepContext, op: Operation) -> str | None:

@@ -140,6 +140,48 @@ def test_never_created_is_refused_when_the_ledger_knows_a_remote_id(cli_env: Pat
     assert ledger.get(lost.id).state is S.SUBMITTING
 
 
+def test_found_naming_another_remote_operation_is_refused_and_writes_nothing(
+    cli_env: Path, ledger: Ledger
+) -> None:
+    """``--found ID`` where ID is another operation's on the same server, or not the remote id the ledger
+    knows for this one: refused with the reason (before: a database error's traceback for the first, and
+    for the second the known remote operation silently replaced, left running untracked)."""
+    lost = with_operator(ledger, S.SUBMISSION_UNKNOWN, ReconciliationReason.SUBMISSION_UNKNOWN)
+    other = place(ledger, S.WORKING)
+    assert other.remote_id is not None
+    code, output = run(
+        "reconcile", str(lost.id), "--found", other.remote_id, "--session", "", "--evidence", "in tasks/list"
+    )
+    assert code == EXIT_REFUSED, output
+    said = " ".join(output.split())
+    assert f"remote id {other.remote_id} on {other.server} is operation {other.id}'s" in said
+    assert ledger.get(lost.id).state is S.MANUAL_RECONCILIATION
+
+    known = with_operator(ledger, S.WORKING, ReconciliationReason.UNKNOWN_NOT_FOUND)
+    code, output = run(
+        "reconcile",
+        str(known.id),
+        "--found",
+        "task-elsewhere",
+        "--session",
+        "",
+        "--evidence",
+        "in tasks/list",
+    )
+    assert code == EXIT_REFUSED, output
+    said = " ".join(output.split())
+    assert f"the ledger knows remote id {known.remote_id} for operation {known.id}" in said
+    after = ledger.get(known.id)
+    assert (after.state, after.remote_id) == (S.MANUAL_RECONCILIATION, known.remote_id)
+
+    # The remote id the ledger knows is taken.
+    code, output = run(
+        "reconcile", str(known.id), "--found", str(known.remote_id), "--session", "", "--evidence", "listed"
+    )
+    assert code == 0, output
+    assert ledger.get(known.id).state is S.WORKING
+
+
 def answered_synchronously_unstorable(ledger: Ledger) -> Operation:
     """A synchronous call (no task: no remote id) whose answer came but could not be stored: held as nothing
     and handed to an operator (RESULT_UNSTORABLE), as ``workers.steps.submit._answered_at_once`` leaves it."""
