@@ -118,7 +118,10 @@ def reconcile(
 
 
 def _list_reconciliations(ledger: Ledger, ref: str | None, as_json: bool) -> None:
-    records = [r for r in ledger.open_reconciliations() if ref is None or str(r.op_id) == ref]
+    """The open records, or one operation's: REF as every command takes it (an op id or its prefix, a call
+    node id, SERVER:REMOTE_ID)."""
+    op_id = None if ref is None else find_operation(ledger, ref).id
+    records = [r for r in ledger.open_reconciliations() if op_id is None or r.op_id == op_id]
     now = dt.datetime.now(dt.UTC)
     if as_json:
         rows = [{**output.jsonable(dataclasses.asdict(r)), "overdue": r.deadline <= now} for r in records]

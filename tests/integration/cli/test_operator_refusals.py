@@ -182,6 +182,21 @@ def test_found_naming_another_remote_operation_is_refused_and_writes_nothing(
     assert ledger.get(known.id).state is S.WORKING
 
 
+def test_what_waits_for_an_operator_is_listed_by_any_name_of_its_operation(
+    cli_env: Path, ledger: Ledger
+) -> None:
+    """``longcall reconcile REF`` takes REF as every command does (before, only a whole op id: by a call node
+    id or an op id prefix it said "nothing waits for an operator" while a record was open)."""
+    op = with_operator(ledger, S.SUBMISSION_UNKNOWN, ReconciliationReason.SUBMISSION_UNKNOWN)
+    for ref in (str(op.id), op.call_node_id, str(op.id)[:8]):
+        code, output = run("reconcile", ref, "--json")
+        assert code == 0, output
+        assert [r["op_id"] for r in json.loads(output)] == [str(op.id)], ref
+    code, output = run("reconcile", "no-such-call-node", "--json")
+    assert code != 0
+    assert "no-such-call-node" in output
+
+
 def answered_synchronously_unstorable(ledger: Ledger) -> Operation:
     """A synchronous call (no task: no remote id) whose answer came but could not be stored: held as nothing
     and handed to an operator (RESULT_UNSTORABLE), as ``workers.steps.submit._answered_at_once`` leaves it."""
