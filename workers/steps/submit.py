@@ -31,6 +31,7 @@ from ledger.reasons import ReconciliationReason
 from ledger.records import BODY_NOT_READ, Fence, Operation, adapter_key
 from ledger.states import OpState, TerminalKind
 from workers.errors import NoToken
+from workers.lease import keep_lease
 from workers.steps.cancel import send as send_cancel
 from workers.steps.context import (
     DEADLINE_SLACK_S,
@@ -348,8 +349,13 @@ def _created(ctx: StepContext, op: Operation, fence: Fence, created: Created) ->
 
 def _cancel_now(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
     """The remote id is recorded and a cancel was requested meanwhile (rule 6): the row went to
-    CANCEL_REQUESTED with it, and the cancel is sent now, under the same claim and the row's generation."""
-    return send_cancel(ctx, op, Fence(op.execution_epoch, op.cancel_generation, fence.poll_cursor))
+    CANCEL_REQUESTED with it, and the cancel is sent now, under the same claim and the row's generation. Its
+    lease is renewed under that generation while the cancel is in flight: the step's own keeper renews
+    under the create's, which the cancel's moved past (refused once the row is CANCEL_REQUESTED), and a
+    cancel slower than the lease would otherwise be claimed again, and sent twice."""
+    cancelling = Fence(op.execution_epoch, op.cancel_generation, fence.poll_cursor)
+    with keep_lease(ctx.ledger, op.id, cancelling, ctx.settings.lease_s):
+        return send_cancel(ctx, op, cancelling)
 
 
 def _answered_at_once(

@@ -7,7 +7,9 @@ Postgres and Redis. Every wait is bounded (``support.wait_for``)."""
 from __future__ import annotations
 
 import threading
+import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +18,7 @@ from sqlalchemy import text
 from ledger.errors import StaleTransition
 from ledger.states import OpState
 from tests import support
-from tests.support.fleet import McpServer, run_due
+from tests.support.fleet import McpServer, in_process_executor, run_due
 from workers.executor import Executor
 from workers.steps.context import StepOutcome
 from workers.submission import validate_submission
@@ -117,6 +119,39 @@ def test_a_cancel_sent_by_the_create_step_keeps_its_claim_until_the_step_ends(
     assert stepped, "the create step did not end"
     assert executor.ledger.get(op_id).state is S.CANCELLED_ACCEPTED
     assert [e["method"] for e in mcp.log()].count("tasks/cancel") == 1
+
+
+def test_a_cancel_the_create_step_sends_keeps_its_lease_renewed_past_the_lease(
+    database_url: str, broker_prefix: str, tmp_path: Path, log_dir: Path
+) -> None:
+    """The same with a 2 s lease and a cancel the server holds 5 s: the step's lease is renewed under the
+    cancel's generation while the cancel is in flight, so no tick claims the row and no second cancel is sent
+    (before, the renewals kept the create's generation, were refused once the row was CANCEL_REQUESTED, and
+    the lease ran out under the step)."""
+    with in_process_executor(database_url, broker_prefix, tmp_path, log_dir, lease_s=2) as (mcp, executor):
+        mcp.faults(delay_ms={"tools/call": 1000, "tasks/cancel": 5000})
+        op_id, _, step, stepped = claimed_step_in_background(executor, "n/cancel-keeps-lease")
+        try:
+            support.wait_for(
+                "the create to be attempted",
+                lambda: executor.ledger.get(op_id).submit_attempted_at is not None,
+                timeout=10,
+            )
+            assert executor.request_cancel(op_id).action == "cancel_recorded"
+            support.wait_for(
+                "the create to answer and the cancel to go out",
+                lambda: "tasks/cancel" in [e["method"] for e in mcp.log()],
+                timeout=15,
+            )
+            watched_until = time.monotonic() + 3.5  # past the 2 s lease, within the 5 s cancel
+            while time.monotonic() < watched_until:
+                assert executor.dispatch_due() == [], "the row was claimed while its step sends the cancel"
+                time.sleep(0.2)
+        finally:
+            step.join(timeout=30)
+        assert stepped, "the create step did not end"
+        assert executor.ledger.get(op_id).state is S.CANCELLED_ACCEPTED
+        assert [e["method"] for e in mcp.log()].count("tasks/cancel") == 1
 
 
 # ----------------------------------------- found in review: one claim, two copies of its step (rule 1)
