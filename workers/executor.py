@@ -672,7 +672,7 @@ class Executor:
             return not_owner
         fence = Fence(op.execution_epoch, op.cancel_generation, cursor)
         try:
-            with keep_lease(self.ledger, op.id, fence, self.rt.settings.lease_s):
+            with keep_lease(self.ledger, op.id, fence, self.rt.settings.lease_s, lease_until=op.lease_until):
                 return step(self.ctx, op, fence)
         except StaleTransition as stale:
             log.info("stale step on %s: %s", op.id, stale)

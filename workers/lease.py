@@ -18,6 +18,7 @@ inherits none of the parent's threads, so it forgets the parent's keeper and sta
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import logging
 import math
 import os
@@ -42,12 +43,25 @@ KEEPER_NAME = "lease keeper"
 
 
 @contextlib.contextmanager
-def keep_lease(ledger: Ledger, op_id: uuid.UUID, fence: Fence, lease_s: float) -> Iterator[None]:
-    """Renew the lease of the claim ``fence`` on ``op_id`` while the ``with`` block runs."""
+def keep_lease(
+    ledger: Ledger,
+    op_id: uuid.UUID,
+    fence: Fence,
+    lease_s: float,
+    *,
+    lease_until: dt.datetime | None = None,
+) -> Iterator[None]:
+    """Renew the lease of the claim ``fence`` on ``op_id`` while the ``with`` block runs. ``lease_until``:
+    when the lease the step found runs out; the first renewal comes within it, not ``lease_s`` from the
+    step's start (a step that starts late in its claim's lease, its message queued behind others, would
+    outlive it and see its row claimed again under it)."""
     if fence.poll_cursor is None:  # not a claim: there is no lease to keep
         yield
         return
-    claim = _Claim(ledger, op_id, fence, lease_s, time.monotonic() + lease_s * RENEW_FRACTION)
+    first_s = lease_s
+    if lease_until is not None:
+        first_s = min(lease_s, max(0.0, (lease_until - dt.datetime.now(dt.UTC)).total_seconds()))
+    claim = _Claim(ledger, op_id, fence, lease_s, time.monotonic() + first_s * RENEW_FRACTION)
     _keeper.register(claim)
     try:
         yield

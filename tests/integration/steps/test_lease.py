@@ -323,3 +323,27 @@ def test_a_create_in_flight_keeps_its_lease_through_a_cancel_intent_and_a_cancel
     fence = Fence(working.execution_epoch, working.cancel_generation, claim.poll_cursor)
     ledger.request_cancel(working.id, fence, from_state=OpState.WORKING)
     assert ledger.renew_lease(working.id, fence, lease_s=30) is False
+
+
+def test_a_step_that_starts_late_in_its_lease_is_renewed_before_the_lease_runs_out(ledger: Ledger) -> None:
+    """A step that starts when little of its claim's lease is left (its message queued behind others): the
+    first renewal comes within what is left, not a third of a whole lease from the step's start, after the
+    lease ran out (before, a step starting 25 s into a 30 s lease had its row claimed again under it)."""
+    new = validate_submission(
+        {"call_node_id": "n/late-start", "server": "reports", "tool": "slow_report", "arguments": {}},
+        FleetConfig(servers={"reports": SERVER}),
+        max_body_bytes=1024,
+    )
+    op = ledger.record_submission(new, lease_s=1.5).operation  # 1.5 s left of a 30 s lease
+    found = op.lease_until
+    assert found is not None
+    with keep_lease(ledger, op.id, op.fence, 30.0, lease_until=found):
+        support.wait_for(
+            "the lease to be renewed to 30 s",
+            lambda: (until := ledger.get(op.id).lease_until) is not None and until > found,
+            timeout=1.4,
+            interval=0.02,
+        )
+    renewed = ledger.get(op.id).lease_until
+    assert renewed is not None
+    assert (renewed - found).total_seconds() > 20
