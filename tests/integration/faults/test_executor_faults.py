@@ -206,7 +206,9 @@ def test_kill_9_during_the_cancel_call_gives_one_cancelled_receipt(fleet: Fleet)
 # ------------------------------------------------------------------------ 3. two pollers out of order
 
 
-def test_two_pollers_answering_out_of_order_never_move_the_state_back(runtimes: Any) -> None:
+def test_two_pollers_answering_out_of_order_never_move_the_state_back(
+    runtimes: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     mcp, make = runtimes
     first, second = Executor(make()), Executor(make())
     ledger = first.ledger
@@ -231,6 +233,9 @@ def test_two_pollers_answering_out_of_order_never_move_the_state_back(runtimes: 
     # the server until the newer poller's tasks/result answer has gone out (the reorder fault): by then the
     # newer poller has written the terminal state it saw, so the older answer is the last to arrive.
     mcp.faults(reorder=1, reorder_release="tasks/result")
+    # Its worker cannot renew its lease (frozen, or cut off from Postgres), so the lease runs out while its
+    # answer is on the way: a live step's keeper would renew it within what is left (workers/lease.py).
+    monkeypatch.setattr(first.ledger, "renew_lease", lambda *_, **__: False)
     old_claim = ledger.claim(op_id, lease_s=0.3)
     assert old_claim is not None
     outcomes: dict[str, StepOutcome] = {}
