@@ -21,7 +21,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from adapters import SHIPPED, ErrorInfo, RemoteResult
+from adapters import SHIPPED
 from ledger.errors import StaleTransition
 from ledger.events import EventKind
 from ledger.reasons import ReconciliationReason
@@ -30,7 +30,7 @@ from ledger.states import OpState, TerminalKind
 from workers.errors import WrongState
 from workers.steps.context import StepAction, StepContext, StepOutcome
 from workers.steps.input_rounds import found_again
-from workers.steps.result import accept, fetch, result_json, storable
+from workers.steps.result import accept, failed_here, fetch, result_json, storable
 
 log = logging.getLogger("longcall.executor")
 
@@ -185,9 +185,7 @@ def _never_sent(ctx: StepContext, op: Operation, fence: Fence, why: str) -> Step
     """No create was attempted and none can be sent: SUBMITTING -> TERMINAL_OBSERVED -> FETCHING_RESULT
     with a failed result held that says why, then accepted (a failed receipt)."""
     message = f"{why}: no create was sent, and none can be"
-    refused = RemoteResult(
-        outcome="failed", server_state=None, payload={}, is_error=True, error=ErrorInfo(message=message)
-    )
+    refused = failed_here(message)
     op = ctx.ledger.hold_create_result(
         op.id,
         fence,
@@ -281,10 +279,7 @@ def resolve(ctx: StepContext, op: Operation, resolution: Resolution) -> Operatio
         # No remote operation to read a result from (a synchronous call whose answer was lost or could not
         # be stored): the failed result held is the operator's word.
         message = f"ended failed by {resolution.actor}, with no result from the server: {resolution.evidence}"
-        failed = RemoteResult(
-            outcome="failed", server_state=None, payload={}, is_error=True, error=ErrorInfo(message=message)
-        )
-        held = storable(ctx, result_json(failed))
+        held = storable(ctx, result_json(failed_here(message)))
     return ctx.ledger.resolve_terminal(
         op.id,
         fence,

@@ -203,6 +203,14 @@ def accept(
     )
 
 
+def failed_here(message: str) -> RemoteResult:
+    """A failed result longcall itself gives, with no answer of the server's to carry (a create it refused
+    or could never send, an operator's ``--terminal failed`` with no remote operation), saying why."""
+    return RemoteResult(
+        outcome="failed", server_state=None, payload={}, is_error=True, error=ErrorInfo(message=message)
+    )
+
+
 def error_result(exc: Rejected) -> RemoteResult:
     """A definitive refusal, as the failed result the receipt carries."""
     return RemoteResult(

@@ -16,7 +16,6 @@ from adapters import (
     AdapterError,
     CapabilityRefused,
     Created,
-    ErrorInfo,
     NotFound,
     NoWorkDone,
     ProtocolViolation,
@@ -46,7 +45,7 @@ from workers.steps.context import (
     unauthorized_pause,
 )
 from workers.steps.poll import observed
-from workers.steps.result import accept, error_result, fetch, result_json, storable, unstorable
+from workers.steps.result import accept, error_result, failed_here, fetch, result_json, storable, unstorable
 
 #: A capabilities read or a lookup that failed decided nothing (a "not found" included: the lookup, not
 #: the error, proves "never created"): ask again later.
@@ -354,7 +353,7 @@ def _cancel_now(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
     under the create's, which the cancel's moved past (refused once the row is CANCEL_REQUESTED), and a
     cancel slower than the lease would otherwise be claimed again, and sent twice."""
     cancelling = Fence(op.execution_epoch, op.cancel_generation, fence.poll_cursor)
-    with keep_lease(ctx.ledger, op.id, cancelling, ctx.settings.lease_s):
+    with keep_lease(ctx.ledger, op.id, cancelling, ctx.settings.lease_s, lease_until=op.lease_until):
         return send_cancel(ctx, op, cancelling)
 
 
@@ -394,25 +393,18 @@ def _refused_as_disabled(
     ctx: StepContext, op: Operation, fence: Fence, refusal: AdapterDisabled
 ) -> StepOutcome:
     """Answered at once, with no create call: the pipeline hears why (rule 14)."""
-    return _answered_at_once(ctx, op, fence, _refused_here(str(refusal)), EventKind.ADAPTER_DISABLED)
+    return _answered_at_once(ctx, op, fence, failed_here(str(refusal)), EventKind.ADAPTER_DISABLED)
 
 
 def _never_sent(op: Operation) -> RemoteResult:
     """The failed result of a create the wait budget ended before it could be sent."""
     budget = op.wait_deadline - op.created_at if op.wait_deadline is not None else None
-    return _refused_here(
+    return failed_here(
         f"the wait budget ({budget.total_seconds():.0f} s) ran out before the create of {op.tool_name!r} "
         f"on {op.server!r} could be sent (the server refused it before any work, or no control token was "
         f"had: {op.no_token_count} times without a token); no create was made"
         if budget is not None
         else f"the create of {op.tool_name!r} on {op.server!r} could not be sent; no create was made"
-    )
-
-
-def _refused_here(message: str) -> RemoteResult:
-    """A create refused by longcall itself, before any remote call, as the failed result of its receipt."""
-    return RemoteResult(
-        outcome="failed", server_state=None, payload={}, is_error=True, error=ErrorInfo(message=message)
     )
 
 
