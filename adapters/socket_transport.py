@@ -45,7 +45,8 @@ import ssl
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+import zlib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import httptools
@@ -53,7 +54,7 @@ import httpx2
 
 from adapters.answer_within import late, read_wait
 
-__all__ = ["KEEPALIVE_EXPIRY_S", "SocketTransport"]
+__all__ = ["KEEPALIVE_EXPIRY_S", "AnswerHeaders", "LeanAnswer", "SocketTransport"]
 
 #: How long a connection is kept idle for the next request (httpx2's default).
 KEEPALIVE_EXPIRY_S = 5.0
@@ -180,6 +181,7 @@ class _Exchange:
         self._parser = self._answer.parser = httptools.HttpResponseParser(self._answer)
         self._received = 0
         self._finished = False
+        self.sock = connection.sock
         #: When the request was written (:meth:`sent`): the answer's read time counts from there.
         self._written_at: float | None = None
 
@@ -286,6 +288,122 @@ class _Body(httpx2.SyncByteStream):
         self._exchange.close()
 
 
+class AnswerHeaders(Mapping[str, str]):
+    """An answer's header fields as httpx2's ``Headers`` reads them: names in any case, a name sent more
+    than once read as its values joined by ``", "``."""
+
+    def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
+        self.raw = raw
+        self._fields: dict[str, str] = {}
+        for name, value in raw:
+            key = name.decode("latin-1").lower()
+            text = _header_text(value)
+            self._fields[key] = f"{self._fields[key]}, {text}" if key in self._fields else text
+
+    def __getitem__(self, name: str) -> str:
+        return self._fields[name.lower()]
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name.lower() in self._fields
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._fields)
+
+    def __len__(self) -> int:
+        return len(self._fields)
+
+
+def _header_text(value: bytes) -> str:
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return value.decode("latin-1")
+
+
+class _Inflate:
+    """One ``Content-Encoding`` undone as httpx2 undoes it: ``gzip``, or ``deflate`` (zlib's wrapper, or
+    none, as servers send either)."""
+
+    def __init__(self, coding: str) -> None:
+        self._gzip = coding == "gzip"
+        self._first = True
+        self._inflater = zlib.decompressobj(zlib.MAX_WBITS | 16 if self._gzip else zlib.MAX_WBITS)
+
+    def __call__(self, data: bytes) -> bytes:
+        first, self._first = self._first, False
+        try:
+            return self._inflater.decompress(data)
+        except zlib.error as exc:
+            if first and not self._gzip:  # deflate without zlib's wrapper
+                self._inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+                return self(data)
+            coding = "gzip" if self._gzip else "deflate"
+            raise httpx2.DecodingError(f"the answer's {coding} body: {exc}") from exc
+
+    def flush(self) -> bytes:
+        try:
+            return self._inflater.flush()
+        except zlib.error as exc:
+            raise httpx2.DecodingError(str(exc)) from exc
+
+
+class LeanAnswer:
+    """An answer :meth:`SocketTransport.send_bytes` read to its head: what of httpx2's ``Response`` the
+    adapters read (``status_code``, ``headers``, ``extensions``' ``network_stream``, ``iter_bytes`` with the
+    ``Content-Encoding`` undone, ``close``) without building its models. Closed, or read to its end, it
+    gives its connection back as httpx2's answer does."""
+
+    def __init__(self, answer: _Answer, exchange: _Exchange) -> None:
+        self.status_code = answer.status
+        self.reason_phrase = answer.reason.decode("latin-1")
+        self.headers = AnswerHeaders(answer.headers)
+        self.extensions: dict[str, object] = {
+            "http_version": b"HTTP/1.1",
+            "reason_phrase": answer.reason,
+            "network_stream": _NetworkStream(exchange.sock),
+        }
+        self._exchange = exchange
+        self._consumed = False
+
+    def iter_raw(self) -> Iterator[bytes]:
+        if self._consumed:
+            raise httpx2.StreamConsumed()
+        self._consumed = True
+        try:
+            yield from self._exchange.chunks()
+        finally:
+            self.close()
+
+    def iter_bytes(self) -> Iterator[bytes]:
+        codings = [
+            c.strip().lower() for c in self.headers.get("content-encoding", "").split(",") if c.strip()
+        ]
+        steps = [_Inflate(c) for c in reversed(codings) if c in ("gzip", "deflate")]
+        if not steps:
+            yield from self.iter_raw()
+            return
+        for raw in self.iter_raw():
+            chunk = raw
+            for step in steps:
+                chunk = step(chunk)
+            if chunk:
+                yield chunk
+        tail = b""
+        for step in steps:
+            tail = (step(tail) if tail else b"") + step.flush()
+        if tail:
+            yield tail
+
+    def close(self) -> None:
+        self._exchange.close()
+
+    def __enter__(self) -> LeanAnswer:
+        return self
+
+    def __exit__(self, *args: object) -> None:
+        self.close()
+
+
 class SocketTransport(httpx2.BaseTransport):
     """HTTP/1.1 on sockets of its own, answers parsed by httptools (see the module's docstring).
     ``ssl_context``: how ``https`` connections are verified (by default as httpx2's own transport does:
@@ -332,24 +450,50 @@ class SocketTransport(httpx2.BaseTransport):
             raise httpx2.UnsupportedProtocol(f"this transport does not send {request.method}")
         timeouts: dict[str, float | None] = request.extensions.get("timeout", {})
         head, reusable = self._head(request, method)
-        body = request.read()
         origin = (scheme, url.raw_host, url.port or _DEFAULT_PORTS[scheme])
+        exchange, answer = self._exchange(origin, head + request.read(), timeouts, reusable=reusable)
+        return httpx2.Response(
+            answer.status,
+            headers=answer.headers,
+            stream=_Body(exchange),
+            extensions={
+                "http_version": b"HTTP/1.1",
+                "reason_phrase": answer.reason,
+                "network_stream": _NetworkStream(exchange.sock),
+            },
+        )
+
+    def send_bytes(self, url: httpx2.URL, request: bytes, timeouts: Mapping[str, float | None]) -> LeanAnswer:
+        """``request`` (its head, written by the caller, and its body) sent to ``url``'s origin as
+        :meth:`handle_request` sends one, its answer returned at its head, without httpx2's models:
+        :class:`LeanAnswer` (``adapters.lean_client``). The caller writes a head this transport would
+        write: no body of unknown length, no line break in a header, ``Connection: close`` not asked.
+
+        Raises:
+            httpx2.HTTPError: as :meth:`handle_request` raises them.
+        """
+        scheme = url.raw_scheme
+        if scheme not in _DEFAULT_PORTS or not url.raw_host:
+            raise httpx2.UnsupportedProtocol(f"the URL is not an http or https URL with a host: {url}")
+        origin = (scheme, url.raw_host, url.port or _DEFAULT_PORTS[scheme])
+        exchange, answer = self._exchange(origin, request, timeouts, reusable=True)
+        return LeanAnswer(answer, exchange)
+
+    def _exchange(
+        self,
+        origin: tuple[bytes, bytes, int],
+        request: bytes,
+        timeouts: Mapping[str, float | None],
+        *,
+        reusable: bool,
+    ) -> tuple[_Exchange, _Answer]:
+        """``request`` written on a connection to ``origin`` and its answer read to the end of its head."""
         connection = self._take(origin, timeouts.get("pool"), timeouts.get("connect"))
         try:
             exchange = _Exchange(self, connection, timeouts.get("read"), reusable=reusable)
-            self._write(connection, head + body, timeouts.get("write"))
+            self._write(connection, request, timeouts.get("write"))
             exchange.sent()
-            answer = exchange.head()
-            return httpx2.Response(
-                answer.status,
-                headers=answer.headers,
-                stream=_Body(exchange),
-                extensions={
-                    "http_version": b"HTTP/1.1",
-                    "reason_phrase": answer.reason,
-                    "network_stream": _NetworkStream(connection.sock),
-                },
-            )
+            return exchange, exchange.head()
         except BaseException:
             self._give_back(connection, keep=False)
             raise

@@ -17,6 +17,7 @@ import httpx2
 
 from adapters.answer_within import answer_within_transport
 from adapters.base import AdapterConfig, InputRequest, Timeouts, ToolAdapter
+from adapters.lean_client import LeanClient
 
 __all__ = [
     "DEFAULT_CONNECTIONS",
@@ -108,7 +109,7 @@ def http_client(
     # Every answer, its head included, within the request's read timeout (``adapters.answer_within``).
     inner = answer_within_transport(limits)
     transport = inner if wrap_transport is None else wrap_transport(inner)
-    return httpx2.Client(
+    return LeanClient(
         timeout=httpx2.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool),
         limits=limits,
         event_hooks={"request": list(request_hooks)},

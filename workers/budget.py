@@ -80,6 +80,7 @@ __all__ = [
     "rate_key",
     "server_wait_s",
     "slot_meter",
+    "take_label",
 ]
 
 log = logging.getLogger(__name__)
@@ -462,6 +463,16 @@ class RequestMeter:
             peak_key(self._prefix, self._server, self._bucket, second),
         )
         return MeterCount(keys, (RATE_KEEP_S, PEAK_KEEP_S))
+
+
+def take_label(bucket: Budget) -> Budget | None:
+    """The request about to be sent was charged to ``bucket``: its label, taken as :func:`label_request`
+    takes it (for a request sent without the request hooks: ``adapters.lean_client``); else None, the
+    label left for the hook."""
+    if _charged.get() != bucket:
+        return None
+    _charged.set(None)
+    return bucket
 
 
 def label_request(request: httpx2.Request) -> None:

@@ -27,10 +27,11 @@ from adapters import (
     ToolRoute,
     default_registry,
 )
+from adapters.lean_client import LeanClient
 from workers.auth import TokenProviders
-from workers.budget import BUDGET_HEADER, label_request
+from workers.budget import BUDGET_HEADER, label_request, take_label
 from workers.errors import UnknownServer
-from workers.request_outcomes import CountingTransport, RequestOutcomes
+from workers.request_outcomes import CountingTransport, RequestOutcomes, outcome_of
 from workers.settings import FleetConfig, ServerConfig
 
 #: The transports the status reads of the polls may go on apart (``Settings.status_reads``), by name; with
@@ -70,6 +71,28 @@ class StatusReadsApart(httpx2.BaseTransport):
 
     def __exit__(self, *args: Any) -> None:
         self.close()
+
+
+class StatusReadsRoute:
+    """The requests a poll's budget paid for, sent by the adapter's client itself on ``transport``
+    (:class:`adapters.lean_client.LeanRoute`), each counted with its outcome under ``poll`` as
+    :class:`~workers.request_outcomes.CountingTransport` counts the others."""
+
+    def __init__(self, transport: SocketTransport, server: str, outcomes: RequestOutcomes | None) -> None:
+        self._transport = transport
+        self._server = server
+        self._outcomes = outcomes
+
+    @property
+    def transport(self) -> SocketTransport:
+        return self._transport
+
+    def label(self) -> str | None:
+        return take_label("poll")
+
+    def counted(self, status: int | None) -> None:
+        if self._outcomes is not None:
+            self._outcomes.add(self._server, "poll", "no_answer" if status is None else outcome_of(status))
 
 
 class RemotePool:
@@ -145,27 +168,34 @@ class RemotePool:
                     },
                 )
                 # label_request names the bucket each request was charged to
+                made: list[httpx2.BaseTransport] = []
                 client = spec.make_client(
                     self._timeouts,
                     (label_request,),
                     connections=self._connections,
-                    wrap_transport=functools.partial(self._wrap, name),
+                    wrap_transport=functools.partial(self._wrap, name, made),
                 )
+                reads = made[0] if made else None
+                if isinstance(client, LeanClient) and isinstance(reads, SocketTransport):
+                    # the status reads sent by the client itself, on the same sockets (adapters.lean_client)
+                    client.route = StatusReadsRoute(reads, name, self._outcomes)
                 self._clients.append(client)
                 adapter = spec.factory(config, client)
                 self._adapters[key] = adapter
             return adapter
 
-    def _wrap(self, server: str, inner: httpx2.BaseTransport) -> httpx2.BaseTransport:
+    def _wrap(
+        self, server: str, made: list[httpx2.BaseTransport], inner: httpx2.BaseTransport
+    ) -> httpx2.BaseTransport:
         """What sends the requests of ``server``'s client: the status reads apart as ``status_reads`` says
-        (on sockets parsed by httptools, or on the process's event loop), every request counted with its
-        outcome, for ``longcall metrics``."""
+        (on sockets parsed by httptools, or on the process's event loop; the transport made for them put in
+        ``made``), every request counted with its outcome, for ``longcall metrics``."""
         transport = inner
-        reads = READS_TRANSPORTS.get(self._status_reads)
-        if reads is not None:
-            transport = StatusReadsApart(
-                inner, reads(max_connections=max(MAX_CONNECTIONS, 2 * self._connections))
-            )
+        reads_type = READS_TRANSPORTS.get(self._status_reads)
+        if reads_type is not None:
+            reads = reads_type(max_connections=max(MAX_CONNECTIONS, 2 * self._connections))
+            made.append(reads)
+            transport = StatusReadsApart(inner, reads)
         if self._outcomes is not None:
             transport = CountingTransport(transport, server=server, outcomes=self._outcomes)
         return transport

@@ -21,18 +21,20 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import httpx2
 import pytest
 
 from adapters import Limits, OutcomeUnknown, RemoteRef, Timeouts, http_client, loop_transport
+from adapters.lean_client import LeanClient
 from adapters.loop_transport import LoopTransport
 from adapters.socket_transport import SocketTransport
 from adapters.streamable_http import StreamableHttpClient
 from tests.support.http_servers import QuietHandler, serving
 from workers.budget import BUDGET_HEADER, TokenBudget
-from workers.remote import StatusReadsApart
+from workers.remote import RemotePool, StatusReadsApart
+from workers.request_outcomes import RequestOutcomes
 from workers.runtime import Runtime
 from workers.settings import FleetConfig, Settings
 
@@ -184,6 +186,15 @@ class _Handler(QuietHandler):
             except OSError:
                 pass  # the client gave up: what the test wants
             self.close_connection = True
+        elif path == "/task":
+            request = json.loads(body)
+            task = {
+                "taskId": request["params"]["taskId"],
+                "status": "working",
+                "createdAt": "2026-01-01T00:00:00Z",
+            }
+            message = {"jsonrpc": "2.0", "id": request["id"], "result": task}
+            self.answer(200, json.dumps(message).encode(), "application/json")
         elif path == "/hang-up":
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
@@ -742,3 +753,229 @@ def test_a_create_whose_answer_is_dribbled_ends_unknown_within_its_read_budget(s
         with pytest.raises(OutcomeUnknown):
             streams.request("tools/call", {"name": "t", "arguments": {}}, session=None, idempotent=False)
         assert time.monotonic() - started < 1.5
+
+
+# -- the status reads sent by the adapter's client itself (adapters.lean_client) ----------------------------
+
+
+class _Route:
+    """A route that takes every request while ``taking``, and keeps each one's outcome."""
+
+    def __init__(self, transport: SocketTransport, *, taking: bool = True) -> None:
+        self._transport = transport
+        self.taking = taking
+        self.taken = 0
+        self.outcomes: list[int | None] = []
+
+    @property
+    def transport(self) -> SocketTransport:
+        return self._transport
+
+    def label(self) -> str | None:
+        if not self.taking:
+            return None
+        self.taken += 1
+        return "poll"
+
+    def counted(self, status: int | None) -> None:
+        self.outcomes.append(status)
+
+
+@pytest.fixture
+def lean() -> Iterator[tuple[LeanClient, _Route]]:
+    """An adapter's client (``adapters.http_client``: a :class:`LeanClient`) whose status reads' route takes
+    every request, on the same sockets as its transport."""
+    transport = SocketTransport(max_connections=8)
+    with http_client(
+        Timeouts(connect=2.0, read=ANSWER_S), connections=4, wrap_transport=lambda _inner: transport
+    ) as made:
+        assert isinstance(made, LeanClient)
+        route = _Route(transport)
+        made.route = route
+        yield made, route
+
+
+_MCP_HEADERS = {
+    "Accept": "application/json, text/event-stream",
+    "Content-Type": "application/json",
+    "MCP-Protocol-Version": "2025-11-25",
+    "Mcp-Session-Id": "s-1",
+    "Authorization": "Bearer t",
+}
+
+
+def _echo(client: httpx2.Client, url: str) -> tuple[int, str, list[tuple[str, str]], bytes]:
+    """What the server saw of a POST (its header lines but the bucket's label, sorted; its body) and the
+    answer's status and content type."""
+    with client.stream(
+        "POST", url + "/echo", content=b'{"jsonrpc":"2.0","id":1}', headers=_MCP_HEADERS
+    ) as answer:
+        seen = json.loads(b"".join(answer.iter_bytes()))
+        content_type = answer.headers.get("Content-Type") or ""
+    lines = sorted((name, value) for name, value in seen["headers"] if name != BUDGET_HEADER.lower())
+    return answer.status_code, content_type, lines, seen["body"].encode()
+
+
+def test_a_lean_read_goes_as_httpx2_sends_it_and_reads_the_same(
+    served: Served, lean: tuple[LeanClient, _Route]
+) -> None:
+    client, route = lean
+    route.taking = False
+    full = _echo(client, served.url)
+    client.cookies.clear()  # the answer set a cookie: with one in its jar the client sends it by httpx2
+    route.taking = True
+    mine = _echo(client, served.url)
+    assert route.taken == 1
+    assert mine == full
+    # ... and with the label the route gave, and each header once
+    with client.stream("POST", served.url + "/echo", content=b"{}", headers=_MCP_HEADERS) as answer:
+        seen = json.loads(b"".join(answer.iter_bytes()))
+    assert [BUDGET_HEADER.lower(), "poll"] in seen["headers"]
+    assert len({name for name, _ in seen["headers"]}) == len(seen["headers"])
+    assert served.server.connections == 1  # on the transport's kept connection, as the others
+
+
+def test_a_lean_read_is_counted_with_its_answer_or_its_absence(
+    served: Served, lean: tuple[LeanClient, _Route]
+) -> None:
+    client, route = lean
+    with client.stream("POST", served.url + "/refused", content=b"{}", headers=_MCP_HEADERS) as answer:
+        assert answer.status_code == 429
+        assert answer.headers["Retry-After"] == "3"
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    with (
+        pytest.raises(httpx2.ConnectError),
+        client.stream("POST", f"http://127.0.0.1:{port}/echo", content=b"{}", headers=_MCP_HEADERS),
+    ):
+        pass
+    assert route.outcomes == [429, None]
+
+
+def test_a_lean_read_decodes_a_compressed_answer(served: Served, lean: tuple[LeanClient, _Route]) -> None:
+    client, route = lean
+    with client.stream("POST", served.url + "/gzip", content=b"{}", headers=_MCP_HEADERS) as answer:
+        assert json.loads(b"".join(answer.iter_bytes())) == {"name": "gzip", "done": False}
+    assert route.taken == 1
+
+
+@pytest.mark.parametrize(
+    ("path", "error"),
+    [
+        ("/hang-up", httpx2.RemoteProtocolError),
+        ("/cut", httpx2.RemoteProtocolError),
+        ("/dribble-body", httpx2.ReadTimeout),
+    ],
+)
+def test_a_lean_reads_fault_is_the_httpx2_error_of_the_same_meaning(
+    served: Served, lean: tuple[LeanClient, _Route], path: str, error: type[Exception]
+) -> None:
+    client, route = lean
+    timeout = {"timeout": {"connect": 2.0, "read": 0.5, "write": 2.0, "pool": 2.0}}
+    with (
+        pytest.raises(error),
+        client.stream(
+            "POST", served.url + path, content=b"{}", headers=_MCP_HEADERS, extensions=timeout
+        ) as a,
+    ):
+        b"".join(a.iter_bytes())
+    assert route.taken == 1
+
+
+@pytest.mark.parametrize(
+    "request_kwargs",
+    [
+        {"json": {"a": 1}},  # a body httpx2 encodes
+        {"content": b"{}", "headers": {"X-Bad": "a\r\nInjected: yes"}},  # refused unsent, by the transport
+        {"content": b"{}", "headers": {"Host": "elsewhere"}},  # a Host of its own
+        {"content": b"{}", "params": {"q": "1"}},
+    ],
+)
+def test_a_request_the_lean_client_cannot_send_as_httpx2_would_goes_through_httpx2(
+    served: Served, lean: tuple[LeanClient, _Route], request_kwargs: dict[str, Any]
+) -> None:
+    client, route = lean
+    try:
+        with client.stream("POST", served.url + "/echo", **request_kwargs) as answer:
+            answer.read()
+    except httpx2.LocalProtocolError:
+        assert "X-Bad" in request_kwargs.get("headers", {})  # the transport's refusal, nothing sent
+    assert route.taken == 0
+
+
+def test_a_client_with_a_cookie_sends_its_reads_through_httpx2_with_it(
+    served: Served, lean: tuple[LeanClient, _Route]
+) -> None:
+    client, route = lean
+    route.taking = False
+    _echo(client, served.url)  # the answer sets the load balancer's cookie
+    route.taking = True
+    with client.stream("POST", served.url + "/echo", content=b"{}", headers=_MCP_HEADERS) as answer:
+        seen = json.loads(answer.read())
+    assert ["cookie", "lb=a1"] in seen["headers"]
+    assert route.taken == 0
+
+
+def test_a_lean_event_stream_answer_is_read_to_its_response_and_keeps_its_connection(
+    served: Served, lean: tuple[LeanClient, _Route]
+) -> None:
+    client, route = lean
+    streams = StreamableHttpClient(
+        client,
+        served.url + "/sse-answer",
+        bearer_token=None,
+        timeouts=Timeouts(read=ANSWER_S),
+        limits=Limits(),
+        new_id=lambda: "req-1",
+    )
+    for _ in range(3):
+        exchange = streams.request("tasks/get", {}, session=None, idempotent=True)
+        assert exchange.response is not None
+    assert route.taken == 3
+    assert served.server.connections == 1
+
+
+class _Outcomes:
+    def __init__(self) -> None:
+        self.added: list[tuple[str, str, str]] = []
+
+    def add(self, server: str, budget: str, outcome: str) -> None:
+        self.added.append((server, budget, outcome))
+
+
+def test_a_workers_mcp_status_read_goes_lean_and_is_counted_under_poll(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the worker's own pool of adapters: an MCP server's ``tasks/get`` paid by a poll's budget is
+    sent by the client itself on the status reads' sockets (``SocketTransport.send_bytes``) and counted under
+    ``poll``; a request another budget paid for goes through httpx2, counted under its own."""
+    sent: list[bytes] = []
+    send_bytes = SocketTransport.send_bytes
+
+    def spied(self: SocketTransport, url: httpx2.URL, request: bytes, timeouts: Any) -> Any:
+        sent.append(request.split(b"\r\n\r\n", 1)[1])
+        return send_bytes(self, url, request, timeouts)
+
+    monkeypatch.setattr(SocketTransport, "send_bytes", spied)
+    fleet = FleetConfig.model_validate(
+        {
+            "servers": {
+                "mcp": {"protocol": "mcp", "protocol_version": "2025-11-25", "url": served.url + "/task"}
+            }
+        }
+    )
+    outcomes = _Outcomes()
+    pool = RemotePool(fleet, outcomes=cast(RequestOutcomes, outcomes))
+    ref = RemoteRef(remote_id="t1", session_ref=None, protocol_version="2025-11-25", protocol="mcp")
+    try:
+        adapter = pool.adapter("mcp")
+        status = adapter.get(ref, budget=TokenBudget("poll", lambda **_: None))
+        assert status.terminal is None
+        assert status.remote_id == "t1"
+        assert [json.loads(body)["method"] for body in sent] == ["tasks/get"]
+        adapter.get(ref, budget=TokenBudget("control", lambda **_: None))
+    finally:
+        pool.close()
+    assert len(sent) == 1
+    assert outcomes.added == [("mcp", "poll", "ok"), ("mcp", "control", "ok")]
