@@ -288,12 +288,15 @@ class BookedSlots:
         """The :class:`TokenBudget` of the batch's ``index``-th request (in the order the offsets were
         booked): its first charge is its slot (:meth:`first_charge`), any later one a token of its own (a
         follow-up, as :meth:`ServerBudgets.per_request`'s)."""
-        return TokenBudget(
+        budget = TokenBudget(
             self.bucket,
             functools.partial(self.budgets.take, self.server, self.bucket),
             meter=self._meter,
             first=functools.partial(self.first_charge, index),
         )
+        if index < len(self.delays_s):
+            budget.slot_at = self.booked_at + self.delays_s[index]
+        return budget
 
     def first_charge(self, index: int) -> bool:
         """Wait for slot ``index`` and answer whether its request is counted for the meter already; a slot
@@ -375,6 +378,8 @@ class TokenBudget:
         first: Callable[[], bool] | None = None,
     ) -> None:
         self.bucket = bucket
+        #: When its first request's slot comes (``time.monotonic``), when a batch booked one.
+        self.slot_at: float | None = None
         self._take = take
         self._first = first
         self._prepaid = prepaid

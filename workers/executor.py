@@ -355,7 +355,13 @@ class Executor:
             run = functools.partial(
                 self._run_member, batch, index, member, row=row, budget=budget, started=started
             )
-            member_threads.submit(server, threads, functools.partial(_then_leave, run, server))
+            # Started at its due time and its slot, not to wait for them on a thread (workers.members).
+            not_before = started + min(member.wait_s, tick)
+            if budget is not None and budget.slot_at is not None:
+                not_before = max(not_before, budget.slot_at)
+            member_threads.submit(
+                server, threads, functools.partial(_then_leave, run, server), not_before=not_before
+            )
         return batch
 
     @staticmethod

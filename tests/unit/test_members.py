@@ -152,3 +152,61 @@ def test_a_process_starts_no_more_members_than_its_room_and_frees_it_as_they_end
     assert members.admit(server, 5, per_server=4, per_process=0) == 0  # the process's room is full
     assert members.say_shed(server)
     assert not members.say_shed(server)  # said once per ten seconds
+
+
+def _server() -> str:
+    return f"threads-{uuid.uuid4()}"
+
+
+def test_members_answered_at_once_run_on_one_thread_not_one_each() -> None:
+    """A server whose members answer at once is served by the fewest threads that keep up: a thread each
+    would cost every member its hand-offs of the interpreter lock (issue 21)."""
+    server = _server()
+    futures = [members.submit(server, 64, threading.get_ident) for _ in range(64)]
+    used = {future.result(timeout=10) for future in futures}
+    assert len(used) <= 2
+    assert members._process.pools[server].threads() <= 2
+
+
+def test_members_that_wait_for_their_answers_get_threads_of_their_own() -> None:
+    """Members whose answers take long (each waits for all the others here) have one more thread started
+    while the first waiting one is past its time, up to the server's size: all of them run at once."""
+    server = _server()
+    together = threading.Barrier(8, timeout=10)
+    started = time.monotonic()
+    futures = [members.submit(server, 8, together.wait) for _ in range(8)]
+    assert sorted(future.result(timeout=15) for future in futures) == list(range(8))
+    assert time.monotonic() - started < 5.0  # grown a thread per GROW_EVERY_S, past GROW_AFTER_S
+    assert members._process.pools[server].threads() == 8
+
+
+def test_a_member_starts_at_its_time_and_an_earlier_one_is_not_held_behind_a_later_one() -> None:
+    server = _server()
+    now = time.monotonic()
+    later = members.submit(server, 4, time.monotonic, not_before=now + 0.4)
+    sooner = members.submit(server, 4, time.monotonic, not_before=now + 0.1)
+    assert sooner.result(timeout=5) >= now + 0.1
+    assert later.result(timeout=5) >= now + 0.4
+    assert sooner.result() < later.result()
+    assert members._process.pools[server].threads() == 1  # the member waiting for its time held no thread
+
+
+def test_a_member_thread_not_needed_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(members, "IDLE_EXIT_S", 0.1)
+    server = _server()
+    assert members.submit(server, 4, threading.get_ident).result(timeout=5)
+    threads = members._process.pools[server]
+    deadline = time.monotonic() + 5
+    while threads.threads():
+        assert time.monotonic() < deadline, "an idle member thread never ended"
+        time.sleep(0.02)
+    assert members.submit(server, 4, lambda: 7).result(timeout=5) == 7  # and a new one comes when needed
+
+
+def test_a_members_exception_is_its_futures() -> None:
+    def fails() -> None:
+        raise ValueError("the member's own")
+
+    future = members.submit(_server(), 2, fails)
+    with pytest.raises(ValueError, match="the member's own"):
+        future.result(timeout=5)
