@@ -18,8 +18,10 @@ request this client cannot send as httpx2 would, goes through httpx2's client as
 - a request with anything but a body of bytes (``json``, ``params``, ``data``, ``files``, ``cookies``,
   ``auth``, redirects or a timeout of its own), a header that is not ASCII or holds a line break, or a
   ``Host`` of its own;
-- a client with cookies in its jar (a sticky-session load balancer's cookie is sent by httpx2), or an auth
-  of its own, or answer hooks;
+- a client with cookies in its jar (a sticky-session load balancer's cookie is sent by httpx2), an auth,
+  answer hooks or default query parameters of its own, or a transport mounted for the URL (a proxy given to
+  the client; one named by ``HTTP_PROXY`` is not used by a client given its transport, as the adapters'
+  clients are);
 - a request the route does not take (:meth:`LeanRoute.label`).
 
 The route sees each of its requests' outcome (:meth:`LeanRoute.counted`), as the worker's counting
@@ -116,6 +118,7 @@ class LeanClient(httpx2.Client):
             or self._auth is not None
             or self.event_hooks["response"]
             or len(self.cookies.jar)
+            or self.params
         ):
             return None
         headers: object = kwargs.get("headers") or {}
@@ -155,6 +158,8 @@ class LeanClient(httpx2.Client):
         target = self._merge_url(url)
         if target.scheme not in ("http", "https") or not target.raw_host or target.fragment:
             return None
+        if self._transport_for_url(target) is not self._transport:
+            return None  # a transport mounted for it (a proxy given to the client)
         if any(_has_break(name) or _has_break(value) for name, value in own):
             return None
         host = target.netloc

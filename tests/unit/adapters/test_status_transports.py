@@ -904,6 +904,22 @@ def test_a_request_the_lean_client_cannot_send_as_httpx2_would_goes_through_http
     assert route.taken == 0
 
 
+def test_a_read_to_a_url_with_a_transport_mounted_for_it_goes_through_httpx2_to_that_transport(
+    served: Served,
+) -> None:
+    mounted = _Spy()
+    with (
+        SocketTransport(max_connections=2) as transport,
+        LeanClient(transport=transport, mounts={served.url: mounted}) as client,
+    ):
+        route = client.route = _Route(transport)
+        with client.stream("POST", served.url + "/echo", content=b"{}", headers=_MCP_HEADERS) as answer:
+            assert answer.status_code == 200
+    assert route.taken == 0
+    assert mounted.seen == ["/echo"]
+    assert served.server.hits["/echo"] == 0
+
+
 def test_a_client_with_a_cookie_sends_its_reads_through_httpx2_with_it(
     served: Served, lean: tuple[LeanClient, _Route]
 ) -> None:
