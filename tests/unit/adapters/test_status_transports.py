@@ -639,18 +639,23 @@ def test_an_event_stream_read_to_its_response_keeps_its_connection(served: Serve
     """An MCP answer as an event stream: the adapters' reader waits for the stream's end after the response
     (``_finish_stream``, on the answer's socket), so the next read finds the connection open."""
     with SocketTransport(max_connections=2) as transport:
-        streams = StreamableHttpClient(
-            httpx2.Client(transport=transport, timeout=ANSWER_S),
-            served.url + "/sse-answer",
-            bearer_token=None,
-            timeouts=Timeouts(read=ANSWER_S),
-            limits=Limits(),
-            new_id=lambda: "req-1",
-        )
-        for _ in range(3):
-            exchange = streams.request("tasks/get", {}, session=None, idempotent=True)
-            assert exchange.response is not None
+        _read_event_streams(httpx2.Client(transport=transport, timeout=ANSWER_S), served.url, 3)
     assert served.server.connections == 1
+
+
+def _read_event_streams(client: httpx2.Client, url: str, count: int) -> None:
+    """``count`` MCP requests answered as event streams, each read to its response."""
+    streams = StreamableHttpClient(
+        client,
+        url + "/sse-answer",
+        bearer_token=None,
+        timeouts=Timeouts(read=ANSWER_S),
+        limits=Limits(),
+        new_id=lambda: "req-1",
+    )
+    for _ in range(count):
+        exchange = streams.request("tasks/get", {}, session=None, idempotent=True)
+        assert exchange.response is not None
 
 
 def test_a_request_waiting_for_the_pool_takes_the_connection_given_back(served: Served) -> None:
@@ -937,17 +942,7 @@ def test_a_lean_event_stream_answer_is_read_to_its_response_and_keeps_its_connec
     served: Served, lean: tuple[LeanClient, _Route]
 ) -> None:
     client, route = lean
-    streams = StreamableHttpClient(
-        client,
-        served.url + "/sse-answer",
-        bearer_token=None,
-        timeouts=Timeouts(read=ANSWER_S),
-        limits=Limits(),
-        new_id=lambda: "req-1",
-    )
-    for _ in range(3):
-        exchange = streams.request("tasks/get", {}, session=None, idempotent=True)
-        assert exchange.response is not None
+    _read_event_streams(client, served.url, 3)
     assert route.taken == 3
     assert served.server.connections == 1
 
