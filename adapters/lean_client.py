@@ -41,6 +41,8 @@ from adapters.socket_transport import SocketTransport
 
 __all__ = ["LeanClient", "LeanRoute"]
 
+#: The arguments of ``stream`` a request it sends itself may give (any other given: httpx2 sends it).
+_LEAN_ARGUMENTS = frozenset({"content", "headers", "extensions"})
 #: How many (method, URL) heads a client keeps made: an adapter sends to one endpoint.
 _PREFIXES_KEPT = 16
 _FORBIDDEN = frozenset("\r\n\0")
@@ -113,7 +115,7 @@ class LeanClient(httpx2.Client):
         and the client's headers (made once per method and URL), then the request's own."""
         if (
             method not in ("GET", "POST")
-            or kwargs.keys() - {"content", "headers", "extensions"}
+            or any(value is not None for name, value in kwargs.items() if name not in _LEAN_ARGUMENTS)
             or (method == "POST") != isinstance(kwargs.get("content"), bytes)
             or self._auth is not None
             or self.event_hooks["response"]

@@ -29,7 +29,7 @@ class Answer:
     """A 2xx answer, read whole."""
 
     status: int
-    headers: httpx2.Headers
+    headers: Mapping[str, str]
     body: bytes
 
 
@@ -63,25 +63,22 @@ class RestClient:
         headers = self._headers()
         budget.charge()
         deadline = Deadline(self._config.timeouts.read)
-        request = self._http.build_request(
-            method,
-            self._base + path,
-            json=json_body,
-            params=params,
-            headers=headers,
-            extensions=self._request_timeouts.extension(),
-        )
         started = time.monotonic()
         try:
-            answer = self._http.send(request, stream=True)
-            try:
+            # A GET with neither body nor query (a status read) is one a LeanClient may send itself.
+            with self._http.stream(
+                method,
+                self._base + path,
+                json=json_body,
+                params=params,
+                headers=headers,
+                extensions=self._request_timeouts.extension(),
+            ) as answer:
                 ok = 200 <= answer.status_code < 300
                 if ok:
                     body = read_bounded(answer, self._config.limits.max_body_bytes, deadline, what=what)
                 else:
                     body = read_error_body(answer)
-            finally:
-                answer.close()
             if ok:
                 return Answer(answer.status_code, answer.headers, body)
         except ReadBudgetExceeded:
