@@ -52,6 +52,7 @@ from adapters.errors import (
     WrongTaskMode,
 )
 from adapters.google_credentials import GoogleToken
+from adapters.lean_client import LeanClient, LeanRoute
 from adapters.loop_transport import LoopTransport
 from adapters.mcp_2025_11_25 import McpTasksAdapter
 from adapters.mcp_2026_07_28.discovery import detect as detect_generation
@@ -105,6 +106,8 @@ __all__ = [  # noqa: RUF022
     "KeyedRounds",
     "Limits",
     "LookupResult",
+    "LeanClient",
+    "LeanRoute",
     "LoopTransport",
     "MAX_CONNECTIONS",
     "McpTasksAdapter",

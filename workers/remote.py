@@ -19,6 +19,7 @@ from adapters import (
     MAX_CONNECTIONS,
     AdapterConfig,
     AdapterRegistry,
+    LeanClient,
     Limits,
     LoopTransport,
     SocketTransport,
@@ -27,7 +28,6 @@ from adapters import (
     ToolRoute,
     default_registry,
 )
-from adapters.lean_client import LeanClient
 from workers.auth import TokenProviders
 from workers.budget import BUDGET_HEADER, label_request, take_label
 from workers.errors import UnknownServer
