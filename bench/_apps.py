@@ -286,7 +286,8 @@ def record_sends(directory: str) -> None:
     request, ``<time> <budget>``, in ``<pid>.sent``, taken as httpx2's transport is handed the request (its
     ``Longcall-Budget`` header names the budget; requests without one are not recorded), or a status
     reads' transport is (``adapters.socket_transport.SocketTransport``,
-    ``adapters.loop_transport.LoopTransport``)."""
+    ``adapters.loop_transport.LoopTransport``), or the adapter's client writes it on the status reads'
+    sockets itself (``SocketTransport.send_bytes``: ``adapters.lean_client``)."""
     import httpx2  # noqa: PLC0415 - only when asked
 
     from adapters.loop_transport import LoopTransport  # noqa: PLC0415
@@ -307,6 +308,19 @@ def record_sends(directory: str) -> None:
     httpx2.HTTPTransport.handle_request = recorded(httpx2.HTTPTransport.handle_request)  # type: ignore[method-assign]
     LoopTransport.handle_request = recorded(LoopTransport.handle_request)  # type: ignore[method-assign]
     SocketTransport.handle_request = recorded(SocketTransport.handle_request)  # type: ignore[method-assign]
+    send_bytes = SocketTransport.send_bytes
+    label = f"\r\n{BUDGET_HEADER}: ".encode().lower()
+
+    def recorded_send_bytes(self: SocketTransport, url: Any, request: bytes, timeouts: Any) -> Any:
+        # a request the adapter's client sends itself (adapters.lean_client): its budget in its head
+        head = request.split(b"\r\n\r\n", 1)[0].lower()
+        at = head.find(label)
+        if at >= 0:
+            budget = head[at + len(label) :].split(b"\r\n", 1)[0].decode("ascii")
+            log.add(f"{time.time():.6f} {budget}\n")
+        return send_bytes(self, url, request, timeouts)
+
+    SocketTransport.send_bytes = recorded_send_bytes  # type: ignore[method-assign]
 
 
 if "BENCH_PROFILE_DIR" in os.environ:
