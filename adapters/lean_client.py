@@ -103,8 +103,15 @@ class LeanClient(httpx2.Client):
         except BaseException:
             route.counted(None)
             raise
-        route.counted(lean.status_code)
         with lean:
+            route.counted(lean.status_code)
+            if "set-cookie" in lean.headers:
+                # kept as httpx2 keeps it (a sticky-session load balancer's): the next request sends it
+                self.cookies.extract_cookies(
+                    httpx2.Response(
+                        lean.status_code, headers=lean.headers.raw, request=httpx2.Request(method, target)
+                    )
+                )
             # what of an httpx2 Response the adapters read (adapters.socket_transport.LeanAnswer)
             yield cast(httpx2.Response, lean)
 
@@ -158,8 +165,13 @@ class LeanClient(httpx2.Client):
         self, method: str, url: httpx2.URL | str, own: list[tuple[bytes, bytes]]
     ) -> tuple[httpx2.URL, bytes] | None:
         target = self._merge_url(url)
-        if target.scheme not in ("http", "https") or not target.raw_host or target.fragment:
-            return None
+        if (
+            target.scheme not in ("http", "https")
+            or not target.raw_host
+            or target.fragment
+            or target.userinfo
+        ):
+            return None  # a user and password in the URL: httpx2's basic auth
         if self._transport_for_url(target) is not self._transport:
             return None  # a transport mounted for it (a proxy given to the client)
         if any(_has_break(name) or _has_break(value) for name, value in own):

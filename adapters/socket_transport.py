@@ -45,12 +45,12 @@ import ssl
 import threading
 import time
 import weakref
-import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import httptools
 import httpx2
+from httpx2._decoders import MultiDecoder  # httpx2's own: what its client advertises, bounded
 
 from adapters.answer_within import late, read_wait
 
@@ -290,14 +290,16 @@ class _Body(httpx2.SyncByteStream):
 
 class AnswerHeaders(Mapping[str, str]):
     """An answer's header fields as httpx2's ``Headers`` reads them: names in any case, a name sent more
-    than once read as its values joined by ``", "``."""
+    than once read as its values joined by ``", "``, every value decoded with the one encoding that
+    decodes them all (ASCII, else UTF-8, else Latin-1)."""
 
     def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
         self.raw = raw
+        encoding = _encoding_of(raw)
         self._fields: dict[str, str] = {}
         for name, value in raw:
             key = name.decode("latin-1").lower()
-            text = _header_text(value)
+            text = value.decode(encoding)
             self._fields[key] = f"{self._fields[key]}, {text}" if key in self._fields else text
 
     def __getitem__(self, name: str) -> str:
@@ -313,38 +315,16 @@ class AnswerHeaders(Mapping[str, str]):
         return len(self._fields)
 
 
-def _header_text(value: bytes) -> str:
-    try:
-        return value.decode("utf-8")
-    except UnicodeDecodeError:
-        return value.decode("latin-1")
-
-
-class _Inflate:
-    """One ``Content-Encoding`` undone as httpx2 undoes it: ``gzip``, or ``deflate`` (zlib's wrapper, or
-    none, as servers send either)."""
-
-    def __init__(self, coding: str) -> None:
-        self._gzip = coding == "gzip"
-        self._first = True
-        self._inflater = zlib.decompressobj(zlib.MAX_WBITS | 16 if self._gzip else zlib.MAX_WBITS)
-
-    def __call__(self, data: bytes) -> bytes:
-        first, self._first = self._first, False
+def _encoding_of(raw: list[tuple[bytes, bytes]]) -> str:
+    for encoding in ("ascii", "utf-8"):
         try:
-            return self._inflater.decompress(data)
-        except zlib.error as exc:
-            if first and not self._gzip:  # deflate without zlib's wrapper
-                self._inflater = zlib.decompressobj(-zlib.MAX_WBITS)
-                return self(data)
-            coding = "gzip" if self._gzip else "deflate"
-            raise httpx2.DecodingError(f"the answer's {coding} body: {exc}") from exc
-
-    def flush(self) -> bytes:
-        try:
-            return self._inflater.flush()
-        except zlib.error as exc:
-            raise httpx2.DecodingError(str(exc)) from exc
+            for name, value in raw:
+                name.decode(encoding)
+                value.decode(encoding)
+        except UnicodeDecodeError:
+            continue
+        return encoding
+    return "iso-8859-1"
 
 
 class LeanAnswer:
@@ -375,24 +355,17 @@ class LeanAnswer:
             self.close()
 
     def iter_bytes(self) -> Iterator[bytes]:
-        codings = [
-            c.strip().lower() for c in self.headers.get("content-encoding", "").split(",") if c.strip()
-        ]
-        steps = [_Inflate(c) for c in reversed(codings) if c in ("gzip", "deflate")]
-        if not steps:
+        """The body with its ``Content-Encoding`` undone by httpx2's own decoders, as httpx2 undoes it (the
+        codings it supports and advertises, at most five, each call inflating at most 1 MiB: a small
+        answer that inflates to gigabytes is refused by the reader's cap as it comes, not held whole)."""
+        codings = [coding.strip().lower() for coding in self.headers.get("content-encoding", "").split(",")]
+        decoder = MultiDecoder([coding for coding in codings if coding and coding != "identity"])
+        if not decoder.children:
             yield from self.iter_raw()
             return
         for raw in self.iter_raw():
-            chunk = raw
-            for step in steps:
-                chunk = step(chunk)
-            if chunk:
-                yield chunk
-        tail = b""
-        for step in steps:
-            tail = (step(tail) if tail else b"") + step.flush()
-        if tail:
-            yield tail
+            yield from (chunk for chunk in decoder.decode(raw) if chunk)
+        yield from (chunk for chunk in decoder.flush() if chunk)
 
     def close(self) -> None:
         self._exchange.close()

@@ -21,6 +21,7 @@ and the MCP 2025-11-25 session under its lock), the lease keeper (one thread, a 
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import heapq
 import itertools
@@ -57,8 +58,8 @@ R = TypeVar("R")
 THREAD_PREFIX = "longcall-member"
 #: How long a server's first waiting member may wait past its time, no member thread free, before one more
 #: thread is started for it (:class:`_MemberThreads`), and how often one more while that lasts.
-GROW_AFTER_S = 0.05
-GROW_EVERY_S = 0.005
+GROW_AFTER_S = 0.02
+GROW_EVERY_S = 0.002
 #: How long a member thread with nothing to run waits for a member before it ends.
 IDLE_EXIT_S = 30.0
 
@@ -131,6 +132,7 @@ class _Process:
         self.running: dict[str, int] = {}
         self.shed_said: dict[str, float] = {}
         self.stragglers: Stragglers | None = None
+        self.growth: Stragglers | None = None
 
     def pool(self, server: str, size: int) -> _MemberThreads:
         with self.lock:
@@ -185,20 +187,22 @@ class _MemberThreads:
             if not future.set_running_or_notify_cancel():
                 return
             try:
-                result = run()
+                # a context of its own: nothing a member sets (its log context, a charged budget's label)
+                # is left on the thread for the next one
+                result = contextvars.Context().run(run)
             except BaseException as exc:  # noqa: BLE001 -- the future holds whatever ended the member
                 future.set_exception(exc)
             else:
                 future.set_result(result)
 
         with self._lock:
+            if self._threads == 0:
+                self._start()  # raises before the member is queued when no thread can be started
             heapq.heappush(self._queue, (not_before, next(self._order), call))
             if self._leader:
                 self._lead.notify()  # its wait may be for a later member
             elif self._followers:
                 self._followers.pop().set()
-            elif self._threads == 0:
-                self._start()
             self._check(max(not_before, time.monotonic()) + GROW_AFTER_S)
         return future
 
@@ -207,16 +211,21 @@ class _MemberThreads:
             return self._threads
 
     def _start(self) -> None:
-        """One more thread (under the lock)."""
-        self._threads += 1
+        """One more thread (under the lock).
+
+        Raises:
+            RuntimeError: the thread could not be started (the count stays as it was).
+        """
         name = f"{THREAD_PREFIX}-{self._server}_{next(self._order)}"
         threading.Thread(target=self._run, name=name, daemon=True).start()
+        self._threads += 1
 
     def _check(self, when: float) -> None:
-        """Look at ``when`` whether the threads keep up (under the lock)."""
+        """Look at ``when`` whether the threads keep up (under the lock), on the process's growth timer: a
+        timer of its own, which nothing else (a batch's record written late) holds up."""
         if self._check_at is None or when < self._check_at:
             self._check_at = when
-            Stragglers.of_process().at(when, self._keeping_up)
+            growth_timer().at(when, self._keeping_up)
 
     def _keeping_up(self) -> None:
         """A member waiting :data:`GROW_AFTER_S` past its time, no thread free: one more thread."""
@@ -232,7 +241,10 @@ class _MemberThreads:
                 self._check(first + GROW_AFTER_S)
                 return
             if not self._leader and not self._followers and self._threads < self._size:
-                self._start()
+                try:
+                    self._start()
+                except RuntimeError:  # the process has no room for a thread now: the next look tries again
+                    log.warning("no member thread could be started for %s", self._server, exc_info=True)
             self._check(now + GROW_EVERY_S)
 
     def _run(self) -> None:
@@ -367,6 +379,15 @@ class Stragglers:
                 finish()
             except Exception:
                 log.exception("a timed call of the member threads (%r) failed", finish)
+
+
+def growth_timer() -> Stragglers:
+    """The process's timer of the member threads' looks at whether they keep up (:class:`_MemberThreads`),
+    apart from the batches' (:meth:`Stragglers.of_process`), whose calls write to the ledger."""
+    with _process.lock:
+        if _process.growth is None:
+            _process.growth = Stragglers()
+        return _process.growth
 
 
 def run_side_by_side(

@@ -4,6 +4,7 @@ record for a bound only (``workers/poll_batch.py``)."""
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import threading
 import time
@@ -210,3 +211,44 @@ def test_a_members_exception_is_its_futures() -> None:
     future = members.submit(_server(), 2, fails)
     with pytest.raises(ValueError, match="the member's own"):
         future.result(timeout=5)
+
+
+_SEEN: contextvars.ContextVar[str | None] = contextvars.ContextVar("test_members_seen", default=None)
+
+
+def test_nothing_a_member_sets_in_its_context_is_left_for_the_next_one_on_its_thread() -> None:
+    """A charged budget's label or a log context a member leaves behind (a charge its request never
+    followed) is not the next member's: each runs in a context of its own."""
+    server = _server()
+
+    def leaves() -> int:
+        _SEEN.set("the first member's")
+        return threading.get_ident()
+
+    def reads() -> tuple[int, str | None]:
+        return threading.get_ident(), _SEEN.get()
+
+    first = members.submit(server, 4, leaves).result(timeout=5)
+    thread, seen = members.submit(server, 4, reads).result(timeout=5)
+    assert thread == first  # the same thread ran both
+    assert seen is None
+
+
+def test_the_threads_grow_while_the_batches_timer_is_held_up() -> None:
+    """The looks at whether a server's threads keep up run on a timer of their own: a batch's record held up
+    by a slow ledger (on the batches' timer) holds up no server's growth."""
+    release = threading.Event()
+
+    def held_up() -> None:
+        release.wait(20)
+
+    members.Stragglers.of_process().at(time.monotonic(), held_up)
+    try:
+        together = threading.Barrier(4, timeout=10)
+        futures = [members.submit(_server_for_growth, 4, together.wait) for _ in range(4)]
+        assert sorted(future.result(timeout=15) for future in futures) == list(range(4))
+    finally:
+        release.set()
+
+
+_server_for_growth = f"threads-{uuid.uuid4()}"

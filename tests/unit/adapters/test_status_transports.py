@@ -26,7 +26,8 @@ from typing import Any, cast
 import httpx2
 import pytest
 
-from adapters import Limits, OutcomeUnknown, RemoteRef, Timeouts, http_client, loop_transport
+from adapters import AnswerTooLarge, Limits, OutcomeUnknown, RemoteRef, Timeouts, http_client, loop_transport
+from adapters.http_answers import read_bounded
 from adapters.lean_client import LeanClient
 from adapters.loop_transport import LoopTransport
 from adapters.socket_transport import SocketTransport
@@ -186,6 +187,14 @@ class _Handler(QuietHandler):
             except OSError:
                 pass  # the client gave up: what the test wants
             self.close_connection = True
+        elif path == "/bomb":
+            # 16 MiB of zeros, gzipped twice: a few KiB on the wire
+            layers = int(self.headers.get("x-layers", "2"))
+            bomb = b"\0" * (16 * 2**20)
+            for _ in range(layers):
+                bomb = gzip.compress(bomb)
+            coding = ", ".join(["gzip"] * layers)
+            self.answer(200, bomb, "application/json", extra=(("Content-Encoding", coding),))
         elif path == "/task":
             request = json.loads(body)
             task = {
@@ -842,6 +851,7 @@ def test_a_lean_read_goes_as_httpx2_sends_it_and_reads_the_same(
     assert route.taken == 1
     assert mine == full
     # ... and with the label the route gave, and each header once
+    client.cookies.clear()  # kept from the lean answer too: with it the next request goes by httpx2
     with client.stream("POST", served.url + "/echo", content=b"{}", headers=_MCP_HEADERS) as answer:
         seen = json.loads(b"".join(answer.iter_bytes()))
     assert [BUDGET_HEADER.lower(), "poll"] in seen["headers"]
@@ -932,6 +942,63 @@ def test_a_read_to_a_url_with_a_transport_mounted_for_it_goes_through_httpx2_to_
     assert route.taken == 0
     assert mounted.seen == ["/echo"]
     assert served.server.hits["/echo"] == 0
+
+
+def test_a_lean_read_inflates_a_compressed_answer_a_bounded_piece_at_a_time(
+    served: Served, lean: tuple[LeanClient, _Route]
+) -> None:
+    """As httpx2 inflates: at most 1 MiB a piece, so a small answer that inflates to far more is refused by
+    the reader's cap as it comes, never held whole."""
+    client, route = lean
+    headers = {**_MCP_HEADERS, "X-Layers": "2"}
+    with client.stream("POST", served.url + "/bomb", content=b"{}", headers=headers) as answer:
+        pieces = answer.iter_bytes()
+        first = [len(next(pieces)) for _ in range(3)]
+    assert route.taken == 1
+    assert max(first) <= 2**20
+    with (
+        client.stream("POST", served.url + "/bomb", content=b"{}", headers=headers) as answer,
+        pytest.raises(AnswerTooLarge),
+    ):
+        read_bounded(answer, 4 * 2**20, None)
+
+
+def test_a_lean_read_refuses_more_codings_than_httpx2_undoes(
+    served: Served, lean: tuple[LeanClient, _Route]
+) -> None:
+    client, _ = lean
+    headers = {**_MCP_HEADERS, "X-Layers": "6"}
+    with (
+        client.stream("POST", served.url + "/bomb", content=b"{}", headers=headers) as answer,
+        pytest.raises(httpx2.DecodingError),
+    ):
+        b"".join(answer.iter_bytes())
+
+
+def test_a_cookie_a_lean_answer_sets_is_kept_and_sent_back(
+    served: Served, lean: tuple[LeanClient, _Route]
+) -> None:
+    """A sticky-session load balancer's cookie set on a status read is kept as httpx2 keeps it: the next
+    request goes through httpx2 with it."""
+    client, route = lean
+    _echo(client, served.url)  # the answer sets lb=a1
+    assert route.taken == 1
+    assert client.cookies.get("lb") == "a1"
+    with client.stream("POST", served.url + "/echo", content=b"{}", headers=_MCP_HEADERS) as answer:
+        seen = json.loads(answer.read())
+    assert ["cookie", "lb=a1"] in seen["headers"]
+    assert route.taken == 1
+
+
+def test_a_url_with_a_user_and_password_goes_through_httpx2_with_basic_auth(
+    served: Served, lean: tuple[LeanClient, _Route]
+) -> None:
+    client, route = lean
+    url = served.url.replace("http://", "http://user:secret@")
+    with client.stream("POST", url + "/echo", content=b"{}", headers={"Accept": "*/*"}) as answer:
+        seen = json.loads(answer.read())
+    assert route.taken == 0
+    assert dict(seen["headers"])["authorization"].startswith("Basic ")
 
 
 def test_a_client_with_a_cookie_sends_its_reads_through_httpx2_with_it(
