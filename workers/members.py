@@ -58,7 +58,7 @@ R = TypeVar("R")
 THREAD_PREFIX = "longcall-member"
 #: How long a server's first waiting member may wait past its time, no member thread free, before one more
 #: thread is started for it (:class:`_MemberThreads`), and how often one more while that lasts.
-GROW_AFTER_S = 0.02
+GROW_AFTER_S = 0.03
 GROW_EVERY_S = 0.002
 #: How long a member thread with nothing to run waits for a member before it ends.
 IDLE_EXIT_S = 30.0
