@@ -9,8 +9,8 @@ each the same POST to the same endpoint but for its body and its headers.
 
 :class:`LeanClient` is httpx2's client. Given a :class:`LeanRoute` (by the worker, for the requests its
 poll budget paid for), it sends those requests itself: their head written from a prefix made once per
-method and URL (the request line, ``Host`` and the client's own headers) and the request's headers,
-its body after, on the route's :class:`SocketTransport`, and the answer handed back as a
+method and URL (the request line and ``Host``), the request's headers and the client's own it does not
+override, its body after, on the route's :class:`SocketTransport`, and the answer handed back as a
 :class:`~adapters.socket_transport.LeanAnswer`: what of httpx2's ``Response`` the adapters read. What goes
 on the wire is what httpx2 would send, in another order of the header lines. Every other request, and any
 request this client cannot send as httpx2 would, goes through httpx2's client as before:
@@ -169,9 +169,9 @@ class LeanClient(httpx2.Client):
             target.scheme not in ("http", "https")
             or not target.raw_host
             or target.fragment
-            or target.userinfo
+            or target.userinfo  # a user and password in the URL: httpx2 sends them as basic auth
         ):
-            return None  # a user and password in the URL: httpx2's basic auth
+            return None
         if self._transport_for_url(target) is not self._transport:
             return None  # a transport mounted for it (a proxy given to the client)
         if any(_has_break(name) or _has_break(value) for name, value in own):

@@ -352,10 +352,9 @@ class Executor:
             row = rows.get(member.op_id)
             server = row.server if row is not None else ""
             budget = slots.get(member.op_id)
-            run = functools.partial(
-                self._run_member, batch, index, member, row=row, budget=budget, started=started
-            )
-            # Started at its due time and its slot, not to wait for them on a thread (workers.members).
+            run = functools.partial(self._run_member, batch, index, member, row=row, budget=budget)
+            # Started at its due time (the dispatcher's delays are within one tick: a wait past it is not
+            # one of its own) and its slot, not waiting for them on a thread (workers.members).
             not_before = started + min(member.wait_s, tick)
             if budget is not None and budget.slot_at is not None:
                 not_before = max(not_before, budget.slot_at)
@@ -522,17 +521,12 @@ class Executor:
         *,
         row: Operation | None,
         budget: TokenBudget | None,
-        started: float,
     ) -> None:
         """One member, on a member thread (its claim held in this process by :meth:`start_batch`): its answer
         goes to ``batch``, which lets the claim go once its step is recorded."""
         fence = None
         try:
-            if budget is None:
-                # The dispatcher's delays are within one tick; a wait past it is not one of its own.
-                wait = min(member.wait_s, self.rt.settings.dispatch_interval_s) - (time.monotonic() - started)
-                if wait > 0:
-                    time.sleep(wait)  # never before its due time (rule 3), bounded by one dispatch tick
+            # Started no earlier than its due time (rule 3) by the member threads (``not_before``).
             step = self._member_step(member, row, budget)
             if step.unchanged and row is not None:
                 fence = Fence(row.execution_epoch, row.cancel_generation, member.cursor)

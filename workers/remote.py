@@ -31,7 +31,7 @@ from adapters import (
 from workers.auth import TokenProviders
 from workers.budget import BUDGET_HEADER, label_request, take_label
 from workers.errors import UnknownServer
-from workers.request_outcomes import CountingTransport, RequestOutcomes, outcome_of
+from workers.request_outcomes import CountingTransport, RequestOutcomes
 from workers.settings import FleetConfig, ServerConfig
 
 #: The transports the status reads of the polls may go on apart (``Settings.status_reads``), by name; with
@@ -92,7 +92,7 @@ class StatusReadsRoute:
 
     def counted(self, status: int | None) -> None:
         if self._outcomes is not None:
-            self._outcomes.add(self._server, "poll", "no_answer" if status is None else outcome_of(status))
+            self._outcomes.answered(self._server, "poll", status)
 
 
 class RemotePool:

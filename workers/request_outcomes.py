@@ -72,6 +72,10 @@ class RequestOutcomes:
         self._counts: collections.Counter[tuple[str, str, str]] = collections.Counter()
         self._flusher: threading.Thread | None = None
 
+    def answered(self, server: str, budget: str, status: int | None) -> None:
+        """A request of ``server`` paid by ``budget`` was answered with ``status``, or not at all (None)."""
+        self.add(server, budget, "no_answer" if status is None else outcome_of(status))
+
     def add(self, server: str, budget: str, outcome: str) -> None:
         with self._lock:
             self._counts[(server, budget, outcome)] += 1
@@ -133,9 +137,9 @@ class CountingTransport(httpx2.BaseTransport):
         try:
             response = self._inner.handle_request(request)
         except Exception:
-            self._outcomes.add(self._server, budget, "no_answer")
+            self._outcomes.answered(self._server, budget, None)
             raise
-        self._outcomes.add(self._server, budget, outcome_of(response.status_code))
+        self._outcomes.answered(self._server, budget, response.status_code)
         return response
 
     def close(self) -> None:

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import httpx2
 import pytest
@@ -1023,8 +1023,10 @@ def test_a_lean_event_stream_answer_is_read_to_its_response_and_keeps_its_connec
     assert served.server.connections == 1
 
 
-class _Outcomes:
-    def __init__(self) -> None:
+class _Outcomes(RequestOutcomes):
+    """The counts kept here (no Redis): what ``answered`` adds."""
+
+    def __init__(self) -> None:  # no Redis, no flush
         self.added: list[tuple[str, str, str]] = []
 
     def add(self, server: str, budget: str, outcome: str) -> None:
@@ -1053,7 +1055,7 @@ def test_a_workers_mcp_status_read_goes_lean_and_is_counted_under_poll(
         }
     )
     outcomes = _Outcomes()
-    pool = RemotePool(fleet, outcomes=cast(RequestOutcomes, outcomes))
+    pool = RemotePool(fleet, outcomes=outcomes)
     ref = RemoteRef(remote_id="t1", session_ref=None, protocol_version="2025-11-25", protocol="mcp")
     try:
         adapter = pool.adapter("mcp")
