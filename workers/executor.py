@@ -346,8 +346,24 @@ class Executor:
                 member_threads.leave(row.server if row is not None else "")
             self._let_go(batch, members, admitted, exc)
             raise
+        self._start_members(batch, members, admitted, rows=rows, slots=slots, started=started)
+        return batch
+
+    def _start_members(
+        self,
+        batch: PollBatch,
+        members: Sequence[PollMember],
+        admitted: Sequence[int],
+        *,
+        rows: Mapping[uuid.UUID, Operation],
+        slots: Mapping[uuid.UUID, TokenBudget],
+        started: float,
+    ) -> None:
+        """The admitted members, each on its server's member threads (``workers.members``) from its due time
+        (at most one dispatch tick on) and its booked slot."""
+        tick = self.rt.settings.dispatch_interval_s
         threads = member_threads.server_threads(self.rt.settings.poll_batch)
-        for index in admitted:
+        for position, index in enumerate(admitted):
             member = members[index]
             row = rows.get(member.op_id)
             server = row.server if row is not None else ""
@@ -358,10 +374,27 @@ class Executor:
             not_before = started + min(member.wait_s, tick)
             if budget is not None and budget.slot_at is not None:
                 not_before = max(not_before, budget.slot_at)
-            member_threads.submit(
-                server, threads, functools.partial(_then_leave, run, server), not_before=not_before
-            )
-        return batch
+            try:
+                member_threads.submit(
+                    server, threads, functools.partial(_then_leave, run, server), not_before=not_before
+                )
+            except RuntimeError as exc:
+                # No thread could be started in this process (its limit of threads or of memory): this
+                # member and the ones after it are not started; their room and their claims go back, and
+                # each is due when its lease runs out. The members started already run as before.
+                rest = admitted[position:]
+                for later in rest:
+                    row = rows.get(members[later].op_id)
+                    member_threads.leave(row.server if row is not None else "")
+                self._let_go(batch, members, rest, exc)
+                log.warning(
+                    "no member thread could be started for %d of a batch's %d polls (%s); %s",
+                    len(rest),
+                    len(members),
+                    exc,
+                    AGAIN_AFTER_LEASE,
+                )
+                break
 
     @staticmethod
     def _let_go(

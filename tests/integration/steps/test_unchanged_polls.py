@@ -596,3 +596,36 @@ def test_shed_polls_whose_hand_back_fails_unexpectedly_leave_nothing_held_in_the
     _due_now(executor, ids)
     steps, _ = _batch_on(again, _claim(executor, 4))
     assert [s.action for s in steps] == [StepAction.STILL_WORKING] * 4  # the process's room is whole
+
+
+def test_a_batch_whose_member_thread_cannot_start_lets_its_members_go_and_holds_nothing(
+    mcp_executor: tuple[McpServer, Executor],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The process cannot start a member thread (``threading`` raises ``RuntimeError`` when it is at its
+    limit of threads or of memory) for a server none of whose threads is alive. The batch's members are
+    answered DEFERRED (each due when its lease runs out), and the process holds neither their room nor
+    their claims: the next batch, with a thread to run on, polls them all. Before, the error escaped the
+    batch with every member after the failure admitted and held for good: the process shed that server's
+    polls ever after and never ran those claims again."""
+    mcp, executor = mcp_executor
+    ids = _submit(executor, 4)
+    _due_now(executor, ids)
+    claims = _claim(executor, 4)
+    reads_before = sum(1 for e in mcp.log() if e["method"] == "tasks/get")
+
+    def no_room(self: object) -> None:
+        raise RuntimeError("can't start new thread")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(members._process, "pools", {})  # no thread alive for the server: the submit starts one
+        patch.setattr(members._MemberThreads, "_start", no_room)
+        steps = executor.advance_batch([PollMember(d.op_id, d.cursor) for d in claims])
+
+    assert [s.action for s in steps] == [StepAction.DEFERRED] * 4, steps
+    assert sum(1 for e in mcp.log() if e["method"] == "tasks/get") == reads_before  # nothing was sent
+    assert members.in_flight() == 0
+    assert not members.running()
+    # The same claims, run by a copy of the message with threads to run on, are polled (not "running").
+    steps = executor.advance_batch([PollMember(d.op_id, d.cursor) for d in claims])
+    assert [s.action for s in steps] == [StepAction.STILL_WORKING] * 4, steps
