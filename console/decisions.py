@@ -40,7 +40,8 @@ from workers.runtime import Runtime
     "--terminal",
     type=click.Choice(["completed", "failed", "cancelled"]),
     default=None,
-    help="Resolve with this terminal state, read from the server by the operator (with --evidence).",
+    help="Resolve with this terminal state, read from the server by the operator (with --evidence); "
+    "'cancelled' is refused unless the server's status says so too or the server no longer knows the task.",
 )
 @click.option(
     "--close", "close_id", type=int, default=None, help="Close reconciliation record ID as handled."

@@ -21,14 +21,16 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from adapters import SHIPPED
+import redis
+
+from adapters import SHIPPED, AdapterError, NotFound, RemoteRef
 from ledger.errors import StaleTransition
 from ledger.events import EventKind
 from ledger.reasons import ReconciliationReason
 from ledger.records import Fence, Operation
 from ledger.states import OpState, TerminalKind
-from workers.errors import WrongState
-from workers.steps.context import StepAction, StepContext, StepOutcome
+from workers.errors import NoToken, UnknownServer, WrongState
+from workers.steps.context import StepAction, StepContext, StepOutcome, describe
 from workers.steps.input_rounds import found_again
 from workers.steps.result import accept, failed_here, fetch, result_json, storable
 
@@ -280,6 +282,10 @@ def resolve(ctx: StepContext, op: Operation, resolution: Resolution) -> Operatio
         # be stored): the failed result held is the operator's word.
         message = f"ended failed by {resolution.actor}, with no result from the server: {resolution.evidence}"
         held = storable(ctx, result_json(failed_here(message)))
+    if remote_id is not None and resolution.terminal is TerminalKind.CANCELLED:
+        # A cancelled end has no result whose read would correct it (a completed or failed one is read, and
+        # the result wins): the server's status is asked here instead.
+        detail["status_read"] = _cancelled_on_the_server(ctx, op, remote_id)
     return ctx.ledger.resolve_terminal(
         op.id,
         fence,
@@ -288,6 +294,48 @@ def resolve(ctx: StepContext, op: Operation, resolution: Resolution) -> Operatio
         detail=detail,
         resolution=note,
         result=held,
+    )
+
+
+def _cancelled_on_the_server(ctx: StepContext, op: Operation, remote_id: str) -> str:
+    """An operator's "cancelled" for an operation the server knows as ``remote_id``, held against the
+    server's own word: one status read, charged to the server's control budget. Taken when the server says
+    cancelled, or no longer knows the task (its record expired or purged), or is not in this fleet's
+    configuration (nothing can be asked); what the read said is returned for the event.
+
+    Raises:
+        WrongState: the server says the task runs, waits for input or ended otherwise, or could not be
+            asked now (no token, unreachable, an error): nothing is written, and the message says what to
+            do instead.
+    """
+    remote = RemoteRef(remote_id, op.session_ref, op.protocol_version, op.protocol)
+    try:
+        status = ctx.adapter(op).get(
+            remote, read_input=False, budget=ctx.budget.per_request(op.server, "control")
+        )
+    except UnknownServer as exc:
+        return f"not read: {exc}"
+    except NotFound as exc:
+        return f"the server does not know it: {describe(exc)}"
+    except (NoToken, AdapterError, redis.RedisError) as exc:
+        if isinstance(exc, AdapterError):
+            ctx.budget.hold(op.server, exc)  # a wait the server asked for holds for the fleet as well
+        raise WrongState(
+            f"the status of {remote_id} on {op.server} could not be read ({describe(exc)}): --terminal "
+            "cancelled is taken once the server says cancelled or no longer knows the task; try again"
+        ) from exc
+    if status.terminal == TerminalKind.CANCELLED.value:
+        return status.server_state
+    if status.terminal is None:
+        raise WrongState(
+            f"the server says {remote_id} on {op.server} is {status.server_state!r}, not ended: resolve "
+            f"operation {op.id} with --found {remote_id} (it is polled again, and a cancel asked of it is "
+            f"sent), then `longcall cancel {op.id}` if it is to end"
+        )
+    raise WrongState(
+        f"the server says {remote_id} on {op.server} ended {status.terminal} "
+        f"({status.server_state!r}), not cancelled: resolve operation {op.id} with --terminal "
+        f"{status.terminal} (its result is read from the server)"
     )
 
 
