@@ -36,6 +36,9 @@ S = OpState
 
 #: A lease renewal's own statement timeout (``set_config(..., is_local)``: this transaction only).
 RENEWAL_TIMEOUT = text("SELECT set_config('statement_timeout', :ms, true)")
+#: How long a record of unchanged polls waits for a row lock another transaction holds (a takeover's update
+#: of every row, an operator's open transaction) before it gives up: its claims then run out.
+RECORD_LOCK_WAIT = "2s"
 
 
 class OperationMoves(GuardedWrites):
@@ -292,10 +295,15 @@ class OperationMoves(GuardedWrites):
         (``unchanged_polls``, ``last_polled_at``), the claim let go, no event (DESIGN §3); the next poll is
         due when the claim that sent the poll set it (``Ledger.claim_due_by_server`` with its default
         intervals). A member whose fence moved, or whose claim was let go already (a copy of its message ran
-        it), is not written: it is left out of the ids returned, and nothing is recorded for it."""
+        it), is not written: it is left out of the ids returned, and nothing is recorded for it.
+
+        It waits at most :data:`RECORD_LOCK_WAIT` for a row another transaction holds, then raises (the
+        process's straggler thread, which writes it when no batch's read comes first, is never held up by a
+        lock for longer)."""
         if not members:
             return set()
-        with self._one_statement() as conn:
+        with self._tx() as conn:
+            conn.execute(text(f"SET LOCAL lock_timeout = '{RECORD_LOCK_WAIT}'"))
             return self._record_unchanged(conn, members)
 
     def _record_unchanged(

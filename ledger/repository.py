@@ -33,7 +33,7 @@ from ledger.errors import OperationNotFound
 from ledger.events import EventKind
 from ledger.intent_moves import IntentMoves
 from ledger.listing import OperationListing
-from ledger.moves import OperationMoves
+from ledger.moves import RECORD_LOCK_WAIT, OperationMoves
 from ledger.outbox import OutboxTransactions
 from ledger.reasons import ReconciliationReason
 from ledger.records import Claim, Fence, Operation, Receipt, ReconciliationRecord, adapter_key
@@ -56,10 +56,6 @@ from ledger.submissions import Submissions
 
 #: The seed's gate: what no rule can decide is resolved by an operator within 15 minutes.
 DEFAULT_RECONCILE_DEADLINE_S = 900.0
-
-
-#: How long the record of earlier unchanged polls waits for a row lock before the batch's read goes alone.
-RECORD_LOCK_WAIT = "2s"
 
 
 class Ledger(

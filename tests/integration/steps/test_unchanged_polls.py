@@ -124,7 +124,8 @@ def _batch_on(runtime: Runtime, claims: list[Dispatch]) -> tuple[list[StepOutcom
 
 
 def _writes(sent: list[str]) -> list[str]:
-    return [s for s in sent if not s.lstrip().upper().startswith("SELECT")]
+    """The statements that write (not a read, not a setting of the transaction's, such as a lock wait)."""
+    return [s for s in sent if not s.lstrip().upper().startswith(("SELECT", "SET LOCAL"))]
 
 
 def test_a_batch_of_unchanged_polls_reads_once_and_writes_once(
@@ -142,7 +143,8 @@ def test_a_batch_of_unchanged_polls_reads_once_and_writes_once(
         steps = executor.advance_batch(members)
 
     assert [s.action for s in steps] == [StepAction.STILL_WORKING] * 6
-    assert len(sent) == 2, [s[:60] for s in sent]  # the batch's read of its rows, and its one write
+    # the batch's read of its rows, and its one write (after its lock wait's setting)
+    assert [s.split(" ", 1)[0] for s in sent] == ["SELECT", "SET", "UPDATE"], [s[:60] for s in sent]
     assert len(_writes(sent)) == 1
     assert sum(1 for e in mcp.log() if e["method"] == "tasks/get") == reads_before + 6
     for claim in claims:
@@ -243,6 +245,33 @@ def test_a_record_that_waits_on_a_locked_row_lets_the_next_batch_be_read_alone(
     )
     executor.rt.unrecorded.flush()
     assert [s.action for s in second_batch.wait(timeout_s=10)] == [StepAction.STILL_WORKING] * 2
+
+
+def test_a_record_flushed_alone_gives_up_on_a_locked_row_within_its_lock_wait(
+    slow_tick: tuple[McpServer, Executor],
+) -> None:
+    """With no next batch to ride on, a process's waiting record is written on its own (``flush``, on the
+    process's straggler thread). When a row it writes is locked (a takeover's update of every row, an
+    operator's open transaction), it gives up after the same lock wait as a record on a read: the batch
+    finishes, its claims left to run out. Before, the flush waited for the lock for as long as it was held,
+    and with it the straggler thread every batch of the process finishes on."""
+    _mcp, executor = slow_tick
+    ids = _submit(executor, 2)
+    _members, batch = _answered_unrecorded(executor, ids)
+
+    with executor.ledger.engine.connect() as locker:
+        locker.execute(text("SELECT 1 FROM tool_operation WHERE id = :id FOR UPDATE"), {"id": ids[0]})
+        flushed = threading.Thread(target=executor.rt.unrecorded.flush, daemon=True)
+        started = time.monotonic()
+        flushed.start()
+        flushed.join(timeout=8)
+        gave_up_s = time.monotonic() - started
+        locker.rollback()
+    assert not flushed.is_alive(), "the flush still waits for the locked row"
+    assert gave_up_s < 8
+    assert [s.action for s in batch.wait(timeout_s=5)] == [StepAction.STILL_WORKING] * 2
+    for op_id in ids:
+        assert executor.ledger.get(op_id).lease_until is not None  # unrecorded: due when its lease runs out
 
 
 def test_a_process_records_a_batchs_unchanged_polls_with_its_next_batchs_read(
