@@ -378,10 +378,11 @@ class Executor:
                 member_threads.submit(
                     server, threads, functools.partial(_then_leave, run, server), not_before=not_before
                 )
-            except RuntimeError as exc:
-                # No thread could be started in this process (its limit of threads or of memory): this
-                # member and the ones after it are not started; their room and their claims go back, and
-                # each is due when its lease runs out. The members started already run as before.
+            except Exception as exc:  # noqa: BLE001 -- whatever it is, the member was not queued
+                # No thread could be started in this process (its limit of threads or of memory: a member
+                # thread or the threads' timer): this member and the ones after it are not started; their
+                # room and their claims go back, and each is due when its lease runs out. The members
+                # started already run as before.
                 rest = admitted[position:]
                 for later in rest:
                     row = rows.get(members[later].op_id)

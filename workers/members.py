@@ -150,7 +150,11 @@ os.register_at_fork(after_in_child=_process.forget)
 def submit(server: str, size: int, run: Callable[[], R], *, not_before: float | None = None) -> Future[R]:
     """Run ``run`` on one of ``server``'s member threads in this process, no earlier than ``not_before``
     (``time.monotonic``; by default now): at most ``size`` of them, as few as keep up
-    (:class:`_MemberThreads`); a member past them waits in the server's own queue."""
+    (:class:`_MemberThreads`); a member past them waits in the server's own queue.
+
+    Raises:
+        RuntimeError: no thread could be started for it (the process at its limit); ``run`` will not run.
+    """
     when = time.monotonic() if not_before is None else not_before
     return _process.pool(server, size).submit(run, when)
 
@@ -196,14 +200,16 @@ class _MemberThreads:
                 future.set_result(result)
 
         with self._lock:
+            # Either may raise (no thread can be started: the process is at its limit): before the member is
+            # queued, so that a caller told so knows the member will not run.
             if self._threads == 0:
-                self._start()  # raises before the member is queued when no thread can be started
+                self._start()
+            self._check(max(not_before, time.monotonic()) + GROW_AFTER_S)
             heapq.heappush(self._queue, (not_before, next(self._order), call))
             if self._leader:
                 self._lead.notify()  # its wait may be for a later member
             elif self._followers:
                 self._followers.pop().set()
-            self._check(max(not_before, time.monotonic()) + GROW_AFTER_S)
         return future
 
     def threads(self) -> int:
@@ -224,8 +230,8 @@ class _MemberThreads:
         """Look at ``when`` whether the threads keep up (under the lock), on the process's growth timer: a
         timer of its own, which nothing else (a batch's record written late) holds up."""
         if self._check_at is None or when < self._check_at:
+            growth_timer().at(when, self._keeping_up)  # may raise: no look is set then; the next one tries
             self._check_at = when
-            growth_timer().at(when, self._keeping_up)
 
     def _keeping_up(self) -> None:
         """A member waiting :data:`GROW_AFTER_S` past its time, no thread free: one more thread."""
@@ -359,14 +365,17 @@ class Stragglers:
             return _process.stragglers
 
     def at(self, when: float, finish: Callable[[], None]) -> None:
-        """Call ``finish`` at ``when`` (``time.monotonic``)."""
+        """Call ``finish`` at ``when`` (``time.monotonic``).
+
+        Raises:
+            RuntimeError: the timer's thread could not be started; ``finish`` is not registered.
+        """
         with self._cond:
-            heapq.heappush(self._due, (when, next(self._order), finish))
             if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name=f"{THREAD_PREFIX}-stragglers", daemon=True
-                )
-                self._thread.start()
+                thread = threading.Thread(target=self._run, name=f"{THREAD_PREFIX}-stragglers", daemon=True)
+                thread.start()  # may raise (the process at its limit of threads): nothing is registered then,
+                self._thread = thread  # and the next call starts the thread again
+            heapq.heappush(self._due, (when, next(self._order), finish))
             self._cond.notify()
 
     def _run(self) -> None:

@@ -91,7 +91,14 @@ class RecordLater(Records):
             self._waiting.append((polls, settle))
             set_flush, self._flush_set = not self._flush_set, True
         if set_flush:
-            Stragglers.of_process().at(time.monotonic() + self._bound_s, self.flush)
+            try:
+                Stragglers.of_process().at(time.monotonic() + self._bound_s, self.flush)
+            except RuntimeError:
+                # No timer thread (the process at its limit of threads): what waits goes with the next
+                # batch's read, and the next hand-over sets the flush again.
+                with self._lock:
+                    self._flush_set = False
+                log.warning("no timer for the record of unchanged polls", exc_info=True)
 
     def take(self) -> Taken:
         """What waits to be recorded, taken (to be recorded by the caller, and settled by it)."""

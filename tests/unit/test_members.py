@@ -252,3 +252,26 @@ def test_the_threads_grow_while_the_batches_timer_is_held_up() -> None:
 
 
 _server_for_growth = f"threads-{uuid.uuid4()}"
+
+
+def test_a_timer_whose_thread_could_not_start_starts_it_at_its_next_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The process at its limit of threads: a timer's first call cannot start the timer's thread, and says
+    so (nothing registered). Its next call, once a thread can be started, starts it and is called. Before,
+    the thread was taken for started: the timer never ran anything again in the process (no batch's bound,
+    no growth of the member threads)."""
+    timer = members.Stragglers()
+    real = threading.Thread
+
+    class Refused(real):  # type: ignore[misc,valid-type]
+        def start(self) -> None:
+            raise RuntimeError("can't start new thread")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(threading, "Thread", Refused)
+        with pytest.raises(RuntimeError):
+            timer.at(time.monotonic(), lambda: None)
+    called = threading.Event()
+    timer.at(time.monotonic(), called.set)
+    assert called.wait(timeout=5), "the timer's thread was never started again"

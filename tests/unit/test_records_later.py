@@ -9,9 +9,11 @@ import threading
 import time
 import uuid
 
+import pytest
 from sqlalchemy.exc import OperationalError
 
 from ledger.records import Fence
+from workers.members import Stragglers
 from workers.poll_batch import PollBatch
 from workers.records_later import RecordLater
 from workers.steps.context import StepAction, StepOutcome
@@ -90,3 +92,25 @@ def test_a_record_that_meets_a_fault_finishes_its_batches_and_lets_their_claims_
     [step] = batch.wait(timeout_s=5)
     assert step.action is StepAction.STILL_WORKING  # due again when its lease runs out
     assert let_go == [op_id]
+
+
+class _NoTimer:
+    def at(self, when: float, finish: object) -> None:
+        raise RuntimeError("can't start new thread")
+
+
+def test_a_hand_over_whose_flush_could_not_be_set_has_it_set_by_the_next_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The process's timer cannot start its thread at the first hand-over: the flush is not set (what waits
+    goes with a batch's read), and the next hand-over sets it, so both are recorded at the bound. Before, the
+    flush was taken for set: with no batch's read to come, nothing waiting was ever recorded."""
+    recorder = _Recorder()
+    later = RecordLater(recorder, bound_s=0.05)
+    first, second = uuid.uuid4(), uuid.uuid4()
+    with monkeypatch.context() as patch:
+        patch.setattr(Stragglers, "of_process", _NoTimer)
+        later.put([(first, Fence(1, 0, 7))], lambda _result: None)
+    later.put([(second, Fence(1, 0, 7))], lambda _result: None)
+    assert recorder.called.wait(timeout=5), "nothing was recorded"
+    assert recorder.calls[0][1] == [first, second]

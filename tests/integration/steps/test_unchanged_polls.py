@@ -627,16 +627,27 @@ def test_shed_polls_whose_hand_back_fails_unexpectedly_leave_nothing_held_in_the
     assert [s.action for s in steps] == [StepAction.STILL_WORKING] * 4  # the process's room is whole
 
 
+class _NoTimer:
+    """The growth timer of a process that cannot start its thread."""
+
+    def at(self, when: float, finish: object) -> None:
+        raise RuntimeError("can't start new thread")
+
+
+@pytest.mark.parametrize("fails", ["member thread", "growth timer"])
 def test_a_batch_whose_member_thread_cannot_start_lets_its_members_go_and_holds_nothing(
     mcp_executor: tuple[McpServer, Executor],
     monkeypatch: pytest.MonkeyPatch,
+    fails: str,
 ) -> None:
-    """The process cannot start a member thread (``threading`` raises ``RuntimeError`` when it is at its
-    limit of threads or of memory) for a server none of whose threads is alive. The batch's members are
-    answered DEFERRED (each due when its lease runs out), and the process holds neither their room nor
-    their claims: the next batch, with a thread to run on, polls them all. Before, the error escaped the
-    batch with every member after the failure admitted and held for good: the process shed that server's
-    polls ever after and never ran those claims again."""
+    """The process cannot start a thread (``threading`` raises ``RuntimeError`` when it is at its limit of
+    threads or of memory) for a server none of whose member threads is alive: the member thread itself, or
+    the timer of the threads' growth (its first look, after the member thread started). The batch's members
+    are answered DEFERRED, none of them sent (each due when its lease runs out), and the process holds
+    neither their room nor their claims: the next batch, with threads to run on, polls them all. Before,
+    the error escaped the batch with every member after the failure admitted and held for good: the process
+    shed that server's polls ever after and never ran those claims again; and at the timer the member was
+    queued already: it ran after being answered DEFERRED, its room and claim given back while it ran."""
     mcp, executor = mcp_executor
     ids = _submit(executor, 4)
     _due_now(executor, ids)
@@ -646,10 +657,21 @@ def test_a_batch_whose_member_thread_cannot_start_lets_its_members_go_and_holds_
     def no_room(self: object) -> None:
         raise RuntimeError("can't start new thread")
 
+    def started_idle(self: members._MemberThreads) -> None:
+        self._threads += 1
+
     with monkeypatch.context() as patch:
         patch.setattr(members._process, "pools", {})  # no thread alive for the server: the submit starts one
-        patch.setattr(members._MemberThreads, "_start", no_room)
+        if fails == "member thread":
+            patch.setattr(members._MemberThreads, "_start", no_room)
+        else:
+            # The member thread counted as started but running nothing, so that a member queued in spite of
+            # the error stays in the queue for the test to see.
+            patch.setattr(members._MemberThreads, "_start", started_idle)
+            patch.setattr(members, "growth_timer", _NoTimer)
         steps = executor.advance_batch([PollMember(d.op_id, d.cursor) for d in claims])
+        [pool] = members._process.pools.values()
+        assert pool._queue == [], "a member was queued after its batch was told it would not run"
 
     assert [s.action for s in steps] == [StepAction.DEFERRED] * 4, steps
     assert sum(1 for e in mcp.log() if e["method"] == "tasks/get") == reads_before  # nothing was sent
