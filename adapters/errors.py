@@ -164,12 +164,20 @@ class NotFound(AdapterError):
 
     The adapter cannot tell those apart; classifying is the executor's job. ``session_gone`` is True when
     the server answered HTTP 404 for the MCP session itself (the adapter has already re-initialized).
+    ``servers_word`` is True when the server itself said the task is unknown to it (a JSON-RPC error to a
+    task request, a google.rpc.Status NOT_FOUND), not a 404 from whatever stands on the way (a proxy's page,
+    a wrong route) nor a session's end.
     """
 
-    def __init__(self, message: str, *, code: int | None = None, session_gone: bool = False) -> None:
+    servers_word = False
+
+    def __init__(
+        self, message: str, *, code: int | None = None, session_gone: bool = False, servers_word: bool = False
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.session_gone = session_gone
+        self.servers_word = servers_word or type(self).servers_word
 
 
 class OutcomeUnknown(AdapterError):

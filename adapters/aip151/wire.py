@@ -315,6 +315,8 @@ class StatusNotFound(NotFound):
     is a :class:`NotFound` only: it says the URL was not found by whatever answered, not what the service
     holds."""
 
+    servers_word = True
+
 
 def is_status_not_found(http_status: int, body: bytes) -> bool:
     """Whether an error answer is the service's NOT_FOUND: HTTP 404 with a google.rpc.Status saying so, in

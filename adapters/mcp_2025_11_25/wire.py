@@ -446,7 +446,7 @@ def rpc_error(method: str, error: ErrorResponse, *, server: str, tool: str | Non
     if method == "tools/call" and error.code in (_METHOD_NOT_FOUND, _INVALID_REQUEST):
         return WrongTaskMode(text, code=error.code, data=error.data)
     if method in ("tasks/get", "tasks/result", "tasks/cancel") and error.code == INVALID_PARAMS:
-        return NotFound(text, code=error.code)
+        return NotFound(text, code=error.code, servers_word=True)
     if method.startswith("tasks/") and error.code == _METHOD_NOT_FOUND:
         return Rejected(f"{where}: the server does not implement {method}", code=error.code, data=error.data)
     if error.code == _INTERNAL_ERROR and method != "tools/call":

@@ -269,7 +269,7 @@ def error_for(method: str, code: int | None, message: str, data: object, *, serv
             data=data,
         )
     if method.startswith("tasks/") and code == INVALID_PARAMS:
-        return NotFound(text, code=code)
+        return NotFound(text, code=code, servers_word=True)
     if method.startswith("tasks/") and code == METHOD_NOT_FOUND:
         return Rejected(f"server {server!r}: does not implement {method}", code=code, data=data)
     if code == INTERNAL_ERROR and method in ("tasks/get",):

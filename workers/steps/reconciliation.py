@@ -300,8 +300,9 @@ def resolve(ctx: StepContext, op: Operation, resolution: Resolution) -> Operatio
 def _cancelled_on_the_server(ctx: StepContext, op: Operation, remote_id: str) -> str:
     """An operator's "cancelled" for an operation the server knows as ``remote_id``, held against the
     server's own word: one status read, charged to the server's control budget. Taken when the server says
-    cancelled, or no longer knows the task (its record expired or purged), or is not in this fleet's
-    configuration (nothing can be asked); what the read said is returned for the event.
+    cancelled, or says in its own words that it does not know the task (its record expired or purged: not a
+    404 from a proxy, nor a session's end), or is not in this fleet's configuration (nothing can be asked);
+    what the read said is returned for the event.
 
     Raises:
         WrongState: the server says the task runs, waits for input or ended otherwise, or could not be
@@ -316,7 +317,14 @@ def _cancelled_on_the_server(ctx: StepContext, op: Operation, remote_id: str) ->
     except UnknownServer as exc:
         return f"not read: {exc}"
     except NotFound as exc:
-        return f"the server does not know it: {describe(exc)}"
+        if exc.servers_word:
+            return f"the server does not know it: {describe(exc)}"
+        raise WrongState(
+            f"the status read of {remote_id} on {op.server} was answered not found, but not in the server's "
+            f"own words ({describe(exc)}: a proxy's page, a wrong route, the session's end): it proves "
+            "nothing about the task; --terminal cancelled is taken once the server says cancelled or that "
+            "it does not know the task"
+        ) from exc
     except (NoToken, AdapterError, redis.RedisError) as exc:
         if isinstance(exc, AdapterError):
             ctx.budget.hold(op.server, exc)  # a wait the server asked for holds for the fleet as well

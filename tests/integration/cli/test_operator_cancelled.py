@@ -149,3 +149,26 @@ def test_cancelled_is_taken_when_the_server_says_cancelled_or_no_longer_knows_th
         receipt = executor.ledger.receipt_for(op.id)
         assert receipt is not None
         assert receipt.terminal_state is TerminalKind.CANCELLED
+
+
+def test_cancelled_is_refused_on_a_not_found_that_is_not_the_servers_word_on_the_task(
+    mcp_executor: tuple[McpServer, Executor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The status read is answered HTTP 404 for the MCP session the task is bound to (the session ended):
+    that says nothing of the task, which may have completed or still run. Refused, nothing written (a
+    first version of the check took any not-found as the server's word)."""
+    _mcp, executor = mcp_executor
+    op = _with_operator(executor, "n/session-gone")
+    with executor.ledger.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE tool_operation SET session_ref = :s WHERE id = :id"),
+            {"s": "ended-session", "id": op.id},
+        )
+    events = len(executor.ledger.events(op.id))
+
+    said = _refused(
+        _cli(monkeypatch, executor, "reconcile", str(op.id), "--terminal", "cancelled", "--evidence", "x")
+    )
+    assert "not in the server's own words" in said, said
+    assert executor.ledger.get(op.id).state is S.MANUAL_RECONCILIATION
+    assert len(executor.ledger.events(op.id)) == events

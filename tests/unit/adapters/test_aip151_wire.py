@@ -211,6 +211,8 @@ def test_unavailable_is_rate_limited_for_a_read_and_unknown_for_an_effect() -> N
 def test_definitive_answers(http: int, body: bytes, kind: type[Exception]) -> None:
     _, error = classify_error(http, {}, body, effect=True, what="x")
     assert type(error) is kind
+    if isinstance(error, NotFound):  # only the service's own NOT_FOUND is the server's word on the task
+        assert error.servers_word is (kind is StatusNotFound)
 
 
 def test_failed_precondition_keeps_its_grpc_code() -> None:
