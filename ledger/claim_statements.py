@@ -20,9 +20,11 @@ from sqlalchemy import (
     case,
     func,
     literal,
+    literal_column,
     or_,
     select,
     true,
+    union_all,
     update,
 )
 from sqlalchemy import cast as sql_cast
@@ -39,6 +41,10 @@ def _delay(due_at: Any) -> Any:
 
 
 CLAIM_DELAY = _delay(OP.c.next_poll_at)
+#: The state whose claims are polls (a status read on the poll budget; the only state that is due besides
+#: those of a cancel, a fetch, a create's or a lookup's retry): a server's other due rows are claimed first.
+#: A constant in the SQL, so that the planner matches the partial index's predicate.
+WORKING: Any = literal_column(f"'{OpState.WORKING.value}'")
 #: What a claim returns, in this order (``ledger.records.Claim.from_row`` reads them by position).
 CLAIM_COLUMNS = (
     OP.c.id,
@@ -119,9 +125,11 @@ def next_poll_ahead(servers: Any) -> Any:
 
 def update_claim_due_by_server(with_epoch: bool | Literal["current"], schedule: bool = False) -> Any:
     """``update_claim_due`` for many servers in one statement: for each ``claim_servers[i]``, at most
-    ``claim_rooms[i]`` (and ``claim_limit``) of its due rows (in due order, SKIP LOCKED, an index scan on
-    ``ix_tool_operation_server_due`` each), and at most ``claim_limit`` over all of them, shared by the
-    servers (rule 3: every configured server gets its share of every tick, whatever the others have due).
+    ``claim_rooms[i]`` (and ``claim_limit``) of its due rows (SKIP LOCKED: first its rows that are not polls,
+    at most ``claim_control_rooms[i]``, in due order on ``ix_tool_operation_server_due_not_working``; then
+    its polls in due order on ``ix_tool_operation_server_due``), and at most ``claim_limit`` over all of
+    them, shared by the servers (rule 3: every configured server gets its share of every tick, whatever the
+    others have due).
 
     The share: each server's due rows are ranked (1 = its most overdue) and the tick takes the ``claim_limit``
     first by ``(rank - 1) / room``, so every server's first due row comes before any server's second, and
@@ -145,10 +153,11 @@ def update_claim_due_by_server(with_epoch: bool | Literal["current"], schedule: 
     """
     servers = bindparam("claim_servers", type_=ARRAY(Text()))
     room_list = bindparam("claim_rooms", type_=ARRAY(Integer()))
+    control_list = bindparam("claim_control_rooms", type_=ARRAY(Integer()))
     limit = bindparam("claim_limit", type_=Integer())
     rooms = (
-        func.unnest(servers, room_list)
-        .table_valued("server", "room", with_ordinality="ord")
+        func.unnest(servers, room_list, control_list)
+        .table_valued("server", "room", "control_room", with_ordinality="ord")
         .render_derived(name="rooms")
     )
 
@@ -228,17 +237,39 @@ def update_claim_due_by_server(with_epoch: bool | Literal["current"], schedule: 
         .cte("waiting")
     )
     final_quotas = quotas(waiting, "quotas")
-    per_server = (
-        select(OP.c.id, OP.c.next_poll_at)
-        .where(*due_and_free())
-        .order_by(OP.c.next_poll_at)
-        .limit(final_quotas.c.quota)
-        .with_for_update(skip_locked=True)
-        .lateral("per_server")
+
+    def per_server(urgent: bool, quota: Any, name: str) -> Any:
+        """A server's due and free rows, at most ``quota``, in due order, locked (SKIP LOCKED): those that
+        are not its polls (``urgent``: a cancel to send or confirm, a result to fetch, a create's or a
+        lookup's retry: the partial index ``ix_tool_operation_server_due_not_working``) or its polls."""
+        return (
+            select(OP.c.id, OP.c.next_poll_at)
+            .where(*due_and_free(), OP.c.state != WORKING if urgent else OP.c.state == WORKING)
+            .order_by(OP.c.next_poll_at)
+            .limit(quota)
+            .with_for_update(skip_locked=True)
+            .lateral(name)
+        )
+
+    # Within a server's quota, what is not a poll comes first (rule 3: a cancel or a fetch never waits
+    # behind a backlog of polls), at most what its control budget hands out in a tick (its requests are
+    # paid by that budget: more would only come back without a token, and keep the polls from the poll
+    # budget), then its polls, most overdue first.
+    with_quota = rooms.join(final_quotas, final_quotas.c.ord == rooms.c.ord)
+    urgent_rows = per_server(True, func.least(final_quotas.c.quota, rooms.c.control_room), "urgent_rows")
+    urgent = (
+        select(rooms.c.ord, urgent_rows.c.id, urgent_rows.c.next_poll_at)
+        .select_from(with_quota.join(urgent_rows, true()))
+        .cte("urgent")
     )
+    urgent_n = select(urgent.c.ord, func.count().label("n")).group_by(urgent.c.ord).cte("urgent_n")
+    poll_rows = per_server(False, final_quotas.c.quota - func.coalesce(urgent_n.c.n, 0), "poll_rows")
+    polls = select(poll_rows.c.id, poll_rows.c.next_poll_at).select_from(
+        with_quota.outerjoin(urgent_n, urgent_n.c.ord == rooms.c.ord).join(poll_rows, true())
+    )
+    both = union_all(select(urgent.c.id, urgent.c.next_poll_at), polls).subquery("both_rows")
     due = (
-        select(per_server.c.id, per_server.c.next_poll_at)
-        .select_from(rooms.join(final_quotas, final_quotas.c.ord == rooms.c.ord).join(per_server, true()))
+        select(both.c.id, both.c.next_poll_at)
         .limit(limit)  # no more than the quotas make: it tells the planner how few rows the update joins
         .cte("due")
     )

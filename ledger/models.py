@@ -194,6 +194,13 @@ class ToolOperation(Base):
             "next_poll_at",
             postgresql_where=text("next_poll_at IS NOT NULL"),
         ),
+        # What is due and not a poll (a cancel, its confirmation, a result's fetch) is claimed first.
+        Index(
+            "ix_tool_operation_server_due_not_working",
+            "server",
+            "next_poll_at",
+            postgresql_where=text("next_poll_at IS NOT NULL AND state <> 'WORKING'"),
+        ),
         Index("ix_tool_operation_state", "state"),
     )
 

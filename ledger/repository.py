@@ -244,9 +244,12 @@ class Ledger(
         epoch: int | Literal["current"] | None = None,
         horizon_s: float = 0.0,
         default_poll_ms: Mapping[str, int] | None = None,
+        control_rooms: Mapping[str, int] | None = None,
     ) -> list[Claim]:
         """:meth:`claim_due` for many servers in one statement and one transaction: each ``(server, room)``
-        claims at most ``room`` of that server's due rows, in due order, and all of them together at most
+        claims at most ``room`` of that server's due rows (its rows that are not polls first, at most
+        ``control_rooms[server]`` of them, by default its whole room: what its control budget hands out in
+        a tick; then its polls; each in due order), and all of them together at most
         ``limit`` (issue 13: one claim per tick, not one per configured server), shared by the servers
         (rule 3): every server's first due row before any server's second, the rest in proportion to the
         rooms, servers level on that taken in a rotation that moves on by ``limit`` every tick
@@ -268,6 +271,9 @@ class Ledger(
                 {
                     "claim_servers": [server for server, _ in rooms],
                     "claim_rooms": [room for _, room in rooms],
+                    "claim_control_rooms": [
+                        min(room, (control_rooms or {}).get(server, room)) for server, room in rooms
+                    ],
                     "claim_horizon": dt.timedelta(seconds=horizon_s),
                     "claim_limit": limit,
                     "claim_lease": dt.timedelta(seconds=lease_s),

@@ -128,11 +128,19 @@ def tick_room(poll_qps: float, control_qps: float, tick_s: float) -> int:
     one. A claimed poll the bucket has no slot for is handed back unsent, having cost its share of a
     message, of the batch's read and of its slot booking, and the claim and the hand-back. The room was
     twice the buckets' rates a tick until 2026-12-06: a server whose polls outran a 10/s budget had 40 rows
-    a second claimed for 8 slots, 16 now. Past the room, due rows wait in the ledger, in due order, at no
-    cost."""
+    a second claimed for 8 slots, 16 now. Past the room, due rows wait in the ledger at no cost (those
+    that are not polls claimed first, within :func:`control_room`; each in due order)."""
     bursts = burst_for(poll_qps) + burst_for(control_qps)
     handed_out = (poll_qps + control_qps) * RATE_HEADROOM * tick_s + bursts
     return max(1, math.ceil(handed_out))
+
+
+def control_room(control_qps: float, tick_s: float) -> int:
+    """Of a server's room (:func:`tick_room`), the rows that are not polls a tick claims first at most (a
+    cancel to send or confirm, a result to fetch, a create's or a lookup's retry): what its control bucket,
+    which pays their requests, hands out in one tick, at least one. More would come back without a token,
+    and keep its polls from the poll budget meanwhile."""
+    return max(1, math.ceil(control_qps * RATE_HEADROOM * tick_s + burst_for(control_qps)))
 
 
 def dispatch_due(ctx: StepContext, limit: int | None = None) -> list[Dispatch]:
@@ -160,6 +168,9 @@ def dispatch_due(ctx: StepContext, limit: int | None = None) -> list[Dispatch]:
         horizon_s=settings.dispatch_interval_s,
         # The claim sets each WORKING row's next poll (rule 3), so an unchanged poll writes only its count.
         default_poll_ms={name: server.default_poll_interval_ms for name, server in servers},
+        control_rooms={
+            name: control_room(server.control_qps, settings.dispatch_interval_s) for name, server in servers
+        },
     )
     return [
         Dispatch(TASK_FOR_STATE[c.state], c.op_id, c.poll_cursor, c.delay_s, c.server, c.state)

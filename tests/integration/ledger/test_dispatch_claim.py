@@ -17,7 +17,7 @@ from tests.support.ledger_rows import submit
 from workers.executor import Executor
 from workers.runtime import Runtime
 from workers.settings import Settings
-from workers.steps.dispatch import tick_room
+from workers.steps.dispatch import control_room, tick_room
 
 #: With the default 0.25 s dispatch interval a server's room is ceil((poll_qps + control_qps) * 0.25 * 2).
 MakeExecutor = Callable[..., Executor]
@@ -55,12 +55,14 @@ def make_executor(database_url: str, broker_prefix: str, tmp_path: Path) -> Iter
 
 
 def due_row(ledger: Ledger, server: str, due_in_s: float) -> uuid.UUID:
-    """A submitted operation on ``server``, unleased, due in ``due_in_s`` seconds (negative: overdue)."""
+    """An operation created on ``server`` (WORKING: its claims are polls), unleased, due in ``due_in_s``
+    seconds (negative: overdue)."""
     op = submit(ledger, server=server)
     with ledger.engine.begin() as conn:
         conn.execute(
             text(
-                "UPDATE tool_operation SET lease_until = NULL,"
+                "UPDATE tool_operation SET lease_until = NULL, state = 'WORKING',"
+                " remote_id = 'task-' || id::text, submit_attempted_at = now(),"
                 " next_poll_at = now() + make_interval(secs => :due) WHERE id = :id"
             ),
             {"due": due_in_s, "id": op.id},
@@ -136,6 +138,38 @@ def test_a_server_whose_due_rows_outrun_its_budget_has_a_ticks_worth_claimed(
     claimed = [d.op_id for d in executor.dispatch_due(limit=100)]
     assert sorted(claimed, key=rows.index) == rows[:4]
     assert (tick_room(1, 1, 0.25), tick_room(500, 500, 0.25)) == (1, 248)  # at least one; bursts 24 each
+
+
+def test_a_servers_cancels_come_before_its_backlog_of_polls_within_what_its_control_budget_hands_out(
+    make_executor: MakeExecutor, ledger: Ledger
+) -> None:
+    """A server whose polls outrun its budget, and cancels due after them: a tick claims its cancels first,
+    as many as its control bucket hands out in the tick (the cancels' requests are paid by it), and its
+    most overdue polls in the rest of its room. Before, in due order alone, the tick took polls only, and
+    the cancels waited behind the whole backlog; with every cancel first, a burst of cancels would have
+    taken the whole room for requests that mostly come back without a token, and no poll been sent."""
+    executor = make_executor({"a": 10})
+    polls = [due_row(ledger, "a", -10.0 + i) for i in range(20)]
+    cancels = [due_row(ledger, "a", -1.0 + 0.01 * i) for i in range(6)]
+    with ledger.engine.begin() as conn:  # cancels asked of some of them
+        conn.execute(
+            text(
+                "UPDATE tool_operation SET state = 'CANCEL_REQUESTED', cancel_generation = 1"
+                " WHERE id = ANY(:ids)"
+            ),
+            {"ids": cancels},
+        )
+    room, control = tick_room(10, 10, 0.25), control_room(10, 0.25)
+    assert (room, control) == (4, 2)
+
+    dispatches = executor.dispatch_due(limit=100)
+
+    claimed = {d.op_id for d in dispatches}
+    assert claimed == {*cancels[:control], *polls[: room - control]}, (
+        [cancels.index(i) for i in claimed if i in cancels],
+        [polls.index(i) for i in claimed if i in polls],
+    )
+    assert {d.task for d in dispatches if d.op_id in cancels} == {"longcall.cancel"}
 
 
 def test_a_row_due_within_the_tick_is_claimed_with_its_delay(

@@ -209,3 +209,46 @@ def test_the_dispatchers_ticks_poll_every_configured_server_within_two_ticks(
     assert all(d.task == "longcall.poll" for t in ticks for d in t)
     polled = {server_of[d.op_id] for t in ticks for d in t}
     assert polled == set(SERVERS), f"never polled: {sorted(set(SERVERS) - polled)}"
+
+
+@pytest.mark.parametrize("state", ["CANCEL_REQUESTED", "TERMINAL_OBSERVED", "FETCHING_RESULT"])
+def test_a_servers_rows_that_are_not_polls_are_claimed_before_its_backlog_of_polls(
+    ledger: Ledger, state: str
+) -> None:
+    """A server whose polls are overdue by far more than a tick takes (a sustained overload of its budget):
+    a cancel waiting to be sent or confirmed, or a result waiting to be fetched, due now, is claimed in the
+    first tick, not after every poll due before it. Before, a server's rows were claimed in due order alone,
+    so it waited behind the whole backlog (here three ticks) while its budget was the server's control
+    budget, not the saturated poll budget."""
+    server_of = load_due(ledger, {"busy": 60, "other": 5})
+    urgent = [op_id for op_id, server in server_of.items() if server == "busy"][-2:]
+    with ledger.engine.begin() as conn:  # the newest two: due now, past every poll of the backlog
+        conn.execute(
+            text(
+                "UPDATE tool_operation SET state = :state, next_poll_at = now(), observed_terminal = CASE"
+                " WHEN :state = 'CANCEL_REQUESTED' THEN NULL ELSE 'completed' END WHERE id = ANY(:ids)"
+            ),
+            {"state": state, "ids": urgent},
+        )
+
+    claims = ledger.claim_due_by_server(
+        [("busy", 20), ("other", 20)], limit=20, lease_s=30.0, epoch="current"
+    )
+
+    claimed = {c.op_id for c in claims}
+    assert set(urgent) <= claimed, "a row that is not a poll waited behind the server's polls"
+    assert len(claims) == 20
+    assert Counter(server_of[c.op_id] for c in claims) == Counter({"busy": 15, "other": 5})
+    # The rest of the server's quota is its most overdue polls.
+    polls = sorted((op_id for op_id, server in server_of.items() if server == "busy" and op_id not in urgent))
+    with ledger.engine.connect() as conn:
+        due_order = [
+            row.id
+            for row in conn.execute(
+                text("SELECT id FROM tool_operation WHERE id = ANY(:ids) ORDER BY next_poll_at"),
+                {"ids": polls},
+            )
+        ]
+    assert claimed - set(urgent) - {c.op_id for c in claims if server_of[c.op_id] == "other"} == set(
+        due_order[:13]
+    )
