@@ -17,29 +17,20 @@ import uuid
 
 import httpx2
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import Result
 from sqlalchemy import text
 
 from console.common import EXIT_REFUSED
-from console.main import main as cli_main
 from ledger.reasons import ReconciliationReason
 from ledger.records import Operation
 from ledger.states import OpState, TerminalKind
+from tests.support.cli import run_cli
 from tests.support.fleet import McpServer, run_due
 from workers.executor import Executor
 from workers.steps.context import remote_ref
 from workers.submission import validate_submission
 
 S = OpState
-
-
-def _cli(monkeypatch: pytest.MonkeyPatch, executor: Executor, *args: str) -> Result:
-    settings = executor.rt.settings
-    monkeypatch.setenv("LONGCALL_DATABASE_URL", settings.database_url)
-    monkeypatch.setenv("LONGCALL_REDIS_URL", settings.redis_url)
-    monkeypatch.setenv("LONGCALL_BROKER_KEYPREFIX", settings.broker_keyprefix)
-    monkeypatch.setenv("LONGCALL_CONFIG", str(settings.config))
-    return CliRunner().invoke(cli_main, list(args), catch_exceptions=False)
 
 
 def _with_operator(executor: Executor, call_node_id: str) -> Operation:
@@ -86,7 +77,7 @@ def test_cancelled_is_refused_while_the_server_says_the_task_runs_or_ended_other
     events = len(executor.ledger.events(op.id))
 
     said = _refused(
-        _cli(monkeypatch, executor, "reconcile", str(op.id), "--terminal", "cancelled", "--evidence", "x")
+        run_cli(monkeypatch, executor, "reconcile", str(op.id), "--terminal", "cancelled", "--evidence", "x")
     )
     assert f"the server says {op.remote_id} on reports is 'working', not ended" in said, said
     assert f"--found {op.remote_id}" in said
@@ -97,7 +88,7 @@ def test_cancelled_is_refused_while_the_server_says_the_task_runs_or_ended_other
     finished = httpx2.post(f"{mcp.control}/finish", json={"task_ids": [op.remote_id]}, timeout=10)
     assert op.remote_id in finished.raise_for_status().json()["finished"]
     said = _refused(
-        _cli(monkeypatch, executor, "reconcile", str(op.id), "--terminal", "cancelled", "--evidence", "x")
+        run_cli(monkeypatch, executor, "reconcile", str(op.id), "--terminal", "cancelled", "--evidence", "x")
     )
     assert "ended completed ('completed'), not cancelled" in said, said
     assert "--terminal completed" in said
@@ -105,7 +96,7 @@ def test_cancelled_is_refused_while_the_server_says_the_task_runs_or_ended_other
     assert len(executor.ledger.events(op.id)) == events
 
     # What the server says is taken: completed, its result read and accepted.
-    done = _cli(
+    done = run_cli(
         monkeypatch, executor, "reconcile", str(op.id), "--terminal", "completed", "--evidence", "read"
     )
     assert done.exit_code == 0, done.output
@@ -134,7 +125,7 @@ def test_cancelled_is_taken_when_the_server_says_cancelled_or_no_longer_knows_th
     gone = executor.ledger.get(gone.id)
 
     for op in (cancelled, gone):
-        result = _cli(
+        result = run_cli(
             monkeypatch, executor, "reconcile", str(op.id), "--terminal", "cancelled", "--evidence", "seen"
         )
         assert result.exit_code == 0, result.output
@@ -167,7 +158,7 @@ def test_cancelled_is_refused_on_a_not_found_that_is_not_the_servers_word_on_the
     events = len(executor.ledger.events(op.id))
 
     said = _refused(
-        _cli(monkeypatch, executor, "reconcile", str(op.id), "--terminal", "cancelled", "--evidence", "x")
+        run_cli(monkeypatch, executor, "reconcile", str(op.id), "--terminal", "cancelled", "--evidence", "x")
     )
     assert "not in the server's own words" in said, said
     assert executor.ledger.get(op.id).state is S.MANUAL_RECONCILIATION

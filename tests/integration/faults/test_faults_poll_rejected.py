@@ -15,14 +15,13 @@ from typing import Any
 
 import httpx2
 import pytest
-from click.testing import CliRunner, Result
 from sqlalchemy import text
 
-from console.main import main as cli_main
 from ledger.reasons import ReconciliationReason
 from ledger.repository import Ledger
 from ledger.states import OpState
 from tests import support
+from tests.support.cli import run_cli
 from tests.support.fleet import McpServer
 from workers.executor import Executor
 from workers.steps.poll import MAX_POLL_REJECTIONS
@@ -55,15 +54,6 @@ def _set_session(ledger: Ledger, op_id: uuid.UUID, session_ref: str | None) -> N
             text("UPDATE tool_operation SET session_ref = :session WHERE id = :id"),
             {"session": session_ref, "id": op_id},
         )
-
-
-def _cli(monkeypatch: pytest.MonkeyPatch, executor: Executor, *args: str) -> Result:
-    settings = executor.rt.settings
-    monkeypatch.setenv("LONGCALL_DATABASE_URL", settings.database_url)
-    monkeypatch.setenv("LONGCALL_REDIS_URL", settings.redis_url)
-    monkeypatch.setenv("LONGCALL_BROKER_KEYPREFIX", settings.broker_keyprefix)
-    monkeypatch.setenv("LONGCALL_CONFIG", str(settings.config))
-    return CliRunner().invoke(cli_main, list(args), catch_exceptions=False)
 
 
 # ------------------------------------------------------------------------------- a) the poll step
@@ -166,7 +156,7 @@ def test_found_without_the_session_is_refused_with_nothing_written(
     [task] = [t for t in mcp.tasks() if t["tool"] == "slow_report"]
     events_before = len(ledger.events(op_id))
 
-    refused = _cli(
+    refused = run_cli(
         monkeypatch, executor, "reconcile", str(op_id), "--found", task["taskId"], "--evidence", "seen"
     )
     assert refused.exit_code == 1, refused.output
@@ -178,7 +168,7 @@ def test_found_without_the_session_is_refused_with_nothing_written(
     with pytest.raises(ValueError, match="--session"):
         executor.resolve(op_id, Resolution("found", "seen", "ops", remote_id=task["taskId"]))
 
-    done = _cli(
+    done = run_cli(
         monkeypatch,
         executor,
         "reconcile",
