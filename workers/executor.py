@@ -340,11 +340,7 @@ class Executor:
                 admitted = [i for i in admitted if members[i].op_id not in refused]
                 self._without_slots(batch, members, rows, refused, without)
         except Exception as exc:
-            # Not started: their room and their claims go back; each is due when its lease runs out.
-            for index in admitted:
-                row = rows.get(members[index].op_id)
-                member_threads.leave(row.server if row is not None else "")
-            self._let_go(batch, members, admitted, exc)
+            self._not_started(batch, members, admitted, rows, exc)
             raise
         self._start_members(batch, members, admitted, rows=rows, slots=slots, started=started)
         return batch
@@ -384,10 +380,7 @@ class Executor:
                 # room and their claims go back, and each is due when its lease runs out. The members
                 # started already run as before.
                 rest = admitted[position:]
-                for later in rest:
-                    row = rows.get(members[later].op_id)
-                    member_threads.leave(row.server if row is not None else "")
-                self._let_go(batch, members, rest, exc)
+                self._not_started(batch, members, rest, rows, exc)
                 log.warning(
                     "no member thread could be started for %d of a batch's %d polls (%s); %s",
                     len(rest),
@@ -396,6 +389,22 @@ class Executor:
                     AGAIN_AFTER_LEASE,
                 )
                 break
+
+    @classmethod
+    def _not_started(
+        cls,
+        batch: PollBatch,
+        members: Sequence[PollMember],
+        indexes: Sequence[int],
+        rows: Mapping[uuid.UUID, Operation],
+        exc: Exception,
+    ) -> None:
+        """Admitted members not started after all: their room and their claims go back, each answered
+        DEFERRED (due when its lease runs out)."""
+        for index in indexes:
+            row = rows.get(members[index].op_id)
+            member_threads.leave(row.server if row is not None else "")
+        cls._let_go(batch, members, indexes, exc)
 
     @staticmethod
     def _let_go(

@@ -130,9 +130,7 @@ def tick_room(poll_qps: float, control_qps: float, tick_s: float) -> int:
     twice the buckets' rates a tick until 2026-12-06: a server whose polls outran a 10/s budget had 40 rows
     a second claimed for 8 slots, 16 now. Past the room, due rows wait in the ledger at no cost (those
     that are not polls claimed first, within :func:`control_room`; each in due order)."""
-    bursts = burst_for(poll_qps) + burst_for(control_qps)
-    handed_out = (poll_qps + control_qps) * RATE_HEADROOM * tick_s + bursts
-    return max(1, math.ceil(handed_out))
+    return max(1, math.ceil(_handed_out(poll_qps, tick_s) + _handed_out(control_qps, tick_s)))
 
 
 def control_room(control_qps: float, tick_s: float) -> int:
@@ -140,7 +138,12 @@ def control_room(control_qps: float, tick_s: float) -> int:
     cancel to send or confirm, a result to fetch, a create's or a lookup's retry): what its control bucket,
     which pays their requests, hands out in one tick, at least one. More would come back without a token,
     and keep its polls from the poll budget meanwhile."""
-    return max(1, math.ceil(control_qps * RATE_HEADROOM * tick_s + burst_for(control_qps)))
+    return max(1, math.ceil(_handed_out(control_qps, tick_s)))
+
+
+def _handed_out(qps: float, tick_s: float) -> float:
+    """What a bucket of ``qps`` hands out in one tick, its burst included (``workers.hot``)."""
+    return qps * RATE_HEADROOM * tick_s + burst_for(qps)
 
 
 def dispatch_due(ctx: StepContext, limit: int | None = None) -> list[Dispatch]:
