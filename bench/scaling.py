@@ -72,7 +72,10 @@ def one_size(
         qps=qps,
         wait_s=args.wait_s,
         redis_url=None,
+        profile=None if args.profile is None else args.profile / f"p{processes}-qps{qps:g}",
     )
+    if fleet_args.profile is not None:
+        fleet_args.profile.mkdir(parents=True, exist_ok=True)
     run_dir = log_dir / f"p{processes}-qps{qps:g}"
     run_dir.mkdir()
     prefix = f"sc{uuid.uuid4().hex[:6]}-"
@@ -192,6 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-s", type=int, default=540, help="bound on the whole run")
     parser.add_argument("--quick", action="store_true", help="a short run: a 5 s window")
     parser.add_argument("--keep-logs", action="store_true")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="profile the worker's pool processes: one <pid>.prof each under DIR/p<processes>-qps<qps>",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.window_s = 5.0

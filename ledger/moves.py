@@ -26,7 +26,7 @@ from ledger.digests import digest
 from ledger.errors import OperationNotFound
 from ledger.events import EventKind
 from ledger.guarded import GuardedWrite, GuardedWrites
-from ledger.records import Fence, Operation, ServerStatus, due_after, due_in
+from ledger.records import Fence, Operation, ServerStatus, UnchangedPoll, due_after, due_in
 from ledger.side_rows import append_event
 from ledger.statements import OP, STATEMENTS
 from ledger.states import CANCEL_WAITS_IN, IllegalTransition, OpState, TerminalKind
@@ -289,13 +289,14 @@ class OperationMoves(GuardedWrites):
         )
         return self._write(op_id, fence, write)
 
-    def record_unchanged_polls(self, members: Sequence[tuple[uuid.UUID, Fence]]) -> set[uuid.UUID]:
+    def record_unchanged_polls(self, members: Sequence[UnchangedPoll]) -> set[uuid.UUID]:
         """Polls that changed nothing (the server's state, message and interval as the row keeps them),
-        each under its claim ``fence``, in one statement for all of them (a batch's): counted on the row
+        each under its claim's fence, in one statement for all of them (a batch's): counted on the row
         (``unchanged_polls``, ``last_polled_at``), the claim let go, no event (DESIGN §3); the next poll is
         due when the claim that sent the poll set it (``Ledger.claim_due_by_server`` with its default
-        intervals). A member whose fence moved, or whose claim was let go already (a copy of its message ran
-        it), is not written: it is left out of the ids returned, and nothing is recorded for it.
+        intervals), or, for a member that ran past that, its ``next_poll_in_s`` from now. A member whose
+        fence moved, or whose claim was let go already (a copy of its message ran it), is not written: it is
+        left out of the ids returned, and nothing is recorded for it.
 
         It waits at most :data:`RECORD_LOCK_WAIT` for a row another transaction holds, then raises (the
         process's straggler thread, which writes it when no batch's read comes first, is never held up by a
@@ -306,18 +307,17 @@ class OperationMoves(GuardedWrites):
             conn.execute(text(f"SET LOCAL lock_timeout = '{RECORD_LOCK_WAIT}'"))
             return self._record_unchanged(conn, members)
 
-    def _record_unchanged(
-        self, conn: Connection, members: Sequence[tuple[uuid.UUID, Fence]]
-    ) -> set[uuid.UUID]:
+    def _record_unchanged(self, conn: Connection, members: Sequence[UnchangedPoll]) -> set[uuid.UUID]:
         """:meth:`record_unchanged_polls`' statement, on ``conn`` (in the caller's transaction)."""
-        for _, fence in members:
-            if fence.poll_cursor is None:
+        for member in members:
+            if member.fence.poll_cursor is None:
                 raise ValueError("an unchanged poll is recorded under its claim's cursor")
         params = {
-            "op_ids": [op_id for op_id, _ in members],
-            "epochs": [fence.execution_epoch for _, fence in members],
-            "generations": [fence.cancel_generation for _, fence in members],
-            "cursors": [fence.poll_cursor for _, fence in members],
+            "op_ids": [m.op_id for m in members],
+            "epochs": [m.fence.execution_epoch for m in members],
+            "generations": [m.fence.cancel_generation for m in members],
+            "cursors": [m.fence.poll_cursor for m in members],
+            "next_in": [m.next_poll_in_s for m in members],
             "fence_executor": self.executor_id,
         }
         rows = conn.execute(STATEMENTS.get(update_unchanged_polls), params).all()

@@ -34,6 +34,18 @@ class Fence:
         return dataclasses.asdict(self)
 
 
+@dataclass(frozen=True, slots=True)
+class UnchangedPoll:
+    """A poll that changed nothing, to be recorded with its batch's (``Ledger.record_unchanged_polls``):
+    its operation and its claim's fence. ``next_poll_in_s``: the member ran past the next poll its claim
+    set, so its record sets the next poll this far from the record (capped as :func:`due_in`); None keeps the
+    claim's."""
+
+    op_id: uuid.UUID
+    fence: Fence
+    next_poll_in_s: float | None = None
+
+
 class _BodyNotRead:
     """What :attr:`Operation.body` holds in a snapshot read without the arguments (``with_body=False``)."""
 

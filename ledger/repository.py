@@ -36,7 +36,7 @@ from ledger.listing import OperationListing
 from ledger.moves import RECORD_LOCK_WAIT, OperationMoves
 from ledger.outbox import OutboxTransactions
 from ledger.reasons import ReconciliationReason
-from ledger.records import Claim, Fence, Operation, Receipt, ReconciliationRecord, adapter_key
+from ledger.records import Claim, Operation, Receipt, ReconciliationRecord, UnchangedPoll, adapter_key
 from ledger.results import ResultStorage
 from ledger.retention import HistoryRetention
 from ledger.shadow import ShadowComparisons
@@ -140,7 +140,7 @@ class Ledger(
         return {op.id: op for op in Operation.from_rows(rows, with_body=False)}
 
     def record_then_read(
-        self, unchanged: Sequence[tuple[uuid.UUID, Fence]], op_ids: Sequence[uuid.UUID]
+        self, unchanged: Sequence[UnchangedPoll], op_ids: Sequence[uuid.UUID]
     ) -> tuple[set[uuid.UUID] | DBAPIError, dict[uuid.UUID, Operation]]:
         """:meth:`record_unchanged_polls` of ``unchanged`` (the process's earlier batches'), then
         :meth:`get_many` of ``op_ids`` (the next batch's), in one transaction: the operations whose record

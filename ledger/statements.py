@@ -95,14 +95,17 @@ def due_at(param: str) -> Any:
     still ahead. A deadline already past caps nothing: the step that meets it decides (rule 11, the wait
     budget's hand-over); it never makes a row due again at once, which would poll it in a tight loop and
     put it first in every claim (rule 3)."""
-    capped = bindparam(f"{param}_capped", type_=Boolean())
+    return capped_due(bindparam(param, type_=Interval()), bindparam(f"{param}_capped", type_=Boolean()))
+
+
+def capped_due(interval: Any, capped: Any) -> Any:
+    """``now + interval``; when ``capped`` (a boolean SQL expression), never past the wait deadline or the
+    expiry while they are still ahead (see :func:`due_at`)."""
 
     def ahead(deadline: Any) -> Any:
         return case((and_(capped, deadline > func.now()), deadline), else_=None)  # LEAST skips NULLs
 
-    return func.least(
-        func.now() + bindparam(param, type_=Interval()), ahead(OP.c.wait_deadline), ahead(OP.c.expires_at)
-    )
+    return func.least(func.now() + interval, ahead(OP.c.wait_deadline), ahead(OP.c.expires_at))
 
 
 EVENT_COLUMNS = (

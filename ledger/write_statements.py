@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import (
     ARRAY,
     BigInteger,
+    Float,
     Interval,
     Text,
     and_,
@@ -22,6 +23,7 @@ from sqlalchemy import (
     literal,
     or_,
     select,
+    true,
     union_all,
     update,
 )
@@ -32,6 +34,7 @@ from ledger.statements import (
     EVENT,
     EVENT_COLUMNS,
     OP,
+    capped_due,
     current_epoch,
     due_at,
     event_from,
@@ -233,18 +236,21 @@ def update_unchanged_polls() -> Any:
     """The polls of a batch that changed nothing, in one statement (DESIGN §3: counted on the row, no
     event): for each ``(:op_ids[i], :epochs[i], :generations[i], :cursors[i])`` still WORKING under that
     fence and still claimed (a copy of the batch that ran already let the claim go), ``unchanged_polls`` + 1,
-    ``last_polled_at`` now, the lease let go; the next poll's due time is the one its claim set. Only the
-    epoch's owner writes (rule 13). Returns the ids written."""
+    ``last_polled_at`` now, the lease let go; the next poll's due time is the one its claim set, unless
+    ``:next_in[i]`` (seconds) says the member ran past it: then that far from now, never past a deadline
+    ahead, as ``record_poll`` sets it. Only the epoch's owner writes (rule 13). Returns the ids written."""
     members = (
         func.unnest(
             bindparam("op_ids", type_=ARRAY(OP.c.id.type)),
             bindparam("epochs", type_=ARRAY(BigInteger())),
             bindparam("generations", type_=ARRAY(BigInteger())),
             bindparam("cursors", type_=ARRAY(BigInteger())),
+            bindparam("next_in", type_=ARRAY(Float())),
         )
-        .table_valued("id", "epoch", "generation", "cursor")
+        .table_valued("id", "epoch", "generation", "cursor", "next_in")
         .render_derived(name="members")
     )
+    rescheduled = capped_due(func.make_interval(0, 0, 0, 0, 0, 0, members.c.next_in), true())
     return (
         update(OP)
         .where(
@@ -260,6 +266,7 @@ def update_unchanged_polls() -> Any:
         .values(
             unchanged_polls=OP.c.unchanged_polls + 1,
             last_polled_at=func.now(),
+            next_poll_at=case((members.c.next_in.is_(None), OP.c.next_poll_at), else_=rescheduled),
             lease_until=None,
             updated_at=func.now(),
         )

@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from ledger.records import Fence
+from ledger.records import Fence, UnchangedPoll
 from workers.faults import INFRASTRUCTURE, describe_fault
 from workers.members import Stragglers
 from workers.records_later import Records
@@ -36,9 +36,9 @@ log = logging.getLogger("longcall")
 #: a member slower than that is a straggler, and is handed over alone).
 STRAGGLER_BOUND_TICKS = 4.0
 
-#: An unchanged poll to record: the member's place in the batch, its operation, its claim's fence, and what
-#: lets its claim go in this process once it is recorded.
-Unchanged = tuple[int, uuid.UUID, Fence, Callable[[], None] | None]
+#: An unchanged poll to record: the member's place in the batch, what its record writes, and what lets its
+#: claim go in this process once it is recorded.
+Unchanged = tuple[int, UnchangedPoll, Callable[[], None] | None]
 
 
 class PollBatch:
@@ -87,7 +87,8 @@ class PollBatch:
             self._left -= 1
             last = self._left == 0
             if step.unchanged and fence is not None:
-                self._unrecorded.append((index, step.op_id, fence, let_go))
+                poll = UnchangedPoll(step.op_id, fence, step.next_poll_in_s)
+                self._unrecorded.append((index, poll, let_go))
                 if not last and not self._bound_set:
                     self._bound_set = set_bound = True
             elif let_go is not None:
@@ -120,7 +121,7 @@ class PollBatch:
             if not taken:
                 return
             self._unsettled += 1
-        polls = [(op_id, fence) for _, op_id, fence, _ in taken]
+        polls = [poll for _, poll, _ in taken]
         self._records.put(polls, functools.partial(self._settle, taken))
 
     def _settle(self, taken: list[Unchanged], result: set[uuid.UUID] | Exception) -> None:
@@ -135,14 +136,14 @@ class PollBatch:
                 log.error("recording %d unchanged polls failed", len(taken), exc_info=result)
             else:
                 with self._lock:
-                    for index, op_id, _, _ in taken:
-                        if op_id not in result:
+                    for index, poll, _ in taken:
+                        if poll.op_id not in result:
                             self._outcomes[index] = StepOutcome(
-                                op_id, StepAction.STALE, None, detail={"unchanged": "not recorded"}
+                                poll.op_id, StepAction.STALE, None, detail={"unchanged": "not recorded"}
                             )
         finally:
             # Whatever the record met, the claims are this process's no more (a copy may run them).
-            for *_, let_go in taken:
+            for _, _, let_go in taken:
                 if let_go is not None:
                     let_go()
             with self._lock:

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from ledger.records import Fence
+from ledger.records import UnchangedPoll
 from workers.members import Stragglers
 
 __all__ = ["RecordLater", "RecordNow", "Recorder", "Records", "Settle", "Taken"]
@@ -22,7 +22,7 @@ __all__ = ["RecordLater", "RecordNow", "Recorder", "Records", "Settle", "Taken"]
 log = logging.getLogger("longcall")
 
 #: Records unchanged polls (``Ledger.record_unchanged_polls``): the operations whose record was written.
-Recorder = Callable[[list[tuple[uuid.UUID, Fence]]], set[uuid.UUID]]
+Recorder = Callable[[list[UnchangedPoll]], set[uuid.UUID]]
 #: Told how a record went: the operations whose record was written, or the fault that stopped it.
 Settle = Callable[[set[uuid.UUID] | Exception], None]
 
@@ -31,7 +31,7 @@ class Records:
     """Where a batch hands over its unchanged polls to be recorded (:meth:`put`); each hand-over is settled
     once, with what was written or the fault."""
 
-    def put(self, polls: list[tuple[uuid.UUID, Fence]], settle: Settle) -> None:
+    def put(self, polls: list[UnchangedPoll], settle: Settle) -> None:
         raise NotImplementedError
 
 
@@ -41,14 +41,14 @@ class RecordNow(Records):
     def __init__(self, record: Recorder) -> None:
         self._record = record
 
-    def put(self, polls: list[tuple[uuid.UUID, Fence]], settle: Settle) -> None:
+    def put(self, polls: list[UnchangedPoll], settle: Settle) -> None:
         Taken([(polls, settle)]).record(self._record)
 
 
 class Taken:
     """Hand-overs taken to be recorded together (:attr:`polls`), and settled together."""
 
-    def __init__(self, entries: list[tuple[list[tuple[uuid.UUID, Fence]], Settle]]) -> None:
+    def __init__(self, entries: list[tuple[list[UnchangedPoll], Settle]]) -> None:
         self._entries = entries
         self.polls = [poll for polls, _ in entries for poll in polls]
 
@@ -83,10 +83,10 @@ class RecordLater(Records):
         self._record = record
         self._bound_s = bound_s
         self._lock = threading.Lock()
-        self._waiting: list[tuple[list[tuple[uuid.UUID, Fence]], Settle]] = []
+        self._waiting: list[tuple[list[UnchangedPoll], Settle]] = []
         self._flush_set = False
 
-    def put(self, polls: list[tuple[uuid.UUID, Fence]], settle: Settle) -> None:
+    def put(self, polls: list[UnchangedPoll], settle: Settle) -> None:
         with self._lock:
             self._waiting.append((polls, settle))
             set_flush, self._flush_set = not self._flush_set, True

@@ -13,7 +13,7 @@ import uuid
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from ledger.records import Fence
+from ledger.records import Fence, UnchangedPoll
 from workers import logs, members
 from workers.members import run_side_by_side
 from workers.poll_batch import PollBatch
@@ -79,9 +79,9 @@ def test_a_batch_records_its_unchanged_polls_in_one_call_when_the_last_member_is
     recorded: list[list[uuid.UUID]] = []
     let_go: list[uuid.UUID] = []
 
-    def record(polls: list[tuple[uuid.UUID, Fence]]) -> set[uuid.UUID]:
-        recorded.append([op_id for op_id, _ in polls])
-        return {op_id for op_id, _ in polls if op_id != ids[1]}  # the second one's fence moved
+    def record(polls: list[UnchangedPoll]) -> set[uuid.UUID]:
+        recorded.append([poll.op_id for poll in polls])
+        return {poll.op_id for poll in polls if poll.op_id != ids[1]}  # the second one's fence moved
 
     batch = PollBatch(3, RecordNow(record), bound_s=10.0)
     for index, op_id in enumerate(ids):
@@ -100,10 +100,10 @@ def test_a_straggler_holds_up_its_batchs_record_for_the_bound_only() -> None:
     recorded: list[tuple[float, list[uuid.UUID]]] = []
     first_recorded = threading.Event()
 
-    def record(polls: list[tuple[uuid.UUID, Fence]]) -> set[uuid.UUID]:
-        recorded.append((time.monotonic(), [op_id for op_id, _ in polls]))
+    def record(polls: list[UnchangedPoll]) -> set[uuid.UUID]:
+        recorded.append((time.monotonic(), [poll.op_id for poll in polls]))
         first_recorded.set()
-        return {op_id for op_id, _ in polls}
+        return {poll.op_id for poll in polls}
 
     finished: list[list[StepOutcome]] = []
     batch = PollBatch(3, RecordNow(record), bound_s=0.2, on_finish=finished.append)
@@ -127,7 +127,7 @@ def test_a_batch_whose_record_fails_leaves_its_answers_and_lets_its_claims_go() 
     op_id = uuid.uuid4()
     let_go: list[uuid.UUID] = []
 
-    def record(_polls: list[tuple[uuid.UUID, Fence]]) -> set[uuid.UUID]:
+    def record(_polls: list[UnchangedPoll]) -> set[uuid.UUID]:
         raise OperationalError("UPDATE", {}, ConnectionError("the ledger went away"))
 
     batch = PollBatch(1, RecordNow(record), bound_s=1.0)

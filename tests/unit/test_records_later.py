@@ -12,7 +12,7 @@ import uuid
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from ledger.records import Fence
+from ledger.records import Fence, UnchangedPoll
 from workers.members import Stragglers
 from workers.poll_batch import PollBatch
 from workers.records_later import RecordLater
@@ -31,10 +31,10 @@ class _Recorder:
         self.called = threading.Event()
         self._refuse = refuse or set()
 
-    def __call__(self, polls: list[tuple[uuid.UUID, Fence]]) -> set[uuid.UUID]:
-        self.calls.append((time.monotonic(), [op_id for op_id, _ in polls]))
+    def __call__(self, polls: list[UnchangedPoll]) -> set[uuid.UUID]:
+        self.calls.append((time.monotonic(), [poll.op_id for poll in polls]))
         self.called.set()
-        return {op_id for op_id, _ in polls} - self._refuse
+        return {poll.op_id for poll in polls} - self._refuse
 
 
 def test_two_batches_unchanged_polls_wait_for_the_next_read_and_finish_with_it() -> None:
@@ -52,7 +52,7 @@ def test_two_batches_unchanged_polls_wait_for_the_next_read_and_finish_with_it()
     assert not finished
     assert let_go == []
     taken = later.take()
-    assert [op_id for op_id, _ in taken.polls] == first + second  # one record for both batches
+    assert [poll.op_id for poll in taken.polls] == first + second  # one record for both batches
     assert later.take().polls == []  # taken once
     taken.settle({first[0], second[0]})  # first[1]'s fence moved meanwhile
 
@@ -110,7 +110,7 @@ def test_a_hand_over_whose_flush_could_not_be_set_has_it_set_by_the_next_one(
     first, second = uuid.uuid4(), uuid.uuid4()
     with monkeypatch.context() as patch:
         patch.setattr(Stragglers, "of_process", _NoTimer)
-        later.put([(first, Fence(1, 0, 7))], lambda _result: None)
-    later.put([(second, Fence(1, 0, 7))], lambda _result: None)
+        later.put([UnchangedPoll(first, Fence(1, 0, 7))], lambda _result: None)
+    later.put([UnchangedPoll(second, Fence(1, 0, 7))], lambda _result: None)
     assert recorder.called.wait(timeout=5), "nothing was recorded"
     assert recorder.calls[0][1] == [first, second]

@@ -112,6 +112,9 @@ class StepOutcome:
     #: A poll that changed nothing and wrote nothing (its next poll is the one its claim set): its count is
     #: the caller's to record, with its batch's (``Ledger.record_unchanged_polls``).
     unchanged: bool = False
+    #: An unchanged poll that ran past the next poll its claim set: its record sets the next poll this far
+    #: from the record instead (the server's interval, jittered: never sooner than it after the poll).
+    next_poll_in_s: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The task's return value (JSON)."""

@@ -240,8 +240,18 @@ def observed(
             op.id, fence, status=server_status(status), read_by=None, next_poll_in_s=ctx.jittered(interval)
         )
         return StepOutcome(op.id, StepAction.STILL_WORKING, op.state)
-    if scheduled and _unchanged(ctx, op, status):
-        return StepOutcome(op.id, StepAction.STILL_WORKING, op.state, unchanged=True)
+    if scheduled and op.next_poll_at is not None and _unchanged(op, status):
+        # A member that ran past the next poll its claim set (a process behind its polls) is rescheduled by
+        # its batch's record, as a one-operation poll is by its write: never polled again sooner than the
+        # interval, and no statement of its own, which would put a process behind further behind.
+        late = op.next_poll_at <= ctx.now()
+        return StepOutcome(
+            op.id,
+            StepAction.STILL_WORKING,
+            op.state,
+            unchanged=True,
+            next_poll_in_s=ctx.jittered(interval) if late else None,
+        )
     op = ctx.ledger.record_poll(
         op.id,
         fence,
@@ -253,10 +263,9 @@ def observed(
     return StepOutcome(op.id, StepAction.STILL_WORKING, op.state)
 
 
-def _unchanged(ctx: StepContext, op: Operation, status: RemoteStatus) -> bool:
+def _unchanged(op: Operation, status: RemoteStatus) -> bool:
     """The answer is the row's (DESIGN §3: same server state, message and poll interval, so ``record_poll``
-    would only count it), it asks nothing, and the next poll its claim set is still ahead (a member that
-    ran later than that is rescheduled by its write, as a one-operation poll is)."""
+    would only count it), it asks nothing, and its claim set the next poll."""
     kept = ServerStatus(op.server_state, op.status_message, op.poll_interval_ms)
     return (
         server_status(status) == kept
@@ -264,7 +273,6 @@ def _unchanged(ctx: StepContext, op: Operation, status: RemoteStatus) -> bool:
         and not status.awaiting_input
         and op.lease_until is not None
         and op.next_poll_at is not None
-        and op.next_poll_at > ctx.now()
     )
 
 

@@ -43,9 +43,9 @@ from workers.submission import validate_submission
 def mcp_executor(
     database_url: str, broker_prefix: str, tmp_path: Path, log_dir: Path
 ) -> Iterator[tuple[McpServer, Executor]]:
-    """As ``tests/integration/conftest.py``'s, with tasks that poll every 2 s: a member that ran past the
-    next poll its claim set writes its reschedule (``poll._unchanged``), which is not what these tests
-    count."""
+    """As ``tests/integration/conftest.py``'s, with tasks that poll every 2 s: a batch's members answer
+    before the next poll their claims set, which these tests compare with (one that ran past it is
+    rescheduled by its record: its own test below)."""
     mcp = start_mcp_server(log_dir, poll_interval_ms=2000)
     config = tmp_path / "longcall.toml"
     config.write_text(fleet_config(mcp.url, poll_qps=5000, control_qps=5000))
@@ -162,6 +162,48 @@ def test_a_batch_of_unchanged_polls_reads_once_and_writes_once(
     assert [s.action for s in repeated] == [StepAction.NOTHING_TO_DO] * 6
     assert _writes(again) == []
     assert sum(1 for e in mcp.log() if e["method"] == "tasks/get") == reads_before + 6
+
+
+def test_a_member_that_ran_past_the_next_poll_its_claim_set_is_recorded_with_its_batch(
+    mcp_executor: tuple[McpServer, Executor],
+) -> None:
+    """A process behind its polls runs members after the next poll their claims set. Such a member's
+    unchanged poll is recorded in its batch's one statement, its next poll an interval (2 s, this server's)
+    from its record, not written alone: a poll written alone costs a statement of its own, the process falls
+    further behind, and more members run late (a process once behind stayed there, at twice the CPU a poll).
+    """
+    mcp, executor = mcp_executor
+    ids = _submit(executor, 3)
+    _due_now(executor, ids)
+    claims = _claim(executor, 3)
+    late = claims[0].op_id
+    with executor.ledger.engine.begin() as conn:  # as if its member ran a while after its claim
+        conn.execute(
+            text("UPDATE tool_operation SET next_poll_at = now() - interval '1 second' WHERE id = :id"),
+            {"id": late},
+        )
+    before = {c.op_id: executor.ledger.get(c.op_id) for c in claims}
+    reads_before = sum(1 for e in mcp.log() if e["method"] == "tasks/get")
+    started = dt.datetime.now(dt.UTC)
+
+    with _statements(executor) as sent:
+        steps = executor.advance_batch([PollMember(c.op_id, c.cursor) for c in claims])
+
+    assert [s.action for s in steps] == [StepAction.STILL_WORKING] * 3
+    assert len(_writes(sent)) == 1, [s[:60] for s in _writes(sent)]
+    assert sum(1 for e in mcp.log() if e["method"] == "tasks/get") == reads_before + 3
+    for claim in claims:
+        op = executor.ledger.get(claim.op_id)
+        assert op.unchanged_polls == before[claim.op_id].unchanged_polls + 1
+        assert op.event_seq == before[claim.op_id].event_seq  # no event
+        assert op.lease_until is None
+        if claim.op_id != late:
+            assert op.next_poll_at == before[claim.op_id].next_poll_at  # as the claim set it
+    due = executor.ledger.get(late).next_poll_at
+    assert due is not None
+    # Never sooner than the server's interval after the poll (rule 3), nor a round later than that.
+    assert started + dt.timedelta(seconds=2) <= due, due - started
+    assert due <= dt.datetime.now(dt.UTC) + dt.timedelta(seconds=2 * (1 + POLL_JITTER_SHARE)), due - started
 
 
 @pytest.fixture
