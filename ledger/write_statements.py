@@ -21,6 +21,7 @@ from sqlalchemy import (
     func,
     insert,
     literal,
+    literal_column,
     or_,
     select,
     true,
@@ -250,7 +251,7 @@ def update_unchanged_polls() -> Any:
         .table_valued("id", "epoch", "generation", "cursor", "next_in")
         .render_derived(name="members")
     )
-    rescheduled = capped_due(func.make_interval(0, 0, 0, 0, 0, 0, members.c.next_in), true())
+    rescheduled = capped_due(members.c.next_in * literal_column("interval '1 second'"), true())
     return (
         update(OP)
         .where(

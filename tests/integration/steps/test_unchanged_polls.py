@@ -176,11 +176,15 @@ def test_a_member_that_ran_past_the_next_poll_its_claim_set_is_recorded_with_its
     ids = _submit(executor, 3)
     _due_now(executor, ids)
     claims = _claim(executor, 3)
-    late = claims[0].op_id
-    with executor.ledger.engine.begin() as conn:  # as if its member ran a while after its claim
+    late, capped = claims[0].op_id, claims[1].op_id
+    with executor.ledger.engine.begin() as conn:  # as if their members ran a while after their claims
         conn.execute(
-            text("UPDATE tool_operation SET next_poll_at = now() - interval '1 second' WHERE id = :id"),
-            {"id": late},
+            text("UPDATE tool_operation SET next_poll_at = now() - interval '1 second' WHERE id = ANY(:ids)"),
+            {"ids": [late, capped]},
+        )
+        conn.execute(  # a wait deadline ahead, sooner than the interval: the record never sets a poll past it
+            text("UPDATE tool_operation SET wait_deadline = now() + interval '1 second' WHERE id = :id"),
+            {"id": capped},
         )
     before = {c.op_id: executor.ledger.get(c.op_id) for c in claims}
     reads_before = sum(1 for e in mcp.log() if e["method"] == "tasks/get")
@@ -197,8 +201,9 @@ def test_a_member_that_ran_past_the_next_poll_its_claim_set_is_recorded_with_its
         assert op.unchanged_polls == before[claim.op_id].unchanged_polls + 1
         assert op.event_seq == before[claim.op_id].event_seq  # no event
         assert op.lease_until is None
-        if claim.op_id != late:
+        if claim.op_id not in {late, capped}:
             assert op.next_poll_at == before[claim.op_id].next_poll_at  # as the claim set it
+    assert executor.ledger.get(capped).next_poll_at == before[capped].wait_deadline
     due = executor.ledger.get(late).next_poll_at
     assert due is not None
     # Never sooner than the server's interval after the poll (rule 3), nor a round later than that.
