@@ -20,6 +20,7 @@ CountedFault = Literal[
     "force_input_required",
     "lose_input_request",
     "refuse_reply",
+    "reject_reply",
     "ignore_reply",
     "malformed_result",
 ]
@@ -90,6 +91,9 @@ class FaultSwitches(BaseModel):
     #: The next N client JSON-RPC responses (input replies) are not taken: the connection is closed with no
     #: answer (a refused or cut POST); the task still waits for its input.
     refuse_reply: Count = 0
+    #: The next N client JSON-RPC responses are answered HTTP 400 with a JSON-RPC error and not taken (a
+    #: server that refuses the reply); the task still waits for its input.
+    reject_reply: Count = 0
     #: The next N client JSON-RPC responses are answered 202 and thrown away: the task still waits (a
     #: server that took the reply and never carried it to the task).
     ignore_reply: Count = 0

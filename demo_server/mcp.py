@@ -90,6 +90,8 @@ Control endpoints (test harness only, same port):
   - ``delay_reply_ms: M`` — a client's JSON-RPC response (an input reply) waits M ms before it is taken.
   - ``refuse_reply: N`` — a client's JSON-RPC response is not taken: its connection is closed with no
     answer; the task still waits for its input (the server asks once: it does not show the question again).
+  - ``reject_reply: N`` — a client's JSON-RPC response is answered 400 with a JSON-RPC error (-32602) and
+    not taken: the server refuses the reply; the task still waits for its input.
   - ``ignore_reply: N`` — a client's JSON-RPC response is answered 202 and thrown away: the task still
     waits.
   - ``require_bearer: "<token>"`` (or null) — every request to /mcp without ``Authorization: Bearer
@@ -275,26 +277,34 @@ class DemoMcpServer:
             return
         incoming = Incoming(message, session)
         if raw_method is None:
-            reply = {"t": time.time(), "id": message.get("id"), "session": headers.get("mcp-session-id")}
-            if self.faults.take("refuse_reply"):
-                self.replies.append({**reply, "outcome": "refused"})
-                await drop_connection(send)
-                return
-            # Listed as it arrives ("pending" while it is held), so that a reply still held is seen.
-            entry = {**reply, "outcome": "pending"}
-            self.replies.append(entry)
-            if self.faults.switches.delay_reply_ms:
-                await asyncio.sleep(self.faults.switches.delay_reply_ms / 1000)
-            if self.faults.take("ignore_reply"):
-                entry["outcome"] = "ignored"
-            else:
-                taken = self.streams.take_reply(incoming)
-                entry.update(outcome="taken" if taken else "duplicate", answered=time.time())
-            await respond(send, 202, headers=self.options.session_headers(incoming.session))
+            await self._reply(incoming, headers, send)
         elif "id" not in message:
             await respond(send, 202, headers=self.options.session_headers(incoming.session))
         else:
             await self._request(incoming, receive, send)
+
+    async def _reply(self, incoming: Incoming, headers: dict[str, str], send: Send) -> None:
+        """A client's JSON-RPC response (an input reply): taken, or as the fault switches say."""
+        reply = {"t": time.time(), "id": incoming.message.get("id"), "session": headers.get("mcp-session-id")}
+        if self.faults.take("refuse_reply"):
+            self.replies.append({**reply, "outcome": "refused"})
+            await drop_connection(send)
+            return
+        if self.faults.take("reject_reply"):
+            self.replies.append({**reply, "outcome": "rejected"})
+            await respond(send, 400, transport_error(-32602, "Invalid params: the reply is refused"))
+            return
+        # Listed as it arrives ("pending" while it is held), so that a reply still held is seen.
+        entry = {**reply, "outcome": "pending"}
+        self.replies.append(entry)
+        if self.faults.switches.delay_reply_ms:
+            await asyncio.sleep(self.faults.switches.delay_reply_ms / 1000)
+        if self.faults.take("ignore_reply"):
+            entry["outcome"] = "ignored"
+        else:
+            taken = self.streams.take_reply(incoming)
+            entry.update(outcome="taken" if taken else "duplicate", answered=time.time())
+        await respond(send, 202, headers=self.options.session_headers(incoming.session))
 
     async def _check_session(self, headers: dict[str, str], send: Send) -> tuple[bool, Session | None]:
         """(ok, the session: None when stateless); not ok after answering the error."""

@@ -165,15 +165,16 @@ class IntentMoves(GuardedWrites):
         ``retry_in_s``: it may not have arrived (a refused or cut connection, a 5xx, a timeout): it stays
         stored and is sent again then, by the step that finds it (its attempts and last error counted).
         Otherwise (``answered``: the stored request) the server refused it: the reply is given up and the
-        request marked ``reply_failed``, so the same question seen again opens a new round."""
+        request marked ``reply_failed``, so the same question seen again opens a new round: the row is due at
+        once, its claim let go (as after a reply sent), for the next poll to see what the server asks now."""
         round_ = int(reply["input_round"])
         failed = {**reply, "attempts": int(reply["attempts"]) + 1, "last_error": error}
-        sets: dict[str, Any] = {"input_reply": failed}
+        sets: dict[str, Any] = {"input_reply": failed, "lease_until": None}
         if retry_in_s is not None:
-            sets.update(next_poll_at=due_after(retry_in_s), lease_until=None)
+            sets["next_poll_at"] = due_after(retry_in_s)
         else:
             failed["given_up"] = True
-            sets["input_request"] = {**(answered or {}), "reply_failed": True}
+            sets.update(input_request={**(answered or {}), "reply_failed": True}, next_poll_at=due_in(0))
         write = GuardedWrite(
             (S.WORKING,),
             None,

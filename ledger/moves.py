@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -38,7 +39,8 @@ S = OpState
 RENEWAL_TIMEOUT = text("SELECT set_config('statement_timeout', :ms, true)")
 #: How long a record of unchanged polls waits for a row lock another transaction holds (a takeover's update
 #: of every row, an operator's open transaction) before it gives up: its claims then run out.
-RECORD_LOCK_WAIT = "2s"
+RECORD_LOCK_WAIT_S = 2.0
+RECORD_LOCK_WAIT = f"{RECORD_LOCK_WAIT_S:g}s"
 
 
 class OperationMoves(GuardedWrites):
@@ -294,32 +296,43 @@ class OperationMoves(GuardedWrites):
         each under its claim's fence, in one statement for all of them (a batch's): counted on the row
         (``unchanged_polls``, ``last_polled_at``), the claim let go, no event (DESIGN §3); the next poll is
         due when the claim that sent the poll set it (``Ledger.claim_due_by_server`` with its default
-        intervals), or, for a member that ran past that, its ``next_poll_in_s`` from now. A member whose
-        fence moved, or whose claim was let go already (a copy of its message ran it), is not written: it is
-        left out of the ids returned, and nothing is recorded for it.
+        intervals), or, where that has passed, at its ``next_poll_due`` (see :class:`UnchangedPoll`). A
+        member whose fence moved, or whose claim was let go already (a copy of its message ran it), is not
+        written: it is left out of the ids returned, and nothing is recorded for it.
 
         It waits at most :data:`RECORD_LOCK_WAIT` for a row another transaction holds, then raises (the
         process's straggler thread, which writes it when no batch's read comes first, is never held up by a
         lock for longer)."""
         if not members:
             return set()
+        params = self._unchanged_params(members)
         with self._tx() as conn:
             conn.execute(text(f"SET LOCAL lock_timeout = '{RECORD_LOCK_WAIT}'"))
-            return self._record_unchanged(conn, members)
+            return self._record_unchanged(conn, params)
 
-    def _record_unchanged(self, conn: Connection, members: Sequence[UnchangedPoll]) -> set[uuid.UUID]:
-        """:meth:`record_unchanged_polls`' statement, on ``conn`` (in the caller's transaction)."""
+    def _unchanged_params(self, members: Sequence[UnchangedPoll]) -> dict[str, Any]:
+        """:meth:`record_unchanged_polls`' binds. Each due is taken as seconds from now before the
+        transaction begins: the database's ``now()`` (the transaction's start) comes after, so the next poll
+        it sets is never before the due (rule 3)."""
         for member in members:
             if member.fence.poll_cursor is None:
                 raise ValueError("an unchanged poll is recorded under its claim's cursor")
-        params = {
+        now = time.monotonic()
+        return {
             "op_ids": [m.op_id for m in members],
             "epochs": [m.fence.execution_epoch for m in members],
             "generations": [m.fence.cancel_generation for m in members],
             "cursors": [m.fence.poll_cursor for m in members],
-            "next_in": [m.next_poll_in_s for m in members],
+            "next_in": [
+                None if m.next_poll_due is None else max(0.0, m.next_poll_due - now) for m in members
+            ],
             "fence_executor": self.executor_id,
         }
+
+    @staticmethod
+    def _record_unchanged(conn: Connection, params: Mapping[str, Any]) -> set[uuid.UUID]:
+        """:meth:`record_unchanged_polls`' statement with its binds (:meth:`_unchanged_params`), on ``conn``
+        (in the caller's transaction)."""
         rows = conn.execute(STATEMENTS.get(update_unchanged_polls), params).all()
         return {row.id for row in rows}
 

@@ -37,13 +37,14 @@ class Fence:
 @dataclass(frozen=True, slots=True)
 class UnchangedPoll:
     """A poll that changed nothing, to be recorded with its batch's (``Ledger.record_unchanged_polls``):
-    its operation and its claim's fence. ``next_poll_in_s``: the member ran past the next poll its claim
-    set, so its record sets the next poll this far from the record (capped as :func:`due_in`); None keeps the
-    claim's."""
+    its operation and its claim's fence. ``next_poll_due``: this process's ``time.monotonic()`` when the
+    next poll is due at the earliest (the read's time plus the server's interval, jittered). Where the next
+    poll the claim set has passed by the record (the member ran late, or its record waited), the record
+    sets the next poll then, never past a deadline ahead (as :func:`due_in`); None keeps the claim's."""
 
     op_id: uuid.UUID
     fence: Fence
-    next_poll_in_s: float | None = None
+    next_poll_due: float | None = None
 
 
 class _BodyNotRead:

@@ -153,10 +153,11 @@ class Ledger(
         up by them. A failure of the read itself is raised."""
         if not unchanged:
             return set(), self.get_many(op_ids)
+        params = self._unchanged_params(unchanged)
         try:
             with self._tx() as conn:
                 conn.execute(text(f"SET LOCAL lock_timeout = '{RECORD_LOCK_WAIT}'"))
-                written = self._record_unchanged(conn, unchanged)
+                written = self._record_unchanged(conn, params)
                 return written, self._read_many(conn, op_ids)
         except DBAPIError as exc:
             return exc, self.get_many(op_ids)

@@ -25,7 +25,8 @@ import redis
 
 from ledger.errors import StaleTransition
 from ledger.events import EventKind
-from ledger.records import Fence, NewOperation, Operation, Submission
+from ledger.moves import RECORD_LOCK_WAIT_S
+from ledger.records import Fence, NewOperation, Operation, Submission, UnchangedPoll
 from ledger.repository import Ledger
 from ledger.shadow import LegacyRecording, ShadowComparison
 from ledger.states import OpState
@@ -573,12 +574,37 @@ class Executor:
             step = self._member_step(member, row, budget)
             if step.unchanged and row is not None:
                 fence = Fence(row.execution_epoch, row.cancel_generation, member.cursor)
+                if not self._record_may_wait(row):
+                    step, fence = self._recorded_alone(step, fence), None
         except Exception as exc:  # the member's own answer, never the batch's failure
             log.exception("the poll of %s failed; %s", member.op_id, AGAIN_AFTER_LEASE)
             step = _deferred(member.op_id, exc)
         batch.done(
             index, step, fence, let_go=functools.partial(member_threads.let_go, member.op_id, member.cursor)
         )
+
+    def _record_may_wait(self, row: Operation) -> bool:
+        """Whether the member's claim outlasts the longest its batch's record of an unchanged poll may wait
+        (the stragglers' bound, the process's record a tick later, and the record's lock wait). Else its lease
+        could run out first, and the row, due meanwhile, be claimed and polled again sooner than its
+        interval: its record is written at once instead."""
+        tick = self.rt.settings.dispatch_interval_s
+        waits_s = (STRAGGLER_BOUND_TICKS + 1) * tick + RECORD_LOCK_WAIT_S
+        lease = row.lease_until
+        return lease is not None and lease - self.ctx.now() > dt.timedelta(seconds=waits_s)
+
+    def _recorded_alone(self, step: StepOutcome, fence: Fence) -> StepOutcome:
+        """An unchanged poll recorded now, alone (``Ledger.record_unchanged_polls``); answered STALE when
+        its claim was not the row's any more, as the batch's record would. A fault is the member's own."""
+        due = None if step.next_poll_in_s is None else time.monotonic() + step.next_poll_in_s
+        try:
+            written = self.ledger.record_unchanged_polls([UnchangedPoll(step.op_id, fence, due)])
+        except INFRASTRUCTURE as exc:
+            log.warning("the poll of %s met %s; %s", step.op_id, describe_fault(exc), AGAIN_AFTER_LEASE)
+            return _deferred(step.op_id, exc)
+        if step.op_id in written:
+            return step
+        return StepOutcome(step.op_id, StepAction.STALE, None, detail={"unchanged": "not recorded"})
 
     def _member_step(
         self, member: PollMember, row: Operation | None, budget: TokenBudget | None
@@ -665,13 +691,20 @@ class Executor:
                     op_id, StepAction.INPUT_RECORDED, recorded.state, detail={"input_round": input_round}
                 )
             op = self.ledger.get(op_id, with_body=False)
-            return self._guard(op, claim.poll_cursor, input_rounds.send_reply)
+            outcome = self._guard(op, claim.poll_cursor, input_rounds.send_reply)
+            if outcome.action is StepAction.NOTHING_TO_DO:
+                # A step of the dispatcher's sent the reply between its record and this claim, which wrote
+                # nothing: it goes back, the row due when it was, not when this claim's lease runs out.
+                due = op.next_poll_at
+                due_in = 0.0 if due is None else (due - self.ctx.now()).total_seconds()
+                self.ledger.hand_back_claims([(op_id, claim.poll_cursor, due_in)])
         except INFRASTRUCTURE as exc:
             # The reply is stored (rule 10): the dispatcher's next step sends it.
             log.warning("the reply to %s is recorded; sending it met %s", op_id, describe_fault(exc))
             return StepOutcome(
                 op_id, StepAction.INPUT_RECORDED, recorded.state, detail={"fault": describe_fault(exc)}
             )
+        return outcome
 
     def _record_reply(
         self, op_id: uuid.UUID, input_round: int, response: Mapping[str, Any]

@@ -87,7 +87,8 @@ class PollBatch:
             self._left -= 1
             last = self._left == 0
             if step.unchanged and fence is not None:
-                poll = UnchangedPoll(step.op_id, fence, step.next_poll_in_s)
+                due = None if step.next_poll_in_s is None else time.monotonic() + step.next_poll_in_s
+                poll = UnchangedPoll(step.op_id, fence, due)
                 self._unrecorded.append((index, poll, let_go))
                 if not last and not self._bound_set:
                     self._bound_set = set_bound = True

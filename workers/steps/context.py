@@ -109,11 +109,11 @@ class StepOutcome:
     state: OpState | None = None
     drain_now: bool = False
     detail: Mapping[str, Any] = field(default_factory=dict)
-    #: A poll that changed nothing and wrote nothing (its next poll is the one its claim set): its count is
-    #: the caller's to record, with its batch's (``Ledger.record_unchanged_polls``).
+    #: A poll that changed nothing and wrote nothing (its next poll is the one its claim set, while that is
+    #: ahead): its count is the caller's to record, with its batch's (``Ledger.record_unchanged_polls``).
     unchanged: bool = False
-    #: An unchanged poll that ran past the next poll its claim set: its record sets the next poll this far
-    #: from the record instead (the server's interval, jittered: never sooner than it after the poll).
+    #: An unchanged poll's interval to its next poll (the server's, jittered): where the next poll its claim
+    #: set has passed by its record, the record sets it this far from the read instead.
     next_poll_in_s: float | None = None
 
     def as_dict(self) -> dict[str, Any]:

@@ -240,17 +240,13 @@ def observed(
             op.id, fence, status=server_status(status), read_by=None, next_poll_in_s=ctx.jittered(interval)
         )
         return StepOutcome(op.id, StepAction.STILL_WORKING, op.state)
-    if scheduled and op.next_poll_at is not None and _unchanged(op, status):
-        # A member that ran past the next poll its claim set (a process behind its polls) is rescheduled by
-        # its batch's record, as a one-operation poll is by its write: never polled again sooner than the
-        # interval, and no statement of its own, which would put a process behind further behind.
-        late = op.next_poll_at <= ctx.now()
+    if scheduled and _unchanged(op, status):
+        # A member that ran past the next poll its claim set (a process behind its polls), or whose record
+        # waits past it, is rescheduled by its batch's record, as a one-operation poll is by its write: never
+        # polled again sooner than the interval, and no statement of its own, which would put a process
+        # behind further behind (``Ledger.record_unchanged_polls``).
         return StepOutcome(
-            op.id,
-            StepAction.STILL_WORKING,
-            op.state,
-            unchanged=True,
-            next_poll_in_s=ctx.jittered(interval) if late else None,
+            op.id, StepAction.STILL_WORKING, op.state, unchanged=True, next_poll_in_s=ctx.jittered(interval)
         )
     op = ctx.ledger.record_poll(
         op.id,

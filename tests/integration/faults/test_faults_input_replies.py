@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,7 @@ from tests.support.fleet import (
     FleetParts,
     McpServer,
     in_process_executor,
+    run_due,
     running_fleet,
     step_until,
 )
@@ -161,6 +163,56 @@ def test_an_answer_sent_while_redis_is_down_is_recorded_and_sent_once_redis_is_b
     hot.start()
     step_until(executor, op_id, S.ACCEPTED)
     assert [r["outcome"] for r in mcp.replies()] == ["taken"]
+
+
+def test_a_reply_the_server_refuses_lets_its_claim_go_and_the_row_is_polled_again_at_once(
+    private_redis_executor: tuple[McpServer, Executor, support.PrivateRedis],
+) -> None:
+    """The server refuses the reply (HTTP 400, a JSON-RPC error): the reply is given up, the round marked
+    so, and the claim the answer's step took is let go, the row due at once: the next poll sees what the
+    server asks now, as after a reply it took, not when the step's 30 s lease runs out."""
+    mcp, executor, _ = private_redis_executor
+    op_id = waiting_for_input(executor, "n/reply-rejected")
+    mcp.faults(reject_reply=1)
+
+    outcome = executor.provide_input(op_id, 1, APPROVE)
+
+    assert outcome.action is StepAction.INPUT_REPLY_REFUSED, outcome
+    assert [r["outcome"] for r in mcp.replies()] == ["rejected"]
+    op = executor.ledger.get(op_id)
+    assert op.state is S.WORKING
+    assert op.input_request is not None
+    assert op.input_request["reply_failed"] is True
+    assert op.lease_until is None, "the refused reply's step kept its claim: no poll until its lease ran out"
+    assert [d.op_id for d in executor.dispatch_due()] == [op_id]
+
+
+def test_an_answer_whose_reply_a_poll_sent_first_lets_its_claim_go(
+    private_redis_executor: tuple[McpServer, Executor, support.PrivateRedis],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Between the answer's record and its claim, the dispatcher's step claims the row (due at once) and
+    sends the stored reply. The answer's own claim then finds nothing to send: it goes back, the row due as
+    the reply's step left it, rather than held until the claim's 30 s lease runs out."""
+    mcp, executor, _ = private_redis_executor
+    op_id = waiting_for_input(executor, "n/reply-sent-first")
+    record = executor._record_reply
+
+    def recorded_then_sent_by_a_poll(op: uuid.UUID, input_round: int, response: dict[str, Any]) -> Any:
+        stored = record(op, input_round, response)
+        run_due(executor)  # the dispatcher's tick: its step sends the stored reply
+        assert [r["outcome"] for r in mcp.replies()] == ["taken"]
+        return stored
+
+    monkeypatch.setattr(executor, "_record_reply", recorded_then_sent_by_a_poll)
+
+    outcome = executor.provide_input(op_id, 1, APPROVE)
+
+    assert outcome.action is StepAction.NOTHING_TO_DO, outcome
+    op = executor.ledger.get(op_id)
+    assert op.lease_until is None, "the answer's claim was kept: no step until its lease ran out"
+    assert [r["outcome"] for r in mcp.replies()] == ["taken"]
+    step_until(executor, op_id, S.ACCEPTED, timeout=15)
 
 
 # ------------------------------------------- an operator's "found" after a round's bound: the answer lives

@@ -26,7 +26,7 @@ import sqlalchemy.exc
 from sqlalchemy import event, text
 
 from ledger.events import EventKind
-from ledger.records import POLL_JITTER_MAX_S, POLL_JITTER_SHARE, Operation
+from ledger.records import POLL_JITTER_MAX_S, POLL_JITTER_SHARE, Fence, Operation, UnchangedPoll
 from ledger.states import OpState
 from tests import support
 from tests.support.fleet import McpServer, fleet_config, in_process_runtime, start_mcp_server
@@ -183,7 +183,7 @@ def test_a_member_that_ran_past_the_next_poll_its_claim_set_is_recorded_with_its
             {"ids": [late, capped]},
         )
         conn.execute(  # a wait deadline ahead, sooner than the interval: the record never sets a poll past it
-            text("UPDATE tool_operation SET wait_deadline = now() + interval '1 second' WHERE id = :id"),
+            text("UPDATE tool_operation SET wait_deadline = now() + interval '1.9 seconds' WHERE id = :id"),
             {"id": capped},
         )
     before = {c.op_id: executor.ledger.get(c.op_id) for c in claims}
@@ -211,16 +211,90 @@ def test_a_member_that_ran_past_the_next_poll_its_claim_set_is_recorded_with_its
     assert due <= dt.datetime.now(dt.UTC) + dt.timedelta(seconds=2 * (1 + POLL_JITTER_SHARE)), due - started
 
 
+def test_a_member_whose_claim_would_run_out_before_its_batchs_record_is_recorded_at_once(
+    mcp_executor: tuple[McpServer, Executor],
+) -> None:
+    """A batch's record of its unchanged polls may wait a few ticks (its stragglers, the process's next
+    read) and a lock. A member whose lease has less than that left is recorded alone at once: else its lease
+    could run out first, and its row, due, be claimed and polled again before the server's interval."""
+    _mcp, executor = mcp_executor
+    ids = _submit(executor, 3)
+    _due_now(executor, ids)
+    claims = _claim(executor, 3)
+    short = claims[0].op_id
+    with executor.ledger.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE tool_operation SET lease_until = now() + interval '2 seconds' WHERE id = :id"),
+            {"id": short},
+        )
+    before = {c.op_id: executor.ledger.get(c.op_id) for c in claims}
+
+    with _statements(executor) as sent:
+        steps = executor.advance_batch([PollMember(c.op_id, c.cursor) for c in claims])
+
+    assert [s.action for s in steps] == [StepAction.STILL_WORKING] * 3
+    # The short one's record alone (its lock wait, its update), then the batch's for the other two.
+    assert len(_writes(sent)) == 2, [s[:60] for s in _writes(sent)]
+    for claim in claims:
+        op = executor.ledger.get(claim.op_id)
+        assert op.unchanged_polls == before[claim.op_id].unchanged_polls + 1
+        assert op.lease_until is None
+        assert op.event_seq == before[claim.op_id].event_seq
+
+
+def test_a_record_sets_the_next_poll_from_the_read_where_the_claims_has_passed(
+    mcp_executor: tuple[McpServer, Executor],
+) -> None:
+    """``Ledger.record_unchanged_polls`` keeps the next poll a claim set while it is ahead; where it has
+    passed by the record (the member ran late, or its record waited), the next poll is the read's time plus
+    the interval (``UnchangedPoll.next_poll_due``), however long the record waited; without a due, the
+    claim's is kept."""
+    _mcp, executor = mcp_executor
+    ids = _submit(executor, 3)
+    _due_now(executor, ids)
+    claims = _claim(executor, 3)
+    ahead, passed, no_due = (c.op_id for c in claims)
+    with executor.ledger.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE tool_operation SET next_poll_at = now() - interval '1 second' WHERE id = ANY(:ids)"),
+            {"ids": [passed, no_due]},
+        )
+    snapshots = {c.op_id: executor.ledger.get(c.op_id) for c in claims}
+    fences = {
+        c.op_id: Fence(snapshots[c.op_id].execution_epoch, snapshots[c.op_id].cancel_generation, c.cursor)
+        for c in claims
+    }
+    read = dt.datetime.now(dt.UTC)
+    due = time.monotonic() + 2.0  # the read's time plus a 2 s interval
+    time.sleep(0.5)  # the record waits
+
+    written = executor.ledger.record_unchanged_polls(
+        [UnchangedPoll(op_id, fences[op_id], None if op_id == no_due else due) for op_id in fences]
+    )
+
+    assert written == set(fences)
+    assert executor.ledger.get(ahead).next_poll_at == snapshots[ahead].next_poll_at
+    assert executor.ledger.get(no_due).next_poll_at == snapshots[no_due].next_poll_at
+    next_poll = executor.ledger.get(passed).next_poll_at
+    assert next_poll is not None
+    # Two seconds from the read, not from the record half a second later (the clocks' skew allowed).
+    assert read + dt.timedelta(seconds=1.95) <= next_poll <= read + dt.timedelta(seconds=2.25), (
+        next_poll - read
+    )
+
+
 @pytest.fixture
 def slow_tick(
     database_url: str, broker_prefix: str, tmp_path: Path, log_dir: Path
 ) -> Iterator[tuple[McpServer, Executor]]:
     """An executor whose dispatch tick is 20 s: a batch's unchanged polls wait for the next batch's read
-    (or 20 s) while the test looks; tasks that poll every 30 s."""
+    (or 20 s) while the test looks; tasks that poll every 30 s. Its lease outlasts the longest a batch's
+    record may wait (``Executor._record_may_wait``: five ticks and the lock wait), else each member would be
+    recorded alone at once."""
     mcp = start_mcp_server(log_dir, poll_interval_ms=30_000)
     config = tmp_path / "longcall.toml"
     config.write_text(fleet_config(mcp.url, poll_qps=5000, control_qps=5000))
-    runtime = in_process_runtime(database_url, broker_prefix, config, lease_s=60, dispatch_interval_s=20)
+    runtime = in_process_runtime(database_url, broker_prefix, config, lease_s=150, dispatch_interval_s=20)
     try:
         yield mcp, Executor(runtime)
     finally:
