@@ -296,7 +296,7 @@ class OperationMoves(GuardedWrites):
         each under its claim's fence, in one statement for all of them (a batch's): counted on the row
         (``unchanged_polls``, ``last_polled_at``), the claim let go, no event (DESIGN §3); the next poll is
         due when the claim that sent the poll set it (``Ledger.claim_due_by_server`` with its default
-        intervals), or, where that has passed, at its ``next_poll_due`` (see :class:`UnchangedPoll`). A
+        intervals), or at its ``next_poll_due`` when that is later (see :class:`UnchangedPoll`). A
         member whose fence moved, or whose claim was let go already (a copy of its message ran it), is not
         written: it is left out of the ids returned, and nothing is recorded for it.
 

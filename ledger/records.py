@@ -38,9 +38,9 @@ class Fence:
 class UnchangedPoll:
     """A poll that changed nothing, to be recorded with its batch's (``Ledger.record_unchanged_polls``):
     its operation and its claim's fence. ``next_poll_due``: this process's ``time.monotonic()`` when the
-    next poll is due at the earliest (the read's time plus the server's interval, jittered). Where the next
-    poll the claim set has passed by the record (the member ran late, or its record waited), the record
-    sets the next poll then, never past a deadline ahead (as :func:`due_in`); None keeps the claim's."""
+    next poll is due at the earliest (the read's time plus the server's interval, jittered). The record sets
+    the next poll at the later of that and the one the claim set, never past a deadline ahead (as
+    :func:`due_in`); None keeps the claim's."""
 
     op_id: uuid.UUID
     fence: Fence

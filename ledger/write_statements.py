@@ -237,10 +237,11 @@ def update_unchanged_polls() -> Any:
     """The polls of a batch that changed nothing, in one statement (DESIGN §3: counted on the row, no
     event): for each ``(:op_ids[i], :epochs[i], :generations[i], :cursors[i])`` still WORKING under that
     fence and still claimed (a copy of the batch that ran already let the claim go), ``unchanged_polls`` + 1,
-    ``last_polled_at`` now, the lease let go; the next poll's due time is the one its claim set while that
-    is still ahead; where it has passed (the member ran late, or its record waited) and ``:next_in[i]`` is
-    given, that many seconds from now (the read's time plus the interval), never past a deadline ahead, as
-    ``record_poll`` sets it. Only the epoch's owner writes (rule 13). Returns the ids written."""
+    ``last_polled_at`` now, the lease let go; the next poll's due time is the later of the one its claim set
+    and, when ``:next_in[i]`` is given, that many seconds from now (the read's time plus the interval),
+    never past a deadline ahead, as ``record_poll`` sets it: never sooner than the interval after the read,
+    however late the member ran or its record came. Only the epoch's owner writes (rule 13). Returns the ids
+    written."""
     members = (
         func.unnest(
             bindparam("op_ids", type_=ARRAY(OP.c.id.type)),
@@ -269,8 +270,8 @@ def update_unchanged_polls() -> Any:
             unchanged_polls=OP.c.unchanged_polls + 1,
             last_polled_at=func.now(),
             next_poll_at=case(
-                (or_(members.c.next_in.is_(None), OP.c.next_poll_at > func.now()), OP.c.next_poll_at),
-                else_=rescheduled,
+                (members.c.next_in.is_(None), OP.c.next_poll_at),
+                else_=func.greatest(OP.c.next_poll_at, rescheduled),
             ),
             lease_until=None,
             updated_at=func.now(),

@@ -692,11 +692,11 @@ class Executor:
                 )
             op = self.ledger.get(op_id, with_body=False)
             outcome = self._guard(op, claim.poll_cursor, input_rounds.send_reply)
-            if outcome.action is StepAction.NOTHING_TO_DO:
+            if outcome.action is StepAction.NOTHING_TO_DO and op.next_poll_at is not None:
                 # A step of the dispatcher's sent the reply between its record and this claim, which wrote
-                # nothing: it goes back, the row due when it was, not when this claim's lease runs out.
-                due = op.next_poll_at
-                due_in = 0.0 if due is None else (due - self.ctx.now()).total_seconds()
+                # nothing: it goes back, the row due when it was, not when this claim's lease runs out. (A
+                # row no step is due for, in a state that is not polled, keeps its schedule: none.)
+                due_in = (op.next_poll_at - self.ctx.now()).total_seconds()
                 self.ledger.hand_back_claims([(op_id, claim.poll_cursor, due_in)])
         except INFRASTRUCTURE as exc:
             # The reply is stored (rule 10): the dispatcher's next step sends it.

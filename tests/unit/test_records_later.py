@@ -131,5 +131,5 @@ def test_an_unchanged_polls_next_poll_is_due_its_interval_from_its_answer_not_fr
     first, second = later.take().polls
     assert first.op_id == op_id
     assert first.next_poll_due is not None
-    assert answered + 2.0 <= first.next_poll_due <= answered + 2.1
+    assert answered + 2.0 <= first.next_poll_due <= answered + 2.25
     assert second.next_poll_due is None  # no interval given: the claim's next poll is kept

@@ -109,11 +109,12 @@ class StepOutcome:
     state: OpState | None = None
     drain_now: bool = False
     detail: Mapping[str, Any] = field(default_factory=dict)
-    #: A poll that changed nothing and wrote nothing (its next poll is the one its claim set, while that is
-    #: ahead): its count is the caller's to record, with its batch's (``Ledger.record_unchanged_polls``).
+    #: A poll that changed nothing and wrote nothing (its next poll is the one its claim set, or an interval
+    #: after the read if that is later): its count is the caller's to record, with its batch's
+    #: (``Ledger.record_unchanged_polls``).
     unchanged: bool = False
     #: An unchanged poll's interval to its next poll (the server's, jittered): where the next poll its claim
-    #: set has passed by its record, the record sets it this far from the read instead.
+    #: set comes sooner after the read than that, the record sets it this far from the read instead.
     next_poll_in_s: float | None = None
 
     def as_dict(self) -> dict[str, Any]:

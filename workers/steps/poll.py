@@ -241,9 +241,9 @@ def observed(
         )
         return StepOutcome(op.id, StepAction.STILL_WORKING, op.state)
     if scheduled and _unchanged(op, status):
-        # A member that ran past the next poll its claim set (a process behind its polls), or whose record
-        # waits past it, is rescheduled by its batch's record, as a one-operation poll is by its write: never
-        # polled again sooner than the interval, and no statement of its own, which would put a process
+        # A member that ran late after its claim (a process behind its polls), or whose record waits, is
+        # rescheduled by its batch's record, as a one-operation poll is by its write: never polled again
+        # sooner than the interval after this read, and no statement of its own, which would put a process
         # behind further behind (``Ledger.record_unchanged_polls``).
         return StepOutcome(
             op.id, StepAction.STILL_WORKING, op.state, unchanged=True, next_poll_in_s=ctx.jittered(interval)
