@@ -215,6 +215,33 @@ def test_an_answer_whose_reply_a_poll_sent_first_lets_its_claim_go(
     step_until(executor, op_id, S.ACCEPTED, timeout=15)
 
 
+def test_an_answer_whose_operation_ended_before_its_claim_leaves_the_final_row_unscheduled(
+    private_redis_executor: tuple[McpServer, Executor, support.PrivateRedis],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As above, and the operation even ended (its receipt accepted) before the answer's claim: the claim
+    finds nothing to send and the row, final, keeps no schedule (a hand-back would have made it due, which
+    a final row may never be)."""
+    mcp, executor, _ = private_redis_executor
+    op_id = waiting_for_input(executor, "n/reply-ended-first")
+    record = executor._record_reply
+
+    def recorded_then_ended(op: uuid.UUID, input_round: int, response: dict[str, Any]) -> Any:
+        stored = record(op, input_round, response)
+        step_until(executor, op, S.ACCEPTED)  # the dispatcher's steps send the reply, and the task ends
+        return stored
+
+    monkeypatch.setattr(executor, "_record_reply", recorded_then_ended)
+
+    outcome = executor.provide_input(op_id, 1, APPROVE)
+
+    assert outcome.action is StepAction.NOTHING_TO_DO, outcome
+    op = executor.ledger.get(op_id)
+    assert op.state is S.ACCEPTED
+    assert op.next_poll_at is None
+    assert [r["outcome"] for r in mcp.replies()] == ["taken"]
+
+
 # ------------------------------------------- an operator's "found" after a round's bound: the answer lives
 
 
