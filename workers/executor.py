@@ -596,9 +596,10 @@ class Executor:
     def _recorded_alone(self, step: StepOutcome, fence: Fence) -> StepOutcome:
         """An unchanged poll recorded now, alone (``Ledger.record_unchanged_polls``); answered STALE when
         its claim was not the row's any more, as the batch's record would. A fault is the member's own."""
-        due = None if step.next_poll_in_s is None else time.monotonic() + step.next_poll_in_s
         try:
-            written = self.ledger.record_unchanged_polls([UnchangedPoll(step.op_id, fence, due)])
+            written = self.ledger.record_unchanged_polls(
+                [UnchangedPoll(step.op_id, fence, step.next_poll_due)]
+            )
         except INFRASTRUCTURE as exc:
             log.warning("the poll of %s met %s; %s", step.op_id, describe_fault(exc), AGAIN_AFTER_LEASE)
             return _deferred(step.op_id, exc)

@@ -87,9 +87,7 @@ class PollBatch:
             self._left -= 1
             last = self._left == 0
             if step.unchanged and fence is not None:
-                due = None if step.next_poll_in_s is None else time.monotonic() + step.next_poll_in_s
-                poll = UnchangedPoll(step.op_id, fence, due)
-                self._unrecorded.append((index, poll, let_go))
+                self._unrecorded.append((index, UnchangedPoll(step.op_id, fence, step.next_poll_due), let_go))
                 if not last and not self._bound_set:
                     self._bound_set = set_bound = True
             elif let_go is not None:

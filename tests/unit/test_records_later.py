@@ -118,12 +118,13 @@ def test_a_hand_over_whose_flush_could_not_be_set_has_it_set_by_the_next_one(
 
 def test_an_unchanged_polls_next_poll_is_due_its_interval_from_its_answer_not_from_its_record() -> None:
     """The record of an unchanged poll may come ticks after its answer: the due it carries is the answer's
-    time plus the interval (``UnchangedPoll.next_poll_due``), not the record's."""
+    time plus the interval (``StepOutcome.next_poll_due``, set by the poll step at its read, carried into
+    ``UnchangedPoll.next_poll_due``), not the record's."""
     later = RecordLater(_Recorder(), bound_s=10.0)
     batch = PollBatch(2, later, bound_s=10.0)
     op_id = uuid.uuid4()
     answered = time.monotonic()
-    step = StepOutcome(op_id, StepAction.STILL_WORKING, None, unchanged=True, next_poll_in_s=2.0)
+    step = StepOutcome(op_id, StepAction.STILL_WORKING, None, unchanged=True, next_poll_due=answered + 2.0)
     batch.done(0, step, Fence(1, 0, 1))
     batch.done(1, _step(uuid.uuid4()), Fence(1, 0, 1))  # the last: handed over
     time.sleep(0.3)  # the process's record comes later

@@ -113,9 +113,9 @@ class StepOutcome:
     #: after the read if that is later): its count is the caller's to record, with its batch's
     #: (``Ledger.record_unchanged_polls``).
     unchanged: bool = False
-    #: An unchanged poll's interval to its next poll (the server's, jittered): where the next poll its claim
-    #: set comes sooner after the read than that, the record sets it this far from the read instead.
-    next_poll_in_s: float | None = None
+    #: An unchanged poll's next poll at the earliest, on this process's ``time.monotonic()``: its read's
+    #: time plus the server's interval, jittered (``UnchangedPoll.next_poll_due``, which its record keeps).
+    next_poll_due: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The task's return value (JSON)."""

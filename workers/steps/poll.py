@@ -8,6 +8,7 @@ anything else schedules the next poll from the server's hint plus jitter.
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -245,9 +246,8 @@ def observed(
         # rescheduled by its batch's record, as a one-operation poll is by its write: never polled again
         # sooner than the interval after this read, and no statement of its own, which would put a process
         # behind further behind (``Ledger.record_unchanged_polls``).
-        return StepOutcome(
-            op.id, StepAction.STILL_WORKING, op.state, unchanged=True, next_poll_in_s=ctx.jittered(interval)
-        )
+        due = time.monotonic() + ctx.jittered(interval)
+        return StepOutcome(op.id, StepAction.STILL_WORKING, op.state, unchanged=True, next_poll_due=due)
     op = ctx.ledger.record_poll(
         op.id,
         fence,
