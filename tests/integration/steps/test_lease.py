@@ -281,22 +281,38 @@ def test_a_renewal_stuck_behind_a_row_lock_gives_up_in_time_and_the_other_claims
     ]
 
 
+class KeeperKilled(BaseException):
+    """What ends the keeper's thread here: not an ``Exception``, which a renewal's own failure is (caught, and
+    tried again)."""
+
+
 def test_a_keeper_that_died_is_replaced_by_the_next_claim(
-    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Were the keeper thread to end (not by a renewal's own error: those are caught), the next claim starts
-    another instead of waiting for renewals that never come."""
+    another instead of waiting for renewals that never come. The keeper dies for real here: one that only
+    looked dead (its thread swapped for an ended one) kept running beside its successor, and two keepers
+    renewing one claim at once could move its lease back (seen in a full run: the earlier transaction
+    committed last)."""
+
+    def killed(*args: object, **kwargs: object) -> bool:
+        raise KeeperKilled
+
     first = claimed(ledger, "n/first-keeper")
-    with keep_lease(ledger, first.id, first.fence, LEASE_S):
-        wait_renewed(ledger, first.id, times=1)
     keeper = lease._keeper
-    dead = threading.Thread(target=lambda: None)
-    dead.start()
-    dead.join(timeout=5)
-    monkeypatch.setattr(keeper, "_thread", dead)  # as if the keeper had died
+    with caplog.at_level(logging.ERROR, logger="longcall.lease"), monkeypatch.context() as patch:
+        patch.setattr(ledger, "renew_lease", killed)
+        with keep_lease(ledger, first.id, first.fence, LEASE_S):
+            dying = keeper._thread
+            assert dying is not None
+            dying.join(timeout=WAIT_S)
+            assert not dying.is_alive(), "the keeper's first renewal did not end its thread"
+    assert "the lease keeper stopped; the next claim starts another" in caplog.messages
     second = claimed(ledger, "n/second-keeper")
     with keep_lease(ledger, second.id, second.fence, LEASE_S):
+        assert keeper._thread is not dying
         wait_renewed(ledger, second.id)
+    assert [t.name for t in threading.enumerate()].count(lease.KEEPER_NAME) == 1
 
 
 def test_a_create_in_flight_keeps_its_lease_through_a_cancel_intent_and_a_cancel_that_fences_it_does_not(
