@@ -16,6 +16,7 @@ from celery.app import base as celery_base
 from ledger.migrate import upgrade
 from ledger.repository import Ledger
 from tests import support
+from tests.support import open_connections
 
 #: How long a test waits for its turn beside (or, marked ``serial``, without) the other xdist worker's tests:
 #: the longest serial test's own timeout (test_simulation's 300 s) and then some.
@@ -56,11 +57,16 @@ def _turn(lock_dir: Path, alone: bool) -> Iterator[None]:
         gate.close()
 
 
+open_connections.install()
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
     """A test marked ``serial`` (it measures rates or time against a bound) runs with no other test beside
     it: on the other xdist worker, the next test waits. The wait is outside the test's own timeout and its
-    durations. Without xdist (``-n 0``) tests run one at a time anyway."""
+    durations. Without xdist (``-n 0``) tests run one at a time anyway. The Postgres connections opened from
+    here on are the test's (``tests.support.open_connections``: a leaked one's warning names it)."""
+    open_connections.running_test(item.nodeid)
     basetemp = item.config.option.basetemp
     if not hasattr(item.config, "workerinput") or not basetemp:
         return (yield)
