@@ -277,10 +277,15 @@ def answers_from_memory(executor: Executor) -> Iterator[None]:
 @contextmanager
 def members_in_this_thread() -> Iterator[None]:
     """``advance_batch``'s members run one after the other in the calling thread (for cProfile, which
-    sees one thread): the same work, without the member threads' hand-offs."""
+    sees one thread): the same work, without the member threads' hand-offs. A member still waits for its
+    time (its due time and booked slot, ``not_before``), as on its thread."""
     on_threads = workers.members.submit
 
-    def at_once(server: str, size: int, run: Callable[[], Any]) -> Future[Any]:
+    def at_once(
+        server: str, size: int, run: Callable[[], Any], *, not_before: float | None = None
+    ) -> Future[Any]:
+        if not_before is not None:
+            time.sleep(max(0.0, not_before - time.monotonic()))
         done: Future[Any] = Future()
         done.set_result(run())
         return done
