@@ -183,14 +183,22 @@ def test_kill_9_during_the_cancel_call_gives_one_cancelled_receipt(fleet: Fleet)
     fleet.mcp.faults(delay_ms={"tasks/cancel": 3000})
     sent = fleet.send_nowait("longcall.cancel", op_id=str(op_id))
     support.wait_for("the tasks/cancel to reach the server", lambda: "tasks/cancel" in methods(fleet))
-    assert fleet.ledger.get(op_id).state is S.CANCEL_REQUESTED
-
-    ran_again = kill_pool_of(fleet, sent.id)
+    op = fleet.ledger.get(op_id)
+    assert op.state is S.CANCEL_REQUESTED
+    # The task sends the cancel itself when it claims the row; when another step holds the row's lease, it
+    # records the intent and ends, and the dispatcher's step sends the cancel under the next claim. The
+    # message to kill is the one whose tasks/cancel is in flight: that step's when there is one. (Seen in a
+    # full run: the task had ended "cancel_requested", the step's run was killed and ran again, and a probe
+    # of the task's message alone waited for a run that never comes.)
+    step_id = f"longcall.cancel:{op_id}:{op.poll_cursor}"
+    by_step = fleet.worker_that_received(step_id) is not None
+    ran_again = kill_pool_of(fleet, step_id, sent.id)
     fleet.mcp.faults(delay_ms={})
     support.wait_for("the cancel message to run again", ran_again)
     # The redelivery never cancels twice: it finds the cancel recorded, or (if the dispatcher's resend under
     # a new claim was quicker) already accepted; the generation below proves one cancel request.
-    assert sent.get(timeout=30)["action"] in ("already_requested", "already_final")
+    expected = ("cancel_requested",) if by_step else ("already_requested", "already_final")
+    assert sent.get(timeout=30)["action"] in expected
 
     receipt = fleet.wait_receipt("n/killed-cancel", timeout=45)
     assert (receipt["terminal_state"], receipt["result"]) == ("cancelled", None)
