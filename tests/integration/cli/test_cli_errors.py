@@ -56,9 +56,8 @@ def assert_one_line(ran: Ran, expected: str) -> None:
     assert "Traceback" not in ran.stderr
     # The interpreter's start and the commands' imports are not the command's wait: they are measured right
     # after, by importing what the commands import, and left out. ``longcall --help`` measured them before
-    # and imports none of it: where Python writes no bytecode (PYTHONDONTWRITEBYTECODE, as on CI's
-    # machine) they take 3 s, and a database that never answers was then given up on in 5.1 s, its 2 s
-    # connect timeout included, and failed the bound.
+    # and imports none of it: on a slow machine those imports took 3 s, and a database that never answers
+    # was then given up on in 5.1 s, its 2 s connect timeout included, and failed the bound.
     start = startup_s()
     assert ran.elapsed_s - start < BOUND_S, (ran.elapsed_s, start)
 
