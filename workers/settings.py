@@ -422,8 +422,11 @@ class Settings(BaseSettings):
     #: How many due operations one dispatch_due tick claims at most.
     dispatch_batch: PositiveInt = 500
     #: How many claimed polls of one server travel in one ``longcall.poll`` message, run side by side by the
-    #: worker that takes it (rule 3); 1: one operation per message.
-    poll_batch: PositiveInt = 32
+    #: worker that takes it (rule 3); 1: one operation per message. A message's own cost (its Celery
+    #: delivery, publish, the batch's read, slot booking and record: about 7 ms of worker CPU on the bench's
+    #: machine) is shared by its members: 64 rather than 32 cut an unchanged poll's worker CPU by about a
+    #: tenth at 120 polls of a server a tick (``docs/scaling.md``, issue 21's fifteenth part).
+    poll_batch: PositiveInt = 64
     #: What sends the status reads of the polls (the requests a poll's budget paid for): ``httptools``, on
     #: sockets of the worker's own, answers parsed in C (``adapters/socket_transport.py``), on the
     #: member's own thread; ``aiohttp``, on one event loop thread of each worker process

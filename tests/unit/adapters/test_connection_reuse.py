@@ -27,7 +27,7 @@ from tests.unit.adapters.mcp_fakes import result_message
 from workers.runtime import Runtime
 from workers.settings import FleetConfig, Settings
 
-#: A batch larger than the 20 connections an httpx2 client keeps alive by default (``poll_batch``'s default).
+#: A batch larger than the 20 connections an httpx2 client keeps alive by default.
 BATCH = 32
 ROUNDS = 3
 #: The longest a request waits for the rest of its batch to arrive before the server gives up on it.
