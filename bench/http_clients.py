@@ -447,7 +447,20 @@ def rows(in_flight: int) -> list[Row]:
 # ------------------------------------------------------------------------------------------ the run
 
 
-def measure(row: Row, server: StatusServer, requests: int, batch: int) -> Figure:
+def measure(row: Row, server: StatusServer, requests: int, batch: int) -> Figure | str:
+    """One run of ``row``, or what ended it. A comparison client that fails is a finding, not the end of
+    the bench: httpx's default pool (20 connections kept) in batches of 64 threads failed on 2026-12-07
+    with ``ReadTimeout``, ``Bad file descriptor`` and, over TLS, ``SSL: BAD_RECORD_TYPE``; its row says so.
+    A failure of a worker's client (``row.worker``) ends the bench."""
+    try:
+        return _run(row, server, requests, batch)
+    except Exception as exc:
+        if row.worker:
+            raise
+        return f"{type(exc).__name__}: {str(exc)[:80]}"
+
+
+def _run(row: Row, server: StatusServer, requests: int, batch: int) -> Figure:
     before = server.connections()
     cpu, wall = row.client(server.url, requests, batch)
     opened = server.connections() - before
@@ -478,6 +491,8 @@ def report(figures: list[Figure], batch: int) -> bool:
     """The table, each client's CPU as a ratio of httpx's default client on the same scheme; the target
     line. True when the target holds."""
     print(f"\n{'client':42} {'CPU ms/req':>10} {'req/s':>7} {'connections':>11} {'CPU vs httpx':>12}")
+    if not figures:
+        return True
     bases = {False: figures[0].cpu_ms}
     bases[True] = next((f.cpu_ms for f in figures if f.name.startswith("https ")), bases[False])
     for f in figures:
@@ -510,11 +525,20 @@ def main(argv: list[str] | None = None) -> int:
             f"threads (poll_batch); the server answers after {args.latency_ms:g} ms"
         )
         measured: dict[str, list[Figure]] = {row.name: [] for row in listed}
+        failed: dict[str, list[str]] = {row.name: [] for row in listed}
         for _ in range(runs):  # interleaved: a burst of load elsewhere spreads over the clients
             for row in listed:
-                measured[row.name].append(measure(row, tls if row.https else plain, requests, args.batch))
-    figures = [best(measured[row.name]) for row in listed]
+                figure = measure(row, tls if row.https else plain, requests, args.batch)
+                if isinstance(figure, Figure):
+                    measured[row.name].append(figure)
+                else:
+                    print(f"  {row.name}: a run failed ({figure})")
+                    failed[row.name].append(figure)
+    figures = [best(measured[row.name]) for row in listed if measured[row.name]]
     report(figures, args.batch)
+    for name, errors in failed.items():
+        if errors:
+            print(f"{name}: {len(errors)} of {runs} runs failed (first: {errors[0]})")
     workers = [f for f, row in zip(figures, listed, strict=True) if row.worker]
     if not workers:
         return 0  # --only left out the adapters' rows: no target measured

@@ -373,13 +373,16 @@ def unchanged_polls(fleet: Fleet, run: str) -> dict[str, Any]:
     # submissions' transactions just before, which then landed in the window (0.17 per poll counted where
     # the statement log showed 0.09).
     time.sleep(max(2 * args.poll_interval_ms / 1000 + 1, PG_STATS_FLUSH_S))
-    _, beat0, steps0 = fleet.message_counts()
+    received0, beat0, steps0 = fleet.message_counts()
     rows0 = ledger_rows(fleet.db_name, prefix)
     cpu0 = fleet.cpu()
     before = fleet.counters()
     time.sleep(args.unchanged_s)
     cpu1 = fleet.cpu()
     settled = fleet.counters()
+    # The messages the workers received in the window, as their logs say (either broker), less the beat's
+    # ticks: read at once, where the steps' outcomes below wait for the window's last lines.
+    received1, beat_settled, _ = fleet.message_counts()
     rows1 = ledger_rows(fleet.db_name, prefix)
     time.sleep(1.0)  # the workers' log lines of the window's last steps
     _, beat1, steps1 = fleet.message_counts()
@@ -409,6 +412,7 @@ def unchanged_polls(fleet: Fleet, run: str) -> dict[str, Any]:
         "operation_row_updates": rows1["updates"] - rows0["updates"],
         "steps": dict(sorted((steps1 - steps0).items())),
         "beat_sent": sum((beat1 - beat0).values()),
+        "messages_received": sum((received1 - received0).values()) - sum((beat_settled - beat0).values()),
         "cpu_s": {name: cpu1[name] - cpu0[name] for name in cpu0},
         "connections": connections,
     }
@@ -824,7 +828,10 @@ def figures(
                 )
                 if count > u0.by_command.get(name, 0)
             },
-            "broker_messages_per_poll": (u1.lpush - u0.lpush - u["beat_sent"]) / u_polls,
+            # Counted as the workers received them, either broker; LPUSH (the Redis broker's publishes) as a
+            # check beside it: on RabbitMQ it counts nothing, and stood as this figure until 2026-12-07.
+            "broker_messages_per_poll": u["messages_received"] / u_polls,
+            "lpush_per_poll": (u1.lpush - u0.lpush - u["beat_sent"]) / u_polls,
             "event_rows": u["event_rows"],
             "operation_row_updates_per_poll": u["operation_row_updates"] / u_polls,
             "redis_cpu_us_per_call": (
@@ -1024,7 +1031,8 @@ def report_unchanged(f: dict[str, Any]) -> bool:
         f"  per unchanged poll: ledger transactions {u['ledger_tx_per_poll']:.2f} (xact_commit;"
         f" the workers' commits seen as made: {u['ledger_commits_per_poll']:.2f}; the server counted"
         f" {u['xact_commit']} in the window, {u['sessions']} connections opened), Redis calls"
-        f" {u['redis_calls_per_poll']:.1f}, broker messages {u['broker_messages_per_poll']:.2f},"
+        f" {u['redis_calls_per_poll']:.1f}, broker messages {u['broker_messages_per_poll']:.3f} (received by"
+        f" the workers; LPUSH count {u['lpush_per_poll']:.3f}),"
         f" tool_operation row updates {u['operation_row_updates_per_poll']:.2f}, event rows written"
         f" {u['event_rows']} in the window"
     )
@@ -1054,7 +1062,9 @@ def report_unchanged(f: dict[str, Any]) -> bool:
     scaling_input("worker_cpu_ms_per_poll", worker_ms, "ms", "longcall worker CPU per unchanged poll")
     scaling_input("ledger_tx_per_poll", u["ledger_tx_per_poll"], "tx", "xact_commit per unchanged poll")
     scaling_input("redis_calls_per_poll", u["redis_calls_per_poll"], "calls", "Redis commands per poll")
-    scaling_input("broker_messages_per_poll", u["broker_messages_per_poll"], "msgs", "LPUSH per poll")
+    scaling_input(
+        "broker_messages_per_poll", u["broker_messages_per_poll"], "msgs", "messages received per poll"
+    )
     scaling_input(
         "postgres_cpu_ms_per_poll", u["cpu_ms_per_poll"]["postgres backends"], "ms", "backend CPU per poll"
     )
