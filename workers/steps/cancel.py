@@ -177,9 +177,9 @@ def send(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
     the whole step, cancel included, would be redone for ever). A cancel answered whose status read finds
     no token is recorded as answered: it is read later, never sent again.
 
-    Past the wait deadline, a cancel that cannot be sent (a 5xx, a timeout, a 429) is not retried for ever:
-    the status read decides (a terminal state wins), else an operator (DEADLINE_EXCEEDED, the last
-    error)."""
+    Past the wait deadline, a cancel that cannot be sent (a 5xx, a timeout, a 429, no control token) is not
+    retried for ever: the status read decides (a terminal state wins), else an operator (DEADLINE_EXCEEDED,
+    the last error)."""
     adapter = ctx.adapter(op)
     budget = ctx.budget.per_request(op.server, "control")
 
@@ -211,6 +211,13 @@ def send(ctx: StepContext, op: Operation, fence: Fence) -> StepOutcome:
             budget=budget,
             read_status_first=ctx.server(op).read_status_before_cancel,
         )
+    except NoToken as no_token:
+        if not _budget_spent(ctx, op):
+            raise  # rescheduled as any step without a token: never past the wait deadline
+        # Past the wait deadline with no token to send the cancel: not put off for the bucket's wait (a hold
+        # renewed would keep it there for ever). The status read decides, else an operator.
+        error = f"no control token for the cancel (none for {no_token.wait_s:.1f} s more)"
+        return after(None, EventKind.CANCEL_FAILED, {_ANSWER: _UNSENT, "error": error})
     except NotFound as exc:
         return not_found(ctx, op, fence, exc)
     except AnswerTooLarge as exc:

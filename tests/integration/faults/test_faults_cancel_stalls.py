@@ -11,7 +11,10 @@
 3. A cancel acknowledged whose status read then never gets a control token (a fleet-wide hold outlasting
    the wait budget): it ends at the wait budget with an operator (DEADLINE_EXCEEDED, no token named), the
    cancel sent once; before, it was rescheduled silently for as long as the token stayed away.
-4. A cancel refused past the wait budget with a Retry-After: its one final status read is made after that
+4. A cancel that never gets a control token to be sent (the hold set before it): it ends at the wait budget
+   with an operator, nothing sent; before, the step past the deadline found no token before it looked at
+   the deadline, and was rescheduled for the hold's length.
+5. A cancel refused past the wait budget with a Retry-After: its one final status read is made after that
    wait, as for every other cancel that could not be sent; before, the hold made the read find no token
    and the operator was told nothing of the operation's state.
 
@@ -148,6 +151,9 @@ def test_an_acknowledged_cancel_whose_status_read_never_gets_a_token_ends_at_the
         assert op.wait_deadline is not None
         fleet.send("longcall.cancel", op_id=str(op_id))
         assert fleet.ledger.get(op_id).state is S.CANCEL_REQUESTED
+        # The hold once the cancel is acknowledged: set sooner, it kept the cancel itself from being sent (in
+        # a full run; that path is the next test's).
+        support.wait_for("the cancel acknowledged", lambda: running.requests("CancelOperation"), timeout=10)
         hot = HotState(fleet_parts.redis_client, prefix=f"{fleet_parts.broker_prefix}longcall:")
         assert hot.hold(AIP_SERVER, LONG_HOLD_S) > LONG_HOLD_S - 1  # no token for anything from here on
         deadline = op.wait_deadline.timestamp()
@@ -164,6 +170,37 @@ def test_an_acknowledged_cancel_whose_status_read_never_gets_a_token_ends_at_the
     assert "acknowledged" in detail["why"], detail
     assert "no control token" in detail["why"], detail
     assert len(cancels) == 1, cancels  # acknowledged once, never sent again
+
+
+@pytest.mark.slow
+def test_a_cancel_that_never_gets_a_token_to_be_sent_ends_at_the_wait_budget(fleet_parts: FleetParts) -> None:
+    """The server's fleet-wide hold is set before the cancel: the control budget has no token to send it,
+    nor to read the status after. The operation still ends at its wait budget: an operator told that the
+    cancel could not be sent for want of a control token, nothing sent. Before, the step past the deadline
+    found no token before it looked at the deadline and was rescheduled for the hold's length (a hold
+    renewed, by a server answering 429s to other calls, would have kept it there with no one told)."""
+    with running_aip_fleet(fleet_parts) as running:
+        fleet = running.fleet
+        op_id = running.submit("n/cancel-no-token", args(seconds=600), wait_budget_s=2 * WAIT_BUDGET_S)
+        op = fleet.wait_state(op_id, S.WORKING, timeout=30)
+        assert op.wait_deadline is not None
+        hot = HotState(fleet_parts.redis_client, prefix=f"{fleet_parts.broker_prefix}longcall:")
+        assert hot.hold(AIP_SERVER, LONG_HOLD_S) > LONG_HOLD_S - 1  # no token for anything from here on
+        fleet.send("longcall.cancel", op_id=str(op_id))
+        assert fleet.ledger.get(op_id).state is S.CANCEL_REQUESTED
+        deadline = op.wait_deadline.timestamp()
+        assert time.time() < deadline - 1.0, "the hold was set too late to test the wait for a token"
+        fleet.wait_state(op_id, S.MANUAL_RECONCILIATION, timeout=deadline - time.time() + 10)
+        handed_at = time.time()
+        records = fleet.ledger.reconciliations_for(op_id)
+        cancels = running.requests("CancelOperation")
+
+    assert handed_at <= deadline + 5.0, f"handed over {handed_at - deadline:.1f} s after the wait budget"
+    assert [r.reason for r in records] == [ReconciliationReason.DEADLINE_EXCEEDED]
+    detail = records[0].detail
+    assert "could not be sent" in detail["why"], detail
+    assert "no control token for the cancel" in detail["why"], detail
+    assert cancels == [], cancels  # never sent: no token for it
 
 
 @pytest.mark.slow
