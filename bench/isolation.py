@@ -7,12 +7,19 @@ One fleet, on loopback: two demo MCP servers, ``fast`` (``pollInterval`` ``--fas
 ``--qps`` each); ``--workers`` longcall workers of ``--concurrency`` processes each, beat, the pipeline
 worker, a fresh ledger database and a private Redis (``bench/_fleet.py`` ``services``). Phases:
 
-1. ``--fast`` long operations on the fast server, WORKING, the slow server idle; ``--sample`` of them are
-   completed on the server at instants spread over ``--sample-s`` (``bench/_lag.py``): each one's lag from
-   the server's completion to the ledger's ``terminal_observed``;
-2. ``--slow`` long operations on the slow server (enough that its polls fill batches and keep the worker
-   processes busy: each status read takes ``--slow-get-ms``), WORKING and polled, then another sample of
-   the fast server's operations completed the same way.
+1. ``--fast`` + ``--sample`` long operations on the fast server, WORKING, the slow server idle;
+   ``--sample`` of them are completed on the server at instants spread over ``--sample-s``
+   (``bench/_lag.py``): each one's lag from the server's completion to the ledger's ``terminal_observed``;
+2. ``--sample`` fast operations more (the fast server's load as it was in phase 1), and ``--slow`` long
+   operations on the slow server (enough that its polls fill batches and keep the worker processes busy:
+   each status read takes ``--slow-get-ms``), WORKING and polled, then another sample of the fast server's
+   operations completed the same way.
+
+The two phases poll the fast server alike, and within its budget: its polls due (operations in flight over
+its interval) are fewer than its poll bucket hands out (``RATE_HEADROOM`` of ``--qps``); the run stops
+before measuring otherwise. Until 2026-12-07 phase 1 had the fast server's polls due above what its bucket
+handed out (220/s against 160/s) and phase 2 a sample fewer in flight: its lag alone was the bucket's, and
+the ratio below 1 said nothing of the slow server.
 
 Printed: each phase's lag (p50, p99, max), the polls/s each server answered in each phase, and the ratio
 of the fast server's lag p99 beside the slow server to its lag p99 alone. Target:
@@ -56,6 +63,7 @@ from _lag import Sample, finish_spread, lags, working, working_count
 from celery import Celery
 
 from demo_server.command import command as demo_server_command
+from workers.hot import RATE_HEADROOM
 from workers.settings import Settings
 
 #: The start of a Celery worker's log line: its local time.
@@ -206,14 +214,17 @@ def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     fast_interval_s = args.fast_interval_ms / 1000
     with services(args, log_dir) as svc, two_servers(args, log_dir, svc) as pair:
         print(f"fleet up: {args.workers} longcall workers x {args.concurrency}, beat, pipeline", flush=True)
-        fast_total = args.fast + 2 * args.sample
+        fast_total = args.fast + args.sample
         for index in range(fast_total):
             pair.submit(f"{prefix}fast-{index}", "fast")
         all_working(pair, prefix, "fast", fast_total, args.wait_s)
         time.sleep(2 * fast_interval_s + 1)  # every one polled on its cadence since its create
         print(f"{fast_total} fast operations WORKING; the fast server alone ...", flush=True)
         alone = fast_lags(args, pair, prefix)
-        print(f"alone done; {args.slow} operations on the slow server ...", flush=True)
+        print(f"alone done; {args.sample} fast and {args.slow} slow operations more ...", flush=True)
+        for index in range(fast_total, fast_total + args.sample):
+            pair.submit(f"{prefix}fast-{index}", "fast")
+        all_working(pair, prefix, "fast", fast_total, args.wait_s)
         for index in range(args.slow):
             pair.submit(f"{prefix}slow-{index}", "slow")
         all_working(pair, prefix, "slow", args.slow, args.wait_s)
@@ -274,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fast-interval-ms", type=int, default=2_000)
     parser.add_argument("--slow-interval-ms", type=int, default=1_000)
     parser.add_argument("--slow-get-ms", type=int, default=5_000, help="the slow server's tasks/get delay")
-    parser.add_argument("--qps", type=float, default=200.0, help="each server's poll_qps and control_qps")
+    parser.add_argument("--qps", type=float, default=400.0, help="each server's poll_qps and control_qps")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--lag-wait-s", type=float, default=60.0, help="bound on a completion's detection")
@@ -287,6 +298,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.fast, args.slow, args.sample, args.sample_s = 100, 160, 50, 10.0
         args.max_s = 360
+    due = (args.fast + args.sample) / (args.fast_interval_ms / 1000)
+    handed_out = RATE_HEADROOM * args.qps
+    if due > handed_out:
+        parser.error(
+            f"the fast server's polls due ({due:g}/s) exceed what its bucket hands out ({handed_out:g}/s of"
+            " --qps): its lag alone would be the bucket's; raise --qps or lower --fast / --sample"
+        )
+    print(f"the fast server: {due:g} polls/s due in each phase, its bucket hands out {handed_out:g}/s")
     raise_on_sigterm()
     with log_directory("lc-bench-isolation-", keep=args.keep_logs) as log_dir, alarm(args.max_s):
         result = measure(args, log_dir)
