@@ -53,11 +53,6 @@ RETRY_FLOOR_S = 0.5
 #: How long after an operation's wait deadline a step rescheduled to it comes due: the deadline is then
 #: past by the ledger's clock as well.
 DEADLINE_SLACK_S = 0.05
-#: A wait deadline past by less than this when a step reschedules its row passed during the step, after the
-#: step looked at it: the row is due again at once (:data:`DEADLINE_SLACK_S`), so that the next step meets
-#: the deadline and decides, rather than after the step's own wait (a hold may last minutes). A step that
-#: does not decide on the deadline comes back a few times at most within it, never in a loop.
-DEADLINE_JUST_PASSED_S = 1.0
 #: What a failed read or cancel request leaves undecided: it is asked again later (a create's unknown
 #: outcome is not one of these uses: it is looked up by key).
 TRY_AGAIN: tuple[type[AdapterError], ...] = (Transient, ProtocolViolation, OutcomeUnknown)
@@ -226,10 +221,8 @@ class StepContext:
         if op.wait_deadline is None:
             return delay_s
         left = (op.wait_deadline - self.now()).total_seconds()
-        if left <= -DEADLINE_JUST_PASSED_S:
-            return delay_s  # the deadline is past: the step that met it decides, never a tight loop
         if left <= 0:
-            return min(delay_s, DEADLINE_SLACK_S)  # it passed during this step: the next one decides
+            return delay_s  # the deadline is past: the step that met it decides, never a tight loop
         return min(delay_s, left + DEADLINE_SLACK_S)
 
     def retry_later(self, op: Operation, fence: Fence, exc: AdapterError, event: EventKind) -> StepOutcome:
