@@ -534,12 +534,15 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     print(f"  {row.name}: a run failed ({figure})")
                     failed[row.name].append(figure)
-    figures = [best(measured[row.name]) for row in listed if measured[row.name]]
+    # A comparison row whose every run failed has no figure (a worker's row always has one: its failure
+    # ends the bench), so the rows kept are paired with their figures here, not by position.
+    kept = [(row, best(measured[row.name])) for row in listed if measured[row.name]]
+    figures = [figure for _, figure in kept]
     report(figures, args.batch)
     for name, errors in failed.items():
         if errors:
             print(f"{name}: {len(errors)} of {runs} runs failed (first: {errors[0]})")
-    workers = [f for f, row in zip(figures, listed, strict=True) if row.worker]
+    workers = [figure for row, figure in kept if row.worker]
     if not workers:
         return 0  # --only left out the adapters' rows: no target measured
     worst = max(workers, key=lambda f: f.connections)
