@@ -27,10 +27,11 @@ set against its ``poll_qps`` / ``control_qps`` without any state in a worker. Th
 the highest count of any one second per server, bucket and hour (:func:`peak_key`, kept :data:`PEAK_KEEP_S`),
 which the launch gate (``longcall gate``) sets against the budgets over the last week.
 
-A charge is one Redis round trip when it can be: a token granted for now counts its request in the script
-that grants it (``HotState.take(meter=...)``). A request whose token was prepaid, or whose slot was
-booked ahead and waited for, is counted when it is sent (``request_meter.lua``), so each request still
-counts in the second it leaves.
+A charge is one Redis round trip: the script that books a token counts its request too
+(``HotState.take(meter=...)``), in the second its slot falls in on the worker's clock, now or ahead (a slot
+waited for is counted when booked, as a batch's slots are: one given up when its server asked for a wait
+meanwhile stays counted). A request whose token was prepaid, or whose slot is more than two seconds ahead,
+is counted when it is sent (``request_meter.lua``), in that second.
 """
 
 from __future__ import annotations
@@ -142,7 +143,7 @@ class ServerBudgets:
         also wait for the bucket's next :data:`FOLLOW_UP_SLOTS` slots: on a bucket slower than one slot
         per tick, a step of two requests would otherwise never get its second token, and what its first
         request cost would be spent again on every attempt. ``meter``: the request's count for the request
-        meter, made by the same script when the token is granted for now (``meter.counted``).
+        meter, made by the same script in the second the slot falls in (``meter.counted``).
         """
         config = self.server(server)
         rate = config.poll_qps if bucket == "poll" else config.control_qps
@@ -165,7 +166,7 @@ class ServerBudgets:
             if time.monotonic() - slot > late_slot_s(rate):
                 # Woken too long after the slot (a loaded process): sent now, the request would crowd the
                 # slots after it into one second; it asks again, now, as a caller that just came would.
-                # It was not counted yet (a slot booked ahead is counted when its request is sent).
+                # Counted already with the slot it gives up (an overcount of one), it is not counted again.
                 if _late_again.get():
                     raise NoToken(0.0)
                 self._take_again(server, bucket, meter)
@@ -191,7 +192,7 @@ class ServerBudgets:
     def book_slots(self, server: str, bucket: Budget, offsets_s: Sequence[float]) -> BookedSlots:
         """Book a batch's requests to one server in one script call (``HotState.take_slots``): one slot
         for each of ``offsets_s`` (ascending: each request's earliest time, seconds from now), each within
-        one dispatch tick of its time, every one counted for the meter in the second it will leave. What
+        one dispatch tick of its time, each counted for the meter in the second it will leave. What
         each request does with its slot is :meth:`BookedSlots.budget`'s. A Redis failure books none (each
         request is then refused a token, as :meth:`take` would refuse it)."""
         config = self.server(server)
@@ -202,12 +203,11 @@ class ServerBudgets:
             tokens = self.hot.take_slots(server, bucket, rate, offsets_s, horizon_s=self.tick_s, meter=meter)
         except redis.RedisError as exc:
             log.warning("no %s tokens for %s: Redis failed (%s)", bucket, server, exc)
-            return BookedSlots(
-                self, server, bucket, booked_at, (), refused=NoToken(REDIS_PAUSE_S), counted=False
-            )
+            return BookedSlots(self, server, bucket, booked_at, (), refused=NoToken(REDIS_PAUSE_S), counted=0)
         refused = NoToken(tokens.wait_s) if tokens.granted < len(offsets_s) else None
-        counted = tokens.counted == tokens.granted
-        return BookedSlots(self, server, bucket, booked_at, tokens.delays_s, refused=refused, counted=counted)
+        return BookedSlots(
+            self, server, bucket, booked_at, tokens.delays_s, refused=refused, counted=tokens.counted
+        )
 
     def rate(self, server: str, bucket: Budget) -> float:
         """The server's requests per second on ``bucket`` (its ``poll_qps`` or ``control_qps``)."""
@@ -256,9 +256,9 @@ class ServerBudgets:
 class BookedSlots:
     """A batch's slots on one server's bucket (:meth:`ServerBudgets.book_slots`): slot ``i`` is
     ``delays_s[i]`` after ``booked_at`` (``time.monotonic``); a request past the last one granted is
-    refused with ``refused`` (the wait until one comes within reach). ``counted``: the script counted every
-    granted slot's request for the meter. The members share one reading of the server's hold per
-    :data:`HOLD_RECHECK_S`."""
+    refused with ``refused`` (the wait until one comes within reach). ``counted``: how many of the granted
+    slots (the first ones) the script counted the request of for the meter. The members share one reading
+    of the server's hold per :data:`HOLD_RECHECK_S`."""
 
     def __init__(
         self,
@@ -269,7 +269,7 @@ class BookedSlots:
         delays_s: tuple[float, ...],
         *,
         refused: NoToken | None,
-        counted: bool,
+        counted: int,
     ) -> None:
         self.budgets = budgets
         self.server = server
@@ -313,12 +313,12 @@ class BookedSlots:
             # would crowd the slots after it into one second. It takes a token of its own instead, as a
             # one-operation poll does (the slot stays unused; its count stays, an overcount of one).
             self.budgets.take(self.server, self.bucket, follow_up=True)
-            return self.counted
+            return index < self.counted
         if self.delays_s[index] > 0:
             held = self._held()
             if held > 0:
                 raise NoToken(held)
-        return self.counted
+        return index < self.counted
 
     def _held(self) -> float:
         """The server's hold as this batch last read it, at most :data:`HOLD_RECHECK_S` ago."""
@@ -401,7 +401,7 @@ class TokenBudget:
         _charged.set(self.bucket)
 
     def _take_and_count(self, *, follow_up: bool) -> bool:
-        """Take a token; True if the take counted the request as well (a token granted for now)."""
+        """Take a token; True if the take counted the request as well (a slot within the meter's seconds)."""
         if not isinstance(self._meter, RequestMeter):
             self._take(follow_up=follow_up)
             return False
@@ -460,14 +460,10 @@ class RequestMeter:
             log.debug("request rate not counted for %s/%s: %s", self._server, self._bucket, exc)
 
     def count(self) -> MeterCount:
-        """The request about to be sent, as a token take may count it (``HotState.take(meter=...)``):
-        the keys of this second, and how long each is kept."""
-        second = int(time.time())
-        keys = (
-            rate_key(self._prefix, self._server, self._bucket, second),
-            peak_key(self._prefix, self._server, self._bucket, second),
-        )
-        return MeterCount(keys, (RATE_KEEP_S, PEAK_KEEP_S))
+        """The request about to be booked, as the take that books its slot counts it
+        (``HotState.take(meter=...)``): the keys of this second and the next two, and how long each kind is
+        kept."""
+        return MeterCount(slot_meter(self._prefix, self._server, self._bucket))
 
 
 def take_label(bucket: Budget) -> Budget | None:

@@ -62,11 +62,10 @@ class Token:
 class Tokens:
     """What :meth:`HotState.take_slots` booked: one delay per slot granted (make that call after it: the
     slots are spaced by the bucket's interval, those within its burst at 0, none before its own time), in
-    order. ``wait_s``: when
-    fewer slots were granted than asked for (none, under a hold), how soon the next one comes within reach
-    (ask again then); 0 when all were granted. ``counted``: how many of the slots granted for now counted
-    their request for the meter (the first ``counted`` of them; the caller meters the others when it sends
-    them)."""
+    order. ``wait_s``: when fewer slots were granted than asked for (none, under a hold), how soon the next
+    one comes within reach (ask again then); 0 when all were granted. ``counted``: how many of the slots
+    granted counted their request for the meter (the first ``counted`` of them, each in the second it falls
+    in; the caller meters the others, past the meter's three seconds, when it sends them)."""
 
     delays_s: tuple[float, ...]
     wait_s: float
@@ -90,13 +89,22 @@ class SlotMeter:
 
 @dataclass(slots=True)
 class MeterCount:
-    """One request for the request meter (``workers.budget.RequestMeter``): its second's counter and its
-    hour's highest (named by the meter, on the worker's clock) and how long each is kept. ``counted`` is
-    set by the :meth:`HotState.take` it was passed to (``meter=``) when that take counted it."""
+    """One request for the request meter (``workers.budget.RequestMeter``): the meter's keys of the worker's
+    seconds ``s`` to ``s + 2`` (``slots``: the take that books the request's slot counts it in the second the
+    slot falls in, now or ahead). ``counted`` is set by the :meth:`HotState.take` it was passed to
+    (``meter=``) when that take counted it."""
 
-    keys: tuple[str, str]
-    keep_s: tuple[int, int]
+    slots: SlotMeter
     counted: bool = False
+
+    @property
+    def keys(self) -> tuple[str, str]:
+        """The counter and the hour's highest of the second the worker is in (the meter's own script)."""
+        return self.slots.keys[0], self.slots.keys[1]
+
+    @property
+    def keep_s(self) -> tuple[int, int]:
+        return self.slots.keep_s
 
 
 def server_tag(server: str) -> str:
@@ -126,7 +134,6 @@ class HotState:
     def __init__(self, client: RedisClient, *, prefix: str = "longcall:") -> None:
         self.client = client
         self.prefix = prefix
-        self._bucket = client.register_script(_lua("token_bucket.lua"))
         self._hold = client.register_script(_lua("server_hold.lua"))
         self._held = client.register_script(_lua("server_held.lua"))
         self._cas = client.register_script(_lua("cancel_cas.lua"))
@@ -154,44 +161,26 @@ class HotState:
         and a token that comes due is never wasted because no caller happened to ask at that instant.
 
         While the server's hold (:meth:`hold`) runs, every call to it is refused, on either bucket, with the
-        hold's time left as the wait: the same script, the same round trip. With ``meter``, a token granted
-        for now also counts its request for the meter, again in the same round trip, and sets
-        ``meter.counted``; a refusal or a slot booked ahead leaves it uncounted (the caller meters the
-        request when it sends it).
+        hold's time left as the wait: the same script, the same round trip. It is :meth:`take_slots` for one
+        slot asked for now (``token_slots.lua``): one script books every token. With ``meter``, the slot
+        granted also counts its request for the meter in the same round trip, in the second the slot falls
+        in (now, or ahead: a slot waited for is counted when booked), and sets ``meter.counted``; a refusal
+        leaves it uncounted, as does a slot past the meter's three seconds (the caller meters the request
+        when it sends it).
         """
-        uncounted = None if meter is None or meter.counted else meter
-        tokens = self._book(server, budget, rate_per_s, 1, horizon_s=horizon_s, meter=uncounted)
+        uncounted = None if meter is None or meter.counted else meter.slots
+        tokens = self.take_slots(server, budget, rate_per_s, (0.0,), horizon_s=horizon_s, meter=uncounted)
         if meter is not None and tokens.counted:
             meter.counted = True
         if tokens.granted:
             return Token(True, tokens.delays_s[0])
         return Token(False, tokens.wait_s)
 
-    def _book(
-        self,
-        server: str,
-        budget: Budget,
-        rate_per_s: float,
-        k: int,
-        *,
-        horizon_s: float,
-        meter: MeterCount | None,
-    ) -> Tokens:
-        interval_us, keys, args = self._bucket_call(server, budget, rate_per_s, horizon_s)
-        args.append(k)
-        if meter is not None:
-            keys.extend(meter.keys)
-            args.extend(meter.keep_s)
-        granted, first_us, wait_us, counted = (int(v) for v in self._call(self._bucket, keys, args))
-        delays = tuple(max(0, first_us + i * interval_us) / 1_000_000 for i in range(granted))
-        return Tokens(delays, wait_us / 1_000_000, counted)
-
     def _bucket_call(
         self, server: str, budget: Budget, rate_per_s: float, horizon_s: float
     ) -> tuple[int, list[str], list[int]]:
-        """The interval, and the keys and first four arguments both bucket scripts take (``token_bucket.lua``
-        and ``token_slots.lua``): the bucket and hold keys; interval, burst tolerance, horizon, longest
-        hold."""
+        """The interval, and the keys and first four arguments of the bucket's script (``token_slots.lua``):
+        the bucket and hold keys; interval, burst tolerance, horizon, longest hold."""
         interval_us = max(1, math.ceil(1_000_000 / (rate_per_s * RATE_HEADROOM)))
         keys = [bucket_key(self.prefix, server, budget), self.hold_key(server)]
         args = [
@@ -218,8 +207,8 @@ class HotState:
         bound of :meth:`take` holds for every slot and no call goes before its time. A slot more than
         ``horizon_s`` past its time is not booked, nor any after it (``Tokens.wait_s``: when it comes within
         reach); none under the server's hold. ``Tokens.delays_s``: each slot granted, from now. With
-        ``meter``, every slot granted counts its request in the second it will leave
-        (``Tokens.counted``)."""
+        ``meter``, every slot granted within the meter's three seconds counts its request in the second it
+        will leave (``Tokens.counted``: the first that many slots)."""
         if not offsets_s:
             raise ValueError("take_slots books at least one slot")
         _, keys, args = self._bucket_call(server, budget, rate_per_s, horizon_s)

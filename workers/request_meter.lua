@@ -6,8 +6,8 @@
 -- Returns the second's count after this request.
 -- The first request of its second creates the counter (INCR), which is then given its expiry, and is a
 -- count of 1: the hour's highest is at least that, set only if the hour has none yet. A later one reads it.
--- token_bucket.lua takes the same steps for the slots it grants for now (its KEYS[3], KEYS[4], with INCRBY):
--- keep them alike.
+-- token_slots.lua takes the same steps for the slots it books, each in its second (its KEYS[3..8], with
+-- INCRBY): keep them alike.
 local n = redis.call('INCR', KEYS[1])
 if n == 1 then
   redis.call('EXPIRE', KEYS[1], tonumber(ARGV[1]))

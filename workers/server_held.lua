@@ -2,7 +2,7 @@
 -- is the one the hold was set by (in a Redis Cluster, another node's TIME is another clock).
 -- KEYS[1]  the server's hold key
 -- ARGV[1]  the longest hold kept, in microseconds from now (workers.hot.MAX_SERVER_WAIT_S): a longer one
---          (set by a worker without that cap) is reported cut to it, as token_bucket.lua cuts it
+--          (set by a worker without that cap) is reported cut to it, as token_slots.lua cuts it
 -- Returns {left_us}: 0 when there is none.
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000000 + tonumber(now_parts[2])

@@ -1,5 +1,5 @@
 -- A server's "wait until" (its Retry-After / RetryInfo), held for the whole fleet.
--- KEYS[1]  the server's hold key (token_bucket.lua refuses every request to that server before it)
+-- KEYS[1]  the server's hold key (token_slots.lua refuses every request to that server before it)
 -- ARGV[1]  the server's delay in microseconds, counted from now (Redis time)
 -- ARGV[2]  the longest hold kept, in microseconds from now (workers.hot.MAX_SERVER_WAIT_S)
 -- Keeps the later of the hold already set and this one, neither past now + ARGV[2] (a hold set longer,

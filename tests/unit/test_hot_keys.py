@@ -64,10 +64,11 @@ def test_every_script_call_keeps_its_keys_in_one_slot() -> None:
     assert len(recorder.calls) == 4 * 5 + 1
     for script, keys in recorder.calls:
         assert len({slot(key) for key in keys}) == 1, f"{script}: {keys} in {[slot(k) for k in keys]}"
-    bucket_calls = [keys for script, keys in recorder.calls if script.startswith("-- A rate limit")]
-    assert all(len(keys) == 4 for keys in bucket_calls)  # bucket, hold and the meter's two keys
-    slot_calls = [keys for script, keys in recorder.calls if script.startswith("-- A batch's slots")]
-    assert len(slot_calls) == 4
+    # One script books every token: a single take's call and a batch's alike carry the bucket, the hold and
+    # the meter's keys of three seconds.
+    slot_calls = [keys for script, keys in recorder.calls if script.startswith("-- A rate limit")]
+    assert len(slot_calls) == 4 * 2
+    assert all(len(keys) == 8 for keys in slot_calls)
     assert all(len(keys) == 8 for keys in slot_calls)  # bucket, hold, and three seconds' counter and peak
 
 

@@ -118,6 +118,24 @@ def test_every_slot_is_counted_in_the_second_it_leaves(redis_client: redis.Redis
     assert isinstance(meter, SlotMeter)
 
 
+def test_a_slot_past_the_meters_three_seconds_is_left_to_its_sender(
+    redis_client: redis.Redis, broker_prefix: str
+) -> None:
+    """The meter's keys name the worker's seconds s to s + 2: a slot that leaves in a later second is not
+    counted in one of them (it would swell that second's count past the bucket's rate), the slots before it
+    are, and the caller counts the rest when it sends them."""
+    hot = HotState(redis_client, prefix=broker_prefix)
+    second = 1_900_000_000  # the worker's clock, 0.9 s into this second: 2.2 s on is second + 3
+    meter = slot_meter(broker_prefix, "slow", "poll", now=second + 0.9)
+    tokens = hot.take_slots("slow", "poll", 1000.0, [0.0, 1.0, 2.2], horizon_s=0.5, meter=meter)
+    assert (tokens.granted, tokens.counted) == (3, 2)
+    counts = [
+        int(redis_client.get(rate_key(broker_prefix, "slow", "poll", s)) or 0)
+        for s in range(second, second + 4)
+    ]
+    assert counts == [1, 1, 0, 0]
+
+
 def test_no_offsets_is_refused(redis_client: redis.Redis, broker_prefix: str) -> None:
     hot = HotState(redis_client, prefix=broker_prefix)
     with pytest.raises(ValueError, match="at least one slot"):
