@@ -9,7 +9,13 @@ rabbitmq`` the one private Redis is longcall's). The longcall workers run longca
 counting no-op task (``_apps:longcall``), so the Celery baseline is measured in the very processes that
 run the steps. Phases:
 
-1. warm-up, then an idle window: what the fleet costs doing nothing (beat ticks, broker polling);
+1. warm-up, then an idle window: what the fleet costs doing nothing (beat ticks, broker polling). The
+   warm-up is a burst of the burst's own size and shape (``--warmup``, default N): each worker process's
+   pools (Redis and Postgres connections, the status reads' sockets, member threads) grow to the
+   concurrency a burst asks for once in the process's life, which a fleet that has run a while has done.
+   With 8 operations (the default until 2026-12-07), the burst's own figures carried that growth: about
+   0.3 Redis connections opened per operation (a HELLO and three CLIENT commands each: 1.4 commands an
+   operation on longcall's Redis) and 20 to 27 Postgres sessions in a burst of 60 (quick runs);
 2. Celery baseline: ``--noop-n`` fire-and-forget no-op tasks (results ignored; each INCRs a Redis counter),
    counted from the first send to the last completion, with task events as the fleet configures them and
    the other way (remote ``enable_events``/``disable_events``), ``--noop-reps`` batches each (the median);
@@ -549,8 +555,9 @@ def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     with services(args, log_dir, own_broker=True) as svc:
         with running_fleet(args, log_dir, svc, count_calls=True) as fleet:
             print(f"fleet up: {args.workers} longcall workers x {args.concurrency}, beat, pipeline")
-            for index in range(args.warmup):
-                fleet.submit(f"{run}-warmup-{index}", 0.1)
+            warmup = args.n if args.warmup is None else args.warmup
+            for index in range(warmup):
+                fleet.submit(f"{run}-warmup-{index}", args.seconds)
             fleet.wait_receipts(fleet.sent, timeout=args.wait_s)
             time.sleep(PG_STATS_FLUSH_S)
             idle_cpu0 = fleet.cpu()
@@ -1098,7 +1105,9 @@ def main(argv: list[str] | None = None) -> int:
         help="what sends the polls' status reads (LONGCALL_STATUS_READS; default: the fleet's own)",
     )
     parser.add_argument("--concurrency", type=int, default=2)
-    parser.add_argument("--warmup", type=int, default=8)
+    parser.add_argument(
+        "--warmup", type=int, default=None, help="operations sent at once before the idle window (default -n)"
+    )
     parser.add_argument("--idle-s", type=float, default=6.0)
     parser.add_argument("--baseline-s", type=float, default=3.0, help="Postgres baseline duration")
     parser.add_argument("--noop-n", type=int, default=1000, help="no-op tasks per baseline batch")
