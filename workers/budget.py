@@ -453,9 +453,9 @@ class RequestMeter:
         self._script = client.register_script(_METER_LUA)
 
     def __call__(self) -> None:
-        count = self.count()
+        now = slot_meter(self._prefix, self._server, self._bucket)  # its first two keys: this second's
         try:
-            self._script(keys=list(count.keys), args=list(count.keep_s))
+            self._script(keys=list(now.keys[:2]), args=list(now.keep_s))
         except redis.RedisError as exc:
             log.debug("request rate not counted for %s/%s: %s", self._server, self._bucket, exc)
 

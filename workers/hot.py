@@ -97,15 +97,6 @@ class MeterCount:
     slots: SlotMeter
     counted: bool = False
 
-    @property
-    def keys(self) -> tuple[str, str]:
-        """The counter and the hour's highest of the second the worker is in (the meter's own script)."""
-        return self.slots.keys[0], self.slots.keys[1]
-
-    @property
-    def keep_s(self) -> tuple[int, int]:
-        return self.slots.keep_s
-
 
 def server_tag(server: str) -> str:
     """The hash tag in every key of ``server``'s (its buckets, its hold, its request counts): a Redis

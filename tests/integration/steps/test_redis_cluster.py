@@ -89,7 +89,7 @@ def test_a_hold_refuses_every_take_on_its_server_only(hot: HotState) -> None:
 def test_the_request_is_counted_in_the_takes_own_call_and_the_readers_read_one_slot(hot: HotState) -> None:
     meter = RequestMeter(hot.client, hot.prefix, "reports", "poll")
     count = meter.count()
-    nodes = {node_of(hot, key) for key in (*count.keys, bucket_key(hot.prefix, "reports", "poll"))}
+    nodes = {node_of(hot, key) for key in (*count.slots.keys, bucket_key(hot.prefix, "reports", "poll"))}
     assert len(nodes) == 1
     assert hot.take("reports", "poll", 1000.0, meter=count).granted
     assert count.counted
