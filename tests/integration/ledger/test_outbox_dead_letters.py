@@ -390,7 +390,12 @@ def test_a_receipt_the_broker_refuses_is_dead_lettered_shown_and_resent_on_the_f
     fleet.start_pipeline()
     receipt = fleet.wait_receipt("n/refused", timeout=60)
     assert (receipt["op_id"], receipt["outbox_id"]) == (str(op_id), row.id)
-    assert [r.status for r in fleet.ledger.outbox_for(op_id)] == ["dispatched"]
+    # The drain marks the row dispatched as its transaction commits, a moment after the publish.
+    support.wait_for(
+        "the resent row's drain to commit",
+        lambda: [r.status for r in fleet.ledger.outbox_for(op_id)] == ["dispatched"],
+        timeout=10,
+    )
     assert [r for r in fleet.ledger.reconciliations_for(op_id) if r.resolved_at is None] == []
     code, scraped = run("metrics", "--once")
     assert code == 0, scraped

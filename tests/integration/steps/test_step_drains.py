@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from ledger.states import OpState, TerminalKind
+from tests import support
 from tests.support.fleet import Fleet, FleetParts, running_fleet
 from tests.support.ledger_rows import evidence_for, place
 
@@ -27,8 +28,10 @@ def test_receipts_are_published_by_the_step_that_wrote_them(fleet_without_beat_d
 
     assert fleet.wait_receipt("n/report", timeout=60)["terminal_state"] == "completed"
     assert fleet.wait_receipt("n/lookup", timeout=60)["result"]["content"][0]["text"] == "value:k1"
+    # The step publishes inside its drain's transaction and marks the row dispatched as it commits: the
+    # pipeline can hold the receipt a moment before the row says so.
+    support.wait_for("the steps' drains to commit", lambda: fleet.ledger.ready_outbox_count() == 0, timeout=9)
     assert fleet.drains_run() == 0
-    assert fleet.ledger.ready_outbox_count() == 0
 
 
 def test_a_step_publishes_its_own_operations_rows_and_leaves_the_rest_to_the_beat(
@@ -43,7 +46,13 @@ def test_a_step_publishes_its_own_operations_rows_and_leaves_the_rest_to_the_bea
     backlog = fleet.ledger.ready_outbox_count()
     assert backlog >= 1
 
-    fleet.submit("n/report", "slow_report", {"seconds": 0.3})
+    op_id = fleet.submit("n/report", "slow_report", {"seconds": 0.3})
     assert fleet.wait_receipt("n/report", timeout=60)["terminal_state"] == "completed"
+    support.wait_for(
+        "the step's drain to commit",
+        lambda: [row.status for row in fleet.ledger.outbox_for(op_id)] == ["dispatched"],
+        timeout=10,
+    )
     assert fleet.drains_run() == 0
-    assert fleet.ledger.ready_outbox_count() == backlog  # the other operation's row is still the beat's
+    assert [row.status for row in fleet.ledger.outbox_for(other.id)] == ["ready"]  # the beat's, still
+    assert fleet.ledger.ready_outbox_count() == backlog
