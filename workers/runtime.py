@@ -1,6 +1,8 @@
 """What a worker process holds: settings, the fleet config and a ledger connection pool.
 
-Built lazily and per process: a pool created before a prefork fork is never used by the child. The ledger
+Built lazily and per process: a pool created before a prefork fork is never used by the child, and each
+part is made once however many threads ask for it first (a poll batch's members, the lease keeper): a
+second one made beside it would be dropped unclosed, its sockets and connections with it. The ledger
 works for the fleet's executor identity (``LONGCALL_EXECUTOR_ID``, rule 13): once a rollback hands the
 epoch to another identity, this fleet claims nothing and writes nothing under a claim, and says so
 (:meth:`Runtime.say_not_owner`).
@@ -28,6 +30,19 @@ from workers.settings import FleetConfig, Settings, load_settings
 from workers.signatures import JSON_RULE, DeliveryCheck
 
 log = logging.getLogger("longcall.executor")
+
+#: Held while a runtime makes one of its parts (reentrant: the request outcomes of ``remote`` are counted
+#: on ``hot``; ``unrecorded`` records on ``ledger``). A child process starts with a lock of its own: the
+#: parent's may have been held by another of its threads at the fork.
+_making = threading.RLock()
+
+
+def _new_lock_in_child() -> None:
+    global _making  # noqa: PLW0603 - the one module lock, replaced in a forked child
+    _making = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
 
 #: How old what a step's own read of its operation saw of the epoch's owner may be for the step to go on
 #: on it (``Ledger.epoch_ownership(max_age_s=...)``): that read is milliseconds old; past this, the
@@ -71,53 +86,73 @@ class Runtime:
             self._unrecorded = None
             self._pid = os.getpid()
 
+    def _mine(self) -> bool:
+        """This process made what it holds (a part made before a fork is the parent's)."""
+        return self._pid == os.getpid()
+
     @property
     def ledger(self) -> Ledger:
-        self._forked()
-        if self._ledger is None:
-            self._ledger = Ledger.from_url(
-                self.settings.database_url,
-                pool_size=ledger_pool_size(self.settings),
-                reconcile_deadline_s=self.settings.reconcile_deadline_s,
-                executor_id=self.settings.executor_id,
-            )
-        return self._ledger
+        ledger = self._ledger
+        if ledger is not None and self._mine():
+            return ledger
+        with _making:
+            self._forked()
+            if self._ledger is None:
+                self._ledger = Ledger.from_url(
+                    self.settings.database_url,
+                    pool_size=ledger_pool_size(self.settings),
+                    reconcile_deadline_s=self.settings.reconcile_deadline_s,
+                    executor_id=self.settings.executor_id,
+                )
+            return self._ledger
 
     @property
     def unrecorded(self) -> RecordLater:
         """This process's unchanged polls waiting for their record (``workers.records_later``): recorded with
         its next batch's read, or a dispatch tick after the first of them."""
-        self._forked()
-        if self._unrecorded is None:
-            self._unrecorded = RecordLater(
-                self.ledger.record_unchanged_polls,
-                bound_s=self.settings.dispatch_interval_s,
-            )
-        return self._unrecorded
+        unrecorded = self._unrecorded
+        if unrecorded is not None and self._mine():
+            return unrecorded
+        with _making:
+            self._forked()
+            if self._unrecorded is None:
+                self._unrecorded = RecordLater(
+                    self.ledger.record_unchanged_polls,
+                    bound_s=self.settings.dispatch_interval_s,
+                )
+            return self._unrecorded
 
     @property
     def hot(self) -> HotState:
-        self._forked()
-        if self._hot is None:
-            self._hot = HotState.from_url(
-                self.settings.redis_url,
-                prefix=f"{self.settings.broker_keyprefix}longcall:",
-                cluster=self.settings.redis_cluster,
-            )
-        return self._hot
+        hot = self._hot
+        if hot is not None and self._mine():
+            return hot
+        with _making:
+            self._forked()
+            if self._hot is None:
+                self._hot = HotState.from_url(
+                    self.settings.redis_url,
+                    prefix=f"{self.settings.broker_keyprefix}longcall:",
+                    cluster=self.settings.redis_cluster,
+                )
+            return self._hot
 
     @property
     def remote(self) -> RemotePool:
-        self._forked()
-        if self._remote is None:
-            self._remote = RemotePool(
-                self.fleet,
-                max_result_bytes=self.settings.max_result_bytes,
-                connections=self.settings.poll_batch,  # a batch's members poll one server at once
-                outcomes=RequestOutcomes(self.hot.client, self.hot.prefix),
-                status_reads=self.settings.status_reads,
-            )
-        return self._remote
+        remote = self._remote
+        if remote is not None and self._mine():
+            return remote
+        with _making:
+            self._forked()
+            if self._remote is None:
+                self._remote = RemotePool(
+                    self.fleet,
+                    max_result_bytes=self.settings.max_result_bytes,
+                    connections=self.settings.poll_batch,  # a batch's members poll one server at once
+                    outcomes=RequestOutcomes(self.hot.client, self.hot.prefix),
+                    status_reads=self.settings.status_reads,
+                )
+            return self._remote
 
     def say_not_owner(self, ownership: EpochOwnership, doing: str) -> None:
         """Log that this fleet does not own the epoch (rule 13) and what it therefore does not do: at
@@ -175,7 +210,11 @@ class Runtime:
             )
 
     def close(self) -> None:
-        if self._pid == os.getpid():
+        with _making:
+            self._close()
+
+    def _close(self) -> None:
+        if self._mine():
             if self._unrecorded is not None and self._ledger is not None:
                 self._unrecorded.flush()  # the unchanged polls waiting for their record, before the pool goes
             if self._ledger is not None:
