@@ -109,6 +109,9 @@ HOLD_RECHECK_S = 0.1
 #: -> when it ends (``time.monotonic``). Two fleets in one process (an embedding app, the tests) do not share
 #: their servers' holds.
 _held_here: dict[str, float] = {}
+#: Held while a hold is recorded in :data:`_held_here`: two members recording their server's waits at once
+#: keep the later end, never the one written last.
+_held_here_lock = threading.Lock()
 
 #: The header naming the bucket a request was charged to (``poll`` or ``control``).
 BUDGET_HEADER = "Longcall-Budget"
@@ -244,7 +247,8 @@ class ServerBudgets:
         if wait is None:
             return
         key = hold_key(self.hot.prefix, server)
-        _held_here[key] = max(_held_here.get(key, 0.0), time.monotonic() + wait)
+        with _held_here_lock:
+            _held_here[key] = max(_held_here.get(key, 0.0), time.monotonic() + wait)
         try:
             left = self.hot.hold(server, wait)
         except redis.RedisError:

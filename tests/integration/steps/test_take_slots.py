@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import multiprocessing
 import random
+import sys
+import threading
 import time
 from typing import Any
 
@@ -183,6 +185,38 @@ def test_a_hold_recorded_while_a_member_waits_for_its_slot_stops_its_request(
     with pytest.raises(NoToken) as held:
         second.charge()
     assert 1.0 < held.value.wait_s <= 2.0
+
+
+def test_holds_recorded_at_once_by_many_members_keep_the_longest(
+    redis_client: redis.Redis, broker_prefix: str
+) -> None:
+    """Members of one server's batch answered by 429s at once record their holds side by side: this
+    process's record of the hold (what a member that waited for its slot reads, not Redis) keeps the latest
+    end of them all, not the one written last (before, a read and a write of it apart let a 1 s hold
+    written after a 60 s one shorten it)."""
+    budgets = _budgets(redis_client, broker_prefix, poll_qps=2.0)
+    shortened: list[str] = []
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for round_ in range(60):
+            server = f"held-{round_}"
+            start = threading.Barrier(8)
+
+            def record(wait_s: float, server: str = server, start: threading.Barrier = start) -> None:
+                start.wait(timeout=10)
+                budgets.hold(server, RateLimited("429", retry_after=wait_s))
+
+            threads = [threading.Thread(target=record, args=(60.0 if i == 0 else 1.0,)) for i in range(8)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=30)
+            if budgets.held_here(server) - time.monotonic() < 50:
+                shortened.append(server)
+    finally:
+        sys.setswitchinterval(switch)
+    assert shortened == []
 
 
 def _book_batches(url: str, prefix: str, rate: float, seconds: float, seed: int, out: Any) -> None:
