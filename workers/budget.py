@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -112,6 +113,15 @@ _held_here: dict[str, float] = {}
 #: Held while a hold is recorded in :data:`_held_here`: two members recording their server's waits at once
 #: keep the later end, never the one written last.
 _held_here_lock = threading.Lock()
+
+
+def _new_held_here_lock() -> None:
+    """A forked child's own lock (the parent's may have been held by another of its threads at the fork)."""
+    global _held_here_lock  # noqa: PLW0603 - the one module lock, replaced in a forked child
+    _held_here_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_held_here_lock)
 
 #: The header naming the bucket a request was charged to (``poll`` or ``control``).
 BUDGET_HEADER = "Longcall-Budget"
