@@ -17,7 +17,9 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar, cast
 
 from ledger.engine import make_engine
 from ledger.records import EpochOwnership
@@ -30,6 +32,8 @@ from workers.settings import FleetConfig, Settings, load_settings
 from workers.signatures import JSON_RULE, DeliveryCheck
 
 log = logging.getLogger("longcall.executor")
+
+T = TypeVar("T")
 
 #: Held while a runtime makes one of its parts (reentrant: the request outcomes of ``remote`` are counted
 #: on ``hot``; ``unrecorded`` records on ``ledger``). A child process starts with a lock of its own: the
@@ -86,6 +90,17 @@ class Runtime:
             self._unrecorded = None
             self._pid = os.getpid()
 
+    def _made(self, name: str, make: Callable[[], T]) -> T:
+        """The part held in attribute ``name``, made by ``make`` if this process has none yet: once,
+        however many threads ask at the same moment (the module's docstring)."""
+        with _making:
+            self._forked()
+            part = getattr(self, name)
+            if part is None:
+                part = make()
+                setattr(self, name, part)
+            return cast(T, part)
+
     def _mine(self) -> bool:
         """This process made what it holds (a part made before a fork is the parent's)."""
         return self._pid == os.getpid()
@@ -93,66 +108,59 @@ class Runtime:
     @property
     def ledger(self) -> Ledger:
         ledger = self._ledger
-        if ledger is not None and self._mine():
-            return ledger
-        with _making:
-            self._forked()
-            if self._ledger is None:
-                self._ledger = Ledger.from_url(
-                    self.settings.database_url,
-                    pool_size=ledger_pool_size(self.settings),
-                    reconcile_deadline_s=self.settings.reconcile_deadline_s,
-                    executor_id=self.settings.executor_id,
-                )
-            return self._ledger
+        if ledger is None or not self._mine():
+            ledger = self._made("_ledger", self._new_ledger)
+        return ledger
+
+    def _new_ledger(self) -> Ledger:
+        return Ledger.from_url(
+            self.settings.database_url,
+            pool_size=ledger_pool_size(self.settings),
+            reconcile_deadline_s=self.settings.reconcile_deadline_s,
+            executor_id=self.settings.executor_id,
+        )
 
     @property
     def unrecorded(self) -> RecordLater:
         """This process's unchanged polls waiting for their record (``workers.records_later``): recorded with
         its next batch's read, or a dispatch tick after the first of them."""
         unrecorded = self._unrecorded
-        if unrecorded is not None and self._mine():
-            return unrecorded
-        with _making:
-            self._forked()
-            if self._unrecorded is None:
-                self._unrecorded = RecordLater(
-                    self.ledger.record_unchanged_polls,
-                    bound_s=self.settings.dispatch_interval_s,
-                )
-            return self._unrecorded
+        if unrecorded is None or not self._mine():
+            unrecorded = self._made("_unrecorded", self._new_recorder)
+        return unrecorded
+
+    def _new_recorder(self) -> RecordLater:
+        return RecordLater(self.ledger.record_unchanged_polls, bound_s=self.settings.dispatch_interval_s)
 
     @property
     def hot(self) -> HotState:
         hot = self._hot
-        if hot is not None and self._mine():
-            return hot
-        with _making:
-            self._forked()
-            if self._hot is None:
-                self._hot = HotState.from_url(
-                    self.settings.redis_url,
-                    prefix=f"{self.settings.broker_keyprefix}longcall:",
-                    cluster=self.settings.redis_cluster,
-                )
-            return self._hot
+        if hot is None or not self._mine():
+            hot = self._made("_hot", self._new_hot)
+        return hot
+
+    def _new_hot(self) -> HotState:
+        return HotState.from_url(
+            self.settings.redis_url,
+            prefix=f"{self.settings.broker_keyprefix}longcall:",
+            cluster=self.settings.redis_cluster,
+        )
 
     @property
     def remote(self) -> RemotePool:
         remote = self._remote
-        if remote is not None and self._mine():
-            return remote
-        with _making:
-            self._forked()
-            if self._remote is None:
-                self._remote = RemotePool(
-                    self.fleet,
-                    max_result_bytes=self.settings.max_result_bytes,
-                    connections=self.settings.poll_batch,  # a batch's members poll one server at once
-                    outcomes=RequestOutcomes(self.hot.client, self.hot.prefix),
-                    status_reads=self.settings.status_reads,
-                )
-            return self._remote
+        if remote is None or not self._mine():
+            remote = self._made("_remote", self._new_remote)
+        return remote
+
+    def _new_remote(self) -> RemotePool:
+        return RemotePool(
+            self.fleet,
+            max_result_bytes=self.settings.max_result_bytes,
+            connections=self.settings.poll_batch,  # a batch's members poll one server at once
+            outcomes=RequestOutcomes(self.hot.client, self.hot.prefix),
+            status_reads=self.settings.status_reads,
+        )
 
     def say_not_owner(self, ownership: EpochOwnership, doing: str) -> None:
         """Log that this fleet does not own the epoch (rule 13) and what it therefore does not do: at
