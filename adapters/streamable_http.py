@@ -30,6 +30,7 @@ from adapters.errors import (
     Unauthorized,
 )
 from adapters.http_answers import (
+    ERROR_BODY_LIMIT,
     Deadline,
     Exchange,
     ReadBudgetExceeded,
@@ -37,6 +38,7 @@ from adapters.http_answers import (
     Session,
     SessionGone,
     StreamState,
+    declared_length,
     read_answer,
     read_error_body,
     read_stream,
@@ -330,6 +332,7 @@ class StreamableHttpClient:
                 extensions=self._timeout(self._timeouts.read),
             ) as answer:
                 if answer.status_code in (200, 202, 204):
+                    _read_short_body(answer)
                     return
                 body = read_error_body(answer)
                 if answer.status_code == 404 and session is not None and session.session_id is not None:
@@ -399,3 +402,18 @@ class StreamableHttpClient:
             raise map_transport_error(exc, idempotent=True, method="GET stream") from exc
         except UnicodeDecodeError as exc:
             raise ProtocolViolation("GET stream is not UTF-8") from exc
+
+
+def _read_short_body(answer: httpx2.Response) -> None:
+    """A message's acceptance (a 2xx) with a short body of a known size (a 202's is empty): that body read
+    to its end, so that its connection is kept for the next request, not closed. A longer or unsized body is
+    left, and goes with its connection. The message was accepted whatever its body does: a read that fails
+    (a body cut, or late past the read timeout) costs only the connection."""
+    length = declared_length(answer)
+    if length is None or length > ERROR_BODY_LIMIT:
+        return
+    try:
+        for _ in answer.iter_bytes():
+            pass
+    except (httpx2.HTTPError, AnswerTooLarge):
+        return

@@ -13,6 +13,7 @@ import http.server
 import json
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -124,3 +125,73 @@ def test_a_workers_clients_keep_as_many_connections_as_its_poll_batch(counting_s
     finally:
         runtime.close()
     assert counting_server.server.connections == BATCH
+
+
+class _AcceptingServer(http.server.ThreadingHTTPServer):
+    """Counts the connections it accepts; answers every POST ``202 Accepted`` with an empty body, as an MCP
+    server answers a notification or a response (``notifications/initialized``, an input reply)."""
+
+    daemon_threads = True
+
+    def __init__(self, *, body_never_comes: bool = False) -> None:
+        super().__init__(("127.0.0.1", 0), _AcceptingHandler)
+        self.connections = 0
+        self.body_never_comes = body_never_comes
+        self.stop = threading.Event()
+
+    def process_request(
+        self, request: socket.socket | tuple[bytes, socket.socket], client_address: Any
+    ) -> None:
+        self.connections += 1  # called in the serving thread alone, once per connection accepted
+        super().process_request(request, client_address)
+
+
+class _AcceptingHandler(QuietHandler):
+    server: _AcceptingServer
+
+    def do_POST(self) -> None:  # noqa: N802 -- http.server's name
+        self.rfile.read(int(self.headers["content-length"]))
+        if not self.server.body_never_comes:
+            self.answer(202, b"", "application/json")
+            return
+        # a 202 that declares a body of 10 bytes and sends 2 of them
+        self.send_response(202)
+        self.send_header("Content-Length", "10")
+        self.end_headers()
+        self.wfile.write(b"{}")
+        self.wfile.flush()
+        self.server.stop.wait(10)
+        self.close_connection = True
+
+
+def test_a_202_keeps_its_connection_for_the_next_message() -> None:
+    """A 202's empty body is read to its end, so the connection goes back to the pool: a session's
+    ``notifications/initialized`` and the requests after it share one connection (before, the answer was
+    left unread and httpx2 closed the connection, one more TCP and TLS handshake per session started)."""
+    server = _AcceptingServer()
+    with serving(server) as url, http_client(Timeouts(), connections=4) as http:
+        client = StreamableHttpClient(
+            http, url + "/mcp", bearer_token=None, timeouts=Timeouts(), limits=Limits()
+        )
+        session = Session(session_id="s1", protocol_version="2025-11-25")
+        for _ in range(3):
+            client.post_message(
+                {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                session=session,
+                what="notification",
+            )
+    assert server.connections == 1
+
+
+def test_a_202_whose_short_body_never_comes_is_still_accepted_within_the_read_timeout() -> None:
+    """The message was accepted at the 202: a body that then stalls costs its connection, never the
+    message's outcome, and is waited for no longer than the read timeout."""
+    server = _AcceptingServer(body_never_comes=True)
+    with serving(server, before_stop=server.stop.set) as url, http_client(Timeouts(read=0.5)) as http:
+        client = StreamableHttpClient(
+            http, url + "/mcp", bearer_token=None, timeouts=Timeouts(read=0.5), limits=Limits()
+        )
+        session = Session(session_id="s1", protocol_version="2025-11-25")
+        started = time.monotonic()
+        client.post_message({"jsonrpc": "2.0", "id": "r1", "result": {}}, session=session, what="reply")
+        assert time.monotonic() - started < 5.0
