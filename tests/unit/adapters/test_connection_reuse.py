@@ -35,10 +35,22 @@ ROUNDS = 3
 BATCH_WAIT_S = 20.0
 
 
-class _CountingServer(http.server.ThreadingHTTPServer):
-    """Counts the connections it accepts; holds each answer until ``BATCH`` requests are waiting."""
+class _ConnectionsCounted(http.server.ThreadingHTTPServer):
+    """A server on loopback that counts the TCP connections it accepts."""
 
     daemon_threads = True
+    connections = 0
+
+    def process_request(
+        self, request: socket.socket | tuple[bytes, socket.socket], client_address: Any
+    ) -> None:
+        self.connections += 1  # called in the serving thread alone, once per connection accepted
+        super().process_request(request, client_address)
+
+
+class _CountingServer(_ConnectionsCounted):
+    """Counts the connections it accepts; holds each answer until ``BATCH`` requests are waiting."""
+
     # The listen backlog: a batch's connections arrive at once (socketserver's default of 5 drops the rest
     # of the SYNs, retried a second and more later: under CI's load, past the batch's wait, which then
     # fails every request of the batch with "Server disconnected").
@@ -46,14 +58,7 @@ class _CountingServer(http.server.ThreadingHTTPServer):
 
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _BatchHandler)
-        self.connections = 0
         self.batch = threading.Barrier(BATCH, timeout=BATCH_WAIT_S)
-
-    def process_request(
-        self, request: socket.socket | tuple[bytes, socket.socket], client_address: Any
-    ) -> None:
-        self.connections += 1  # called in the serving thread alone, once per connection accepted
-        super().process_request(request, client_address)
 
 
 class _BatchHandler(QuietHandler):
@@ -127,23 +132,14 @@ def test_a_workers_clients_keep_as_many_connections_as_its_poll_batch(counting_s
     assert counting_server.server.connections == BATCH
 
 
-class _AcceptingServer(http.server.ThreadingHTTPServer):
+class _AcceptingServer(_ConnectionsCounted):
     """Counts the connections it accepts; answers every POST ``202 Accepted`` with an empty body, as an MCP
     server answers a notification or a response (``notifications/initialized``, an input reply)."""
 
-    daemon_threads = True
-
     def __init__(self, *, body_never_comes: bool = False) -> None:
         super().__init__(("127.0.0.1", 0), _AcceptingHandler)
-        self.connections = 0
         self.body_never_comes = body_never_comes
         self.stop = threading.Event()
-
-    def process_request(
-        self, request: socket.socket | tuple[bytes, socket.socket], client_address: Any
-    ) -> None:
-        self.connections += 1  # called in the serving thread alone, once per connection accepted
-        super().process_request(request, client_address)
 
 
 class _AcceptingHandler(QuietHandler):
