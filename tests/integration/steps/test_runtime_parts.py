@@ -2,7 +2,8 @@
 polls waiting for their record) are made once, however many threads ask for them first: a poll batch's
 members start side by side in a fresh process. A part made twice lost one of the two, never closed: its
 sockets were left to the garbage collector (seen as an unclosed socket of a ``tools/list`` whose client
-was dropped), its connections held, and the unchanged polls given to the lost recorder never recorded."""
+was dropped), its connections held, and the unchanged polls given to the lost recorder recorded by its
+own timer alone, not with the next batch's read, nor flushed when the worker stopped."""
 
 from __future__ import annotations
 
