@@ -85,21 +85,24 @@ class Runtime:
 
     def _forked(self) -> None:
         """A pool created in a parent process is never used by its child."""
-        if self._pid != os.getpid():
+        if not self._mine():
             self._ledger = self._hot = self._remote = None
             self._unrecorded = None
             self._pid = os.getpid()
 
     def _made(self, name: str, make: Callable[[], T]) -> T:
         """The part held in attribute ``name``, made by ``make`` if this process has none yet: once,
-        however many threads ask at the same moment (the module's docstring)."""
-        with _making:
-            self._forked()
-            part = getattr(self, name)
-            if part is None:
-                part = make()
-                setattr(self, name, part)
-            return cast(T, part)
+        however many threads ask at the same moment (the module's docstring). A part already made is read
+        without the lock."""
+        part = getattr(self, name)
+        if part is None or not self._mine():
+            with _making:
+                self._forked()
+                part = getattr(self, name)
+                if part is None:
+                    part = make()
+                    setattr(self, name, part)
+        return cast(T, part)
 
     def _mine(self) -> bool:
         """This process made what it holds (a part made before a fork is the parent's)."""
@@ -107,10 +110,7 @@ class Runtime:
 
     @property
     def ledger(self) -> Ledger:
-        ledger = self._ledger
-        if ledger is None or not self._mine():
-            ledger = self._made("_ledger", self._new_ledger)
-        return ledger
+        return self._made("_ledger", self._new_ledger)
 
     def _new_ledger(self) -> Ledger:
         return Ledger.from_url(
@@ -124,20 +124,14 @@ class Runtime:
     def unrecorded(self) -> RecordLater:
         """This process's unchanged polls waiting for their record (``workers.records_later``): recorded with
         its next batch's read, or a dispatch tick after the first of them."""
-        unrecorded = self._unrecorded
-        if unrecorded is None or not self._mine():
-            unrecorded = self._made("_unrecorded", self._new_recorder)
-        return unrecorded
+        return self._made("_unrecorded", self._new_recorder)
 
     def _new_recorder(self) -> RecordLater:
         return RecordLater(self.ledger.record_unchanged_polls, bound_s=self.settings.dispatch_interval_s)
 
     @property
     def hot(self) -> HotState:
-        hot = self._hot
-        if hot is None or not self._mine():
-            hot = self._made("_hot", self._new_hot)
-        return hot
+        return self._made("_hot", self._new_hot)
 
     def _new_hot(self) -> HotState:
         return HotState.from_url(
@@ -148,10 +142,7 @@ class Runtime:
 
     @property
     def remote(self) -> RemotePool:
-        remote = self._remote
-        if remote is None or not self._mine():
-            remote = self._made("_remote", self._new_remote)
-        return remote
+        return self._made("_remote", self._new_remote)
 
     def _new_remote(self) -> RemotePool:
         return RemotePool(

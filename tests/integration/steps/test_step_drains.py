@@ -30,7 +30,9 @@ def test_receipts_are_published_by_the_step_that_wrote_them(fleet_without_beat_d
     assert fleet.wait_receipt("n/lookup", timeout=60)["result"]["content"][0]["text"] == "value:k1"
     # The step publishes inside its drain's transaction and marks the row dispatched as it commits: the
     # pipeline can hold the receipt a moment before the row says so.
-    support.wait_for("the steps' drains to commit", lambda: fleet.ledger.ready_outbox_count() == 0, timeout=9)
+    support.wait_for(
+        "the steps' drains to commit", lambda: fleet.ledger.ready_outbox_count() == 0, timeout=10
+    )
     assert fleet.drains_run() == 0
 
 
